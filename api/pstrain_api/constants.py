@@ -1,0 +1,74 @@
+"""Names shared by every pstrain component: the API group, label keys, environment
+variables, ports, phases, condition types and reasons.
+
+Nothing here does I/O; everything that must agree between the operator, the local
+runner and the runtime is spelled once, here.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+GROUP: Final = "pstrain.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "TrainingJob"
+PLURAL: Final = "trainingjobs"
+SINGULAR: Final = "trainingjob"
+SHORT_NAMES: Final = ("tj",)
+CATEGORIES: Final = ("all", "pstrain")
+CRD_NAME: Final = f"{PLURAL}.{GROUP}"
+
+# Roles, in the order they are started.
+Role = Literal["ps", "worker", "chief"]
+ROLE_PS: Final = "ps"
+ROLE_WORKER: Final = "worker"
+ROLE_CHIEF: Final = "chief"
+ROLES: Final = (ROLE_PS, ROLE_WORKER, ROLE_CHIEF)
+
+# Labels put on every child object.
+LABEL_JOB: Final = f"{GROUP}/job-name"
+LABEL_ROLE: Final = f"{GROUP}/replica-role"
+LABEL_INDEX: Final = f"{GROUP}/replica-index"
+LABEL_IS_CHIEF: Final = f"{GROUP}/is-chief"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY: Final = "pstrain-operator"
+
+# Environment injected into every replica. Users may not set these themselves.
+ENV_CLUSTER: Final = "PSTRAIN_CLUSTER"
+ENV_TRAINING: Final = "PSTRAIN_TRAINING"
+ENV_TF_CONFIG: Final = "TF_CONFIG"
+RESERVED_ENV_PREFIX: Final = "PSTRAIN_"
+RESERVED_ENV_NAMES: Final = frozenset({ENV_TF_CONFIG})
+
+# Networking. 2222 is TensorFlow's conventional port for PS/worker servers.
+REPLICA_PORT: Final = 2222
+REPLICA_PORT_NAME: Final = "pstrain"
+LOCAL_HOST: Final = "127.0.0.1"
+
+# Main container name in generated pods (the env is injected into every container, not
+# only this one).
+MAIN_CONTAINER: Final = "pstrain"
+DEFAULT_RUNTIME_IMAGE: Final = "ghcr.io/pstrain/pstrain-runtime:0.1.0"
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+
+# Kubernetes name limits.
+DNS_LABEL_MAX: Final = 63
+DNS_SUBDOMAIN_MAX: Final = 253
+
+Phase = Literal["Pending", "Starting", "Running", "Succeeded", "Failed", "Suspended"]
+PHASES: Final = ("Pending", "Starting", "Running", "Succeeded", "Failed", "Suspended")
+TERMINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
+
+# Condition types (Kubernetes convention: CamelCase, status True/False/Unknown).
+COND_CREATED: Final = "Created"
+COND_RUNNING: Final = "Running"
+COND_SUCCEEDED: Final = "Succeeded"
+COND_FAILED: Final = "Failed"
+COND_SUSPENDED: Final = "Suspended"
+COND_SPEC_REJECTED: Final = "SpecChangeRejected"
+
+# Exit codes that the ExitCode restart policy treats as retryable: killed by a signal
+# that says "the node or the scheduler stopped me" rather than "my program is wrong".
+# 130 SIGINT, 137 SIGKILL (also the OOM killer), 143 SIGTERM (eviction, preemption).
+RETRYABLE_EXIT_CODES: Final = frozenset({130, 137, 143})

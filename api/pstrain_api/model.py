@@ -1,0 +1,476 @@
+"""The TrainingJob API (pstrain.io/v1alpha1) as pydantic models: the single source of truth.
+
+The CRD (`pstrain crd`, `crds/`), offline validation (`pstrain validate`), the operator
+and the runtime all read these models. Constraints live next to the fields they
+constrain; cross-field rules are model validators whose messages name the field path,
+the value and the rule.
+
+Field names are camelCase on the wire (as in every Kubernetes API) and snake_case in
+Python. Unknown fields are rejected, because a real API server would silently prune
+them and the user would never learn their setting was ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from . import constants as c
+from .names import check_job_name
+
+# Kubernetes quantities are int-or-string ("500m", "2Gi", 4).
+QUANTITY_RE = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
+ENTRYPOINT_RE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+ENV_NAME_RE = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+
+# Marker for the CRD generator: this subtree is free-form Kubernetes data
+# (x-kubernetes-preserve-unknown-fields). Only small pod-template subtrees use it.
+FREE_FORM = {"x-kubernetes-preserve-unknown-fields": True, "type": "object"}
+INT_OR_STRING = {"x-kubernetes-int-or-string": True}
+
+
+class ApiModel(BaseModel):
+    """Base: camelCase aliases, unknown fields forbidden, assignment validated."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_assignment=True,
+    )
+
+    def to_api(self) -> dict[str, Any]:
+        """The object as the API server stores it: camelCase, no unset optionals."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+FreeForm = Annotated[dict[str, Any], Field(json_schema_extra=FREE_FORM)]
+Quantity = Annotated[int | str, Field(json_schema_extra=INT_OR_STRING)]
+
+
+# --------------------------------------------------------------------------- pod template
+
+
+class EnvVar(ApiModel):
+    """A container environment variable, as in core/v1 EnvVar."""
+
+    name: str = Field(min_length=1, pattern=ENV_NAME_RE, description="Variable name.")
+    value: str | None = Field(default=None, description="Literal value.")
+    value_from: FreeForm | None = Field(
+        default=None, description="Source for the value (core/v1 EnvVarSource)."
+    )
+
+
+class VolumeMount(ApiModel):
+    """Where a pod volume appears in the main container (core/v1 VolumeMount)."""
+
+    name: str = Field(min_length=1, description="Name of a volume in `volumes`.")
+    mount_path: str = Field(min_length=1, description="Path inside the container.")
+    sub_path: str | None = Field(default=None, description="Sub-path of the volume to mount.")
+    read_only: bool | None = Field(default=None, description="Mount read-only.")
+
+
+class Toleration(ApiModel):
+    """A core/v1 Toleration."""
+
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class LocalObjectReference(ApiModel):
+    name: str = Field(min_length=1)
+
+
+class PodTemplate(ApiModel):
+    """Overrides for the pods of one role. Every field is optional; what is unset comes
+    from the operator's defaults (image, command `pstrain replica`, restrictive security
+    context)."""
+
+    image: str | None = Field(default=None, min_length=1, description="Container image.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
+        default=None, description="Image pull policy of the main container."
+    )
+    image_pull_secrets: list[LocalObjectReference] | None = Field(
+        default=None, description="Secrets for pulling the image."
+    )
+    command: list[str] | None = Field(default=None, description="Entrypoint override.")
+    args: list[str] | None = Field(default=None, description="Arguments to the entrypoint.")
+    env: list[EnvVar] | None = Field(
+        default=None,
+        description="Extra environment. Names starting with PSTRAIN_ and TF_CONFIG are "
+        "reserved: pstrain injects them.",
+    )
+    env_from: list[FreeForm] | None = Field(
+        default=None, description="core/v1 EnvFromSource entries."
+    )
+    volume_mounts: list[VolumeMount] | None = Field(
+        default=None, description="Volume mounts of the main container."
+    )
+    volumes: list[FreeForm] | None = Field(
+        default=None, description="core/v1 Volume entries added to the pod."
+    )
+    node_selector: dict[str, str] | None = Field(default=None, description="Node selector.")
+    tolerations: list[Toleration] | None = Field(default=None, description="Tolerations.")
+    affinity: FreeForm | None = Field(default=None, description="core/v1 Affinity.")
+    service_account_name: str | None = Field(
+        default=None, min_length=1, description="Service account the pods run as."
+    )
+    priority_class_name: str | None = Field(default=None, description="Priority class.")
+    scheduler_name: str | None = Field(default=None, description="Scheduler to use.")
+    security_context: FreeForm | None = Field(
+        default=None,
+        description="core/v1 SecurityContext of the main container; replaces the "
+        "restrictive default.",
+    )
+    pod_security_context: FreeForm | None = Field(
+        default=None,
+        description="core/v1 PodSecurityContext; replaces the restrictive default.",
+    )
+    sidecars: list[FreeForm] | None = Field(
+        default=None,
+        description="Extra core/v1 Container entries. Each receives the cluster-spec "
+        "environment too.",
+    )
+    init_containers: list[FreeForm] | None = Field(
+        default=None,
+        description="core/v1 init containers. Each receives the cluster-spec environment.",
+    )
+    labels: dict[str, str] | None = Field(default=None, description="Extra pod labels.")
+    annotations: dict[str, str] | None = Field(
+        default=None, description="Extra pod annotations."
+    )
+
+    @model_validator(mode="after")
+    def _no_reserved_env(self) -> PodTemplate:
+        for i, var in enumerate(self.env or []):
+            if var.name.startswith(c.RESERVED_ENV_PREFIX) or var.name in c.RESERVED_ENV_NAMES:
+                raise ValueError(
+                    f"env[{i}].name is {var.name!r}; names starting with "
+                    f"{c.RESERVED_ENV_PREFIX} and {', '.join(sorted(c.RESERVED_ENV_NAMES))} "
+                    "are set by pstrain and may not be overridden"
+                )
+        return self
+
+
+class Resources(ApiModel):
+    """core/v1 ResourceRequirements (requests and limits)."""
+
+    requests: dict[str, Quantity] | None = Field(default=None, description="Requests.")
+    limits: dict[str, Quantity] | None = Field(default=None, description="Limits.")
+
+    @model_validator(mode="after")
+    def _quantities(self) -> Resources:
+        for part in ("requests", "limits"):
+            for name, qty in (getattr(self, part) or {}).items():
+                if isinstance(qty, int):
+                    ok = qty >= 0
+                else:
+                    match = QUANTITY_RE.match(qty)
+                    ok = bool(match) and not qty.startswith("-")
+                if not ok:
+                    raise ValueError(
+                        f"{part}.{name} is {qty!r}; it must be a non-negative Kubernetes "
+                        "quantity such as 500m, 2, 4Gi"
+                    )
+        return self
+
+
+class ReplicaSpec(ApiModel):
+    """One role's replicas."""
+
+    replicas: int = Field(default=1, ge=1, description="Number of replicas of this role.")
+    resources: Resources | None = Field(
+        default=None, description="Requests and limits of the main container."
+    )
+    gpus: int | None = Field(
+        default=None,
+        ge=0,
+        description=f"GPUs per replica; shorthand for a {c.GPU_RESOURCE} limit.",
+    )
+    template: PodTemplate | None = Field(
+        default=None, description="Pod-template overrides for this role."
+    )
+
+    @model_validator(mode="after")
+    def _gpus_once(self) -> ReplicaSpec:
+        limits = (self.resources.limits or {}) if self.resources else {}
+        if self.gpus is not None and c.GPU_RESOURCE in limits:
+            raise ValueError(
+                f"gpus is {self.gpus} and resources.limits also sets {c.GPU_RESOURCE}; "
+                "set the GPU count in one place only"
+            )
+        return self
+
+    @property
+    def gpu_count(self) -> int:
+        """GPUs per replica, from `gpus` or the nvidia.com/gpu limit."""
+        if self.gpus is not None:
+            return self.gpus
+        limits = (self.resources.limits or {}) if self.resources else {}
+        return int(limits.get(c.GPU_RESOURCE, 0) or 0)
+
+
+class PSReplicaSpec(ReplicaSpec):
+    """Parameter servers: hold parameter shards and apply the optimizer, on the CPU."""
+
+    @model_validator(mode="after")
+    def _no_gpu(self) -> PSReplicaSpec:
+        if self.gpu_count:
+            raise ValueError(
+                f"gpus is {self.gpu_count}; parameter servers keep parameters and "
+                "optimizer state on the CPU, so a parameter server may not request GPUs"
+            )
+        return self
+
+
+class WorkerReplicaSpec(ReplicaSpec):
+    replicas: int = Field(default=2, ge=1, description="Number of workers.")
+
+
+class ChiefReplicaSpec(ReplicaSpec):
+    replicas: int = Field(
+        default=1, ge=1, le=1, description="A separate chief has exactly one replica."
+    )
+
+
+class Replicas(ApiModel):
+    """The roles of a job. Without `chief`, worker 0 is the chief (classic TensorFlow)."""
+
+    ps: PSReplicaSpec = Field(
+        default_factory=PSReplicaSpec, description="Parameter servers."
+    )
+    worker: WorkerReplicaSpec = Field(
+        default_factory=WorkerReplicaSpec, description="Workers."
+    )
+    chief: ChiefReplicaSpec | None = Field(
+        default=None,
+        description="A separate chief. When absent, worker 0 acts as the chief.",
+    )
+
+
+# --------------------------------------------------------------------------- training
+
+
+class Optimizer(ApiModel):
+    """The optimizer the parameter servers apply; matches torch.optim numerically."""
+
+    name: Literal["sgd", "momentum", "adagrad", "adam"] = Field(
+        default="sgd", description="Optimizer."
+    )
+    learning_rate: float = Field(default=0.1, gt=0, description="Learning rate.")
+    momentum: float = Field(
+        default=0.9, ge=0, lt=1, description="Momentum factor (momentum optimizer)."
+    )
+    nesterov: bool = Field(default=False, description="Nesterov momentum.")
+    weight_decay: float = Field(default=0.0, ge=0, description="L2 weight decay.")
+    beta1: float = Field(default=0.9, ge=0, lt=1, description="Adam beta1.")
+    beta2: float = Field(default=0.999, ge=0, lt=1, description="Adam beta2.")
+    eps: float = Field(default=1e-8, gt=0, description="Adam/Adagrad epsilon.")
+    initial_accumulator_value: float = Field(
+        default=0.0, ge=0, description="Adagrad initial accumulator."
+    )
+
+
+class Checkpoint(ApiModel):
+    directory: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Directory for checkpoints (a mounted volume on Kubernetes). "
+        "No checkpoints are written when unset.",
+    )
+    interval_steps: int = Field(
+        default=100, ge=1, description="Write a checkpoint every this many global steps."
+    )
+    keep: int = Field(default=3, ge=1, description="How many checkpoints to keep.")
+
+
+class Training(ApiModel):
+    """What the runtime reads: model, schedule, optimizer, synchronisation, checkpoints."""
+
+    entrypoint: str = Field(
+        default="pstrain_runtime.examples.digits:make_task",
+        pattern=ENTRYPOINT_RE,
+        description="The model, data and loss: `module:function` returning a task.",
+    )
+    args: FreeForm | None = Field(
+        default=None, description="Keyword arguments passed to the entrypoint function."
+    )
+    steps: int = Field(default=1000, ge=1, description="Global steps to train.")
+    batch_size: int = Field(default=64, ge=1, description="Per-worker batch size.")
+    optimizer: Optimizer = Field(default_factory=Optimizer, description="Optimizer.")
+    mode: Literal["async", "sync"] = Field(
+        default="async",
+        description="async: each push is applied as it arrives. sync: one gradient per "
+        "worker per step is aggregated before applying.",
+    )
+    staleness_bound: int | None = Field(
+        default=None,
+        ge=0,
+        description="At most this many steps a worker may run ahead of the slowest one.",
+    )
+    wire_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32",
+        description="Precision of gradients on the wire; parameters stay float32.",
+    )
+    checkpoint: Checkpoint = Field(default_factory=Checkpoint, description="Checkpoints.")
+    eval_interval_steps: int | None = Field(
+        default=None, ge=1, description="Evaluate every this many steps (and at the end)."
+    )
+    seed: int = Field(default=0, ge=0, description="Random seed.")
+
+
+# --------------------------------------------------------------------------- run policy
+
+
+class RunPolicy(ApiModel):
+    restart_policy: Literal["Never", "OnFailure", "ExitCode"] = Field(
+        default="OnFailure",
+        description="Never: a failed replica fails the job. OnFailure: restart it. "
+        "ExitCode: restart only on retryable exit codes (130, 137, 143).",
+    )
+    backoff_limit: int = Field(
+        default=3, ge=0, description="Replica restarts allowed before the job fails."
+    )
+    active_deadline_seconds: int | None = Field(
+        default=None, ge=1, description="Fail the job when it runs longer than this."
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None, ge=0, description="Delete the job this long after it finishes."
+    )
+    clean_pod_policy: Literal["All", "Running", "None"] = Field(
+        default="Running",
+        description="Which pods to delete when the job finishes: All, the still Running "
+        "ones, or None.",
+    )
+    suspend: bool = Field(
+        default=False,
+        description="Suspended jobs have no pods; on resume, training continues from the "
+        "last checkpoint.",
+    )
+
+
+# --------------------------------------------------------------------------- spec & status
+
+
+class TrainingJobSpec(ApiModel):
+    replicas: Replicas = Field(default_factory=Replicas, description="Roles and their pods.")
+    training: Training = Field(default_factory=Training, description="The training run.")
+    run_policy: RunPolicy = Field(
+        default_factory=RunPolicy, description="Restarts, deadlines and clean-up."
+    )
+
+
+class Condition(ApiModel):
+    type: str = Field(description="Condition type, e.g. Running, Succeeded, Failed.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False, Unknown.")
+    reason: str = Field(default="", description="Machine-readable CamelCase reason.")
+    message: str = Field(default="", description="Human-readable message.")
+    last_transition_time: datetime | None = Field(
+        default=None, description="When the status last changed."
+    )
+
+
+class RoleStatus(ApiModel):
+    active: int = Field(default=0, ge=0, description="Pods not yet finished.")
+    ready: int = Field(default=0, ge=0, description="Pods Ready.")
+    succeeded: int = Field(default=0, ge=0, description="Pods succeeded.")
+    failed: int = Field(default=0, ge=0, description="Pods failed.")
+    restarts: int = Field(default=0, ge=0, description="Replica restarts so far.")
+
+
+class Progress(ApiModel):
+    global_step: int = Field(default=0, ge=0, description="Global step.")
+    loss: float | None = Field(default=None, description="Latest training loss.")
+    samples_per_second: float | None = Field(default=None, description="Throughput.")
+    eval_accuracy: float | None = Field(default=None, description="Latest eval accuracy.")
+    updated_at: datetime | None = Field(default=None, description="When last refreshed.")
+
+
+class CheckpointStatus(ApiModel):
+    step: int = Field(ge=0, description="Global step of the checkpoint.")
+    path: str = Field(description="Where it was written.")
+    time: datetime | None = Field(default=None, description="When it was written.")
+
+
+class FailureCause(ApiModel):
+    role: str = Field(description="Role of the failing replica.")
+    pod: str = Field(description="Pod (or local process) name.")
+    exit_code: int | None = Field(default=None, description="Container exit code.")
+    reason: str = Field(default="", description="OOMKilled, Error, Evicted, ...")
+    message: str = Field(default="", description="Details.")
+
+
+class TrainingJobStatus(ApiModel):
+    phase: c.Phase = Field(default="Pending", description="Lifecycle phase.")
+    conditions: list[Condition] = Field(default_factory=list, description="Conditions.")
+    replica_statuses: dict[str, RoleStatus] = Field(
+        default_factory=dict, description="Per-role pod counts, keyed by role."
+    )
+    ps_ready: str | None = Field(default=None, description="Ready/total parameter servers.")
+    workers_ready: str | None = Field(
+        default=None, description="Ready/total workers, the chief included."
+    )
+    start_time: datetime | None = Field(default=None, description="When pods were started.")
+    completion_time: datetime | None = Field(default=None, description="When it finished.")
+    restarts: int = Field(default=0, ge=0, description="Replica restarts, all roles.")
+    progress: Progress | None = Field(default=None, description="Training progress.")
+    last_checkpoint: CheckpointStatus | None = Field(
+        default=None, description="Most recent checkpoint."
+    )
+    failure: FailureCause | None = Field(default=None, description="Root cause of failure.")
+    observed_generation: int | None = Field(
+        default=None, description="The spec generation this status describes."
+    )
+
+
+class ObjectMeta(ApiModel):
+    """The subset of metadata pstrain reads. Other metadata is accepted and ignored."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="allow"
+    )
+
+    name: str = Field(description="Job name; children are named after it.")
+    namespace: str = Field(default="default", description="Namespace.")
+    uid: str | None = None
+    generation: int | None = None
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+
+    @model_validator(mode="after")
+    def _name(self) -> ObjectMeta:
+        problem = check_job_name(self.name)
+        if problem:
+            raise ValueError(problem)
+        return self
+
+
+class TrainingJob(ApiModel):
+    """A parameter-server training job."""
+
+    api_version: Literal["pstrain.io/v1alpha1"] = Field(
+        default=c.API_VERSION, description="pstrain.io/v1alpha1"
+    )
+    kind: Literal["TrainingJob"] = Field(default=c.KIND, description="TrainingJob")
+    metadata: ObjectMeta
+    spec: TrainingJobSpec = Field(default_factory=TrainingJobSpec, description="Desired job.")
+    status: TrainingJobStatus | None = Field(default=None, description="Observed state.")
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    @property
+    def namespace(self) -> str:
+        return self.metadata.namespace
+
+    @property
+    def has_separate_chief(self) -> bool:
+        return self.spec.replicas.chief is not None

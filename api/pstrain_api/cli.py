@@ -39,8 +39,11 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
-    if not args or args[0] not in SUBCOMMANDS:
-        parser.parse_args(args or ["--help"])
+    if not args:
+        parser.print_help()
+        return 2
+    if args[0] not in SUBCOMMANDS:
+        parser.parse_args(args)  # --help, --version, or an "invalid choice" error
         return 2
     target, _ = SUBCOMMANDS[args[0]]
     module_name, func_name = target.split(":")

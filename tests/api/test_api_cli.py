@@ -1,0 +1,85 @@
+"""`pstrain validate` and `pstrain crd` as a user runs them: exit codes and output."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pstrain_api.cli import main
+from pstrain_api.crd import render_crd_yaml
+
+from .job_builder import job
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_example_validates(capsys):
+    examples = sorted(str(p) for p in (ROOT / "examples").glob("*.yaml"))
+    assert main(["validate", *examples]) == 0
+    out = capsys.readouterr().out
+    assert out.count(": valid (") == len(examples)
+
+
+def test_invalid_manifest_exits_1_with_messages_and_no_traceback(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(job("ok").ps(0).training(mode="fast").build()))
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(job("ok").build()))
+    assert main(["validate", str(good), str(bad)]) == 1
+    captured = capsys.readouterr()
+    assert f"{bad}: spec.replicas.ps.replicas is 0; it must be at least 1." in captured.err
+    assert f"{bad}: spec.training.mode is 'fast'" in captured.err
+    assert "Traceback" not in captured.err
+    assert f"{good}: valid (default/ok)" in captured.out
+
+
+def test_multi_document_file_names_the_document(tmp_path, capsys):
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump_all([job("a").build(), job("b").workers(0).build()]))
+    assert main(["validate", str(path)]) == 1
+    assert f"{path}#2: spec.replicas.worker.replicas is 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        pytest.param("a: [\n", "is not valid YAML at line 2", id="bad-yaml"),
+        pytest.param(None, "cannot read the file", id="missing-file"),
+    ],
+)
+def test_unreadable_input_is_a_message(tmp_path, capsys, content, expected):
+    path = tmp_path / "x.yaml"
+    if content is not None:
+        path.write_text(content)
+    assert main(["validate", str(path)]) == 1
+    assert expected in capsys.readouterr().err
+
+
+def test_crd_command_prints_the_generated_crd(capsys):
+    assert main(["crd"]) == 0
+    assert capsys.readouterr().out == render_crd_yaml()
+
+
+def test_console_script_runs_as_a_process():
+    result = subprocess.run(
+        [sys.executable, "-m", "pstrain_api.cli", "validate", str(ROOT / "examples" / "digits.yaml")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "valid (default/digits)" in result.stdout
+
+
+def test_no_command_prints_help_and_exits_2(capsys):
+    assert main([]) == 2
+    assert "validate" in capsys.readouterr().out
+
+
+def test_unknown_command_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["trian"])
+    assert exc.value.code == 2
+    assert "invalid choice: 'trian'" in capsys.readouterr().err

@@ -1,0 +1,148 @@
+"""The generated CRD: drift against crds/, structure, and that its schema (as a JSON-schema
+validator sees it) accepts every example and rejects the bad manifests."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from pstrain_api.crd import build_crd, openapi_schema, render_crd_yaml
+
+from .job_builder import job
+from .test_api_validate import BAD
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+def test_crds_dir_is_exactly_the_generated_crd():
+    on_disk = (ROOT / "crds" / "trainingjob.yaml").read_text()
+    assert on_disk == render_crd_yaml(), (
+        "crds/trainingjob.yaml drifted from the models; run `pstrain crd > crds/trainingjob.yaml`")
+
+
+def test_crd_names_subresource_and_printer_columns():
+    crd = build_crd()
+    spec = crd["spec"]
+    assert crd["metadata"]["name"] == "trainingjobs.pstrain.io"
+    assert spec["names"]["shortNames"] == ["tj"]
+    assert "pstrain" in spec["names"]["categories"]
+    (version,) = spec["versions"]
+    assert version["subresources"] == {"status": {}}
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert columns == {
+        "Phase": ".status.phase",
+        "PS": ".status.psReady",
+        "Workers": ".status.workersReady",
+        "Step": ".status.progress.globalStep",
+        "Age": ".metadata.creationTimestamp",
+    }
+
+
+def _walk(node: Any, path: str = ""):
+    if isinstance(node, dict):
+        yield path, node
+        for key, sub in node.get("properties", {}).items():
+            yield from _walk(sub, f"{path}.{key}")
+        if isinstance(node.get("items"), dict):
+            yield from _walk(node["items"], f"{path}[]")
+        if isinstance(node.get("additionalProperties"), dict):
+            yield from _walk(node["additionalProperties"], f"{path}{{}}")
+
+
+def test_schema_is_structural():
+    """Kubernetes' structural-schema rules that pydantic output would break."""
+    for path, node in _walk(openapi_schema()):
+        for banned in ("$ref", "anyOf", "oneOf", "allOf", "$defs", "const", "title"):
+            assert banned not in node, f"{path} has {banned}"
+        assert (
+            "type" in node
+            or node.get("x-kubernetes-int-or-string")
+            or node.get("x-kubernetes-preserve-unknown-fields")
+        ), f"{path} has no type"
+        assert not ("properties" in node and "additionalProperties" in node), path
+        for key in ("exclusiveMinimum", "exclusiveMaximum"):
+            assert isinstance(node.get(key, True), bool), f"{path}.{key} must be boolean"
+
+
+def test_preserve_unknown_fields_only_on_pod_template_subtrees():
+    preserved = [p for p, n in _walk(openapi_schema())
+                 if n.get("x-kubernetes-preserve-unknown-fields")]
+    assert preserved, "free-form pod-template fields must survive pruning"
+    for path in preserved:
+        assert ".template." in path or path == ".spec.training.args", path
+    assert not openapi_schema()["properties"]["spec"].get("x-kubernetes-preserve-unknown-fields")
+
+
+def test_schema_carries_defaults_for_a_minimal_manifest():
+    spec = openapi_schema()["properties"]["spec"]
+    reps = spec["properties"]["replicas"]
+    assert spec["default"] == {}
+    assert reps["default"] == {}
+    assert reps["properties"]["ps"]["properties"]["replicas"]["default"] == 1
+    assert reps["properties"]["worker"]["properties"]["replicas"]["default"] == 2
+    assert spec["properties"]["training"]["properties"]["mode"]["enum"] == ["async", "sync"]
+    assert "default" not in reps["properties"]["chief"], "no chief unless asked for"
+
+
+def _strict(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema as the API server applies it with strict field validation (kubectl
+    --validate=strict): unknown fields are errors wherever unknown fields are not
+    preserved."""
+    schema = copy.deepcopy(schema)
+    for path, node in _walk(schema):
+        if "properties" in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+            if path != ".metadata":
+                node["additionalProperties"] = False
+    schema["properties"]["metadata"] = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 63,
+                                "pattern": "^[a-z]([-a-z0-9]*[a-z0-9])?$"}},
+    }
+    return schema
+
+
+VALIDATOR = jsonschema.Draft4Validator(_strict(openapi_schema()))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_crd_schema_accepts_every_example(path):
+    errors = list(VALIDATOR.iter_errors(yaml.safe_load(path.read_text())))
+    assert errors == []
+
+
+def test_examples_exist():
+    names = {p.name for p in EXAMPLES}
+    assert {"digits.yaml", "gpu.yaml"} <= names
+
+
+# Cross-field rules that live in pydantic validators (and, for the PS GPU rule, in a CEL
+# x-kubernetes-validations rule that a JSON-schema validator does not evaluate); and what
+# the API server checks itself before any schema: apiVersion/kind route the request, and
+# metadata is the server's own.
+NOT_IN_SCHEMA = {"gpu-on-ps", "gpu-limit-on-ps", "gpu-twice", "reserved-env", "bad-quantity",
+                 "no-metadata", "wrong-api-version", "wrong-kind", "missing-kind"}
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [p for p in BAD if p.id not in NOT_IN_SCHEMA],
+)
+def test_crd_schema_rejects_bad_manifests(doc, message):
+    assert list(VALIDATOR.iter_errors(doc)), f"schema accepted a manifest that gets: {message}"
+
+
+def test_ps_gpu_rule_is_a_cel_validation_in_the_crd():
+    ps = openapi_schema()["properties"]["spec"]["properties"]["replicas"]["properties"]["ps"]
+    assert ps["x-kubernetes-validations"][0]["rule"] == "!has(self.gpus) || self.gpus == 0"
+
+
+def test_pod_template_fields_survive_in_schema():
+    doc = job().template("worker", affinity={"nodeAffinity": {"x": 1}},
+                         volumes=[{"name": "v", "emptyDir": {}}]).build()
+    assert list(VALIDATOR.iter_errors(doc)) == []

@@ -1,0 +1,64 @@
+"""Restart decisions shared by the runner and the operator; replica event lines."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from pstrain_api.events import emit, format_event, parse_event
+from pstrain_api.model import RunPolicy
+from pstrain_api.policy import decide_restart
+
+
+@pytest.mark.parametrize(
+    ("policy", "exit_code", "used", "action", "reason"),
+    [
+        pytest.param("Never", 1, 0, "fail", "RestartPolicyNever", id="never"),
+        pytest.param("Never", 137, 0, "fail", "RestartPolicyNever", id="never-even-oom"),
+        pytest.param("OnFailure", 1, 0, "restart", "Restarting", id="onfailure-first"),
+        pytest.param("OnFailure", 1, 2, "restart", "Restarting", id="onfailure-last-allowed"),
+        pytest.param("OnFailure", 1, 3, "fail", "BackoffLimitExceeded", id="onfailure-exhausted"),
+        pytest.param("OnFailure", None, 0, "restart", "Restarting", id="onfailure-evicted"),
+        pytest.param("ExitCode", 137, 0, "restart", "Restarting", id="exitcode-sigkill"),
+        pytest.param("ExitCode", 143, 1, "restart", "Restarting", id="exitcode-sigterm"),
+        pytest.param("ExitCode", 1, 0, "fail", "PermanentExitCode", id="exitcode-permanent"),
+        pytest.param("ExitCode", 137, 3, "fail", "BackoffLimitExceeded", id="exitcode-exhausted"),
+    ],
+)
+def test_decide_restart(policy, exit_code, used, action, reason):
+    decision = decide_restart(RunPolicy(restart_policy=policy, backoff_limit=3), "j-worker-1",
+                              exit_code, used)
+    assert (decision.action, decision.reason) == (action, reason)
+    assert "j-worker-1" in decision.message
+
+
+def test_backoff_limit_zero_fails_at_once():
+    decision = decide_restart(RunPolicy(backoff_limit=0), "j-ps-0", 1, 0)
+    assert decision.action == "fail"
+    assert decision.message == "j-ps-0 failed (exit code 1) after 0 restarts; backoffLimit is 0."
+
+
+def test_event_round_trip():
+    line = format_event("done", step=600, loss=0.1, accuracy=0.97)
+    event = parse_event("[digits-worker-0] " + line)
+    assert event is not None
+    assert (event["event"], event["step"], event["accuracy"]) == ("done", 600, 0.97)
+
+
+@pytest.mark.parametrize("line", ["plain output", "PSTRAIN_EVENT {not json",
+                                  'PSTRAIN_EVENT {"event": "unknown"}', "PSTRAIN_EVENT [1]"])
+def test_non_events_are_ignored(line):
+    assert parse_event(line) is None
+
+
+def test_emit_writes_one_flushed_line():
+    buf = io.StringIO()
+    emit("progress", buf, step=1, loss=2.0, samples_per_sec=3.0)
+    assert buf.getvalue().count("\n") == 1
+    assert parse_event(buf.getvalue())["samples_per_sec"] == 3.0
+
+
+def test_unknown_event_kind_is_refused():
+    with pytest.raises(ValueError, match="event kind 'bogus'"):
+        format_event("bogus")

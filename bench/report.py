@@ -1,0 +1,198 @@
+"""From raw figures to what the issue asks to see: the ratios (transport against TCP, PS
+step against all-reduce, PS training against DDP), each target's status, and the
+markdown table. Pure: no clocks, no processes, no files."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .core import MIN_REPEATS, Figure, ratio
+
+Status = Literal["met", "missed", "not measured"]
+
+TRAINING_MODELS = ("digits", "wide", "large")
+ITEM_TITLES = {
+    "limits": "1. Limits",
+    "transport": "2. Transport",
+    "ps_step": "3. PS step against all-reduce",
+    "training": "4. Training",
+    "operator": "5. Operator (against the Kubernetes emulator)",
+    "gpu": "6. GPU",
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    status: Status
+    detail: str
+
+
+def by_key(figures: Iterable[Figure]) -> dict[str, Figure]:
+    return {f.key: f for f in figures}
+
+
+def _sizes(figs: Mapping[str, Figure], prefix: str) -> list[int]:
+    out = set()
+    for key in figs:
+        if key.startswith(prefix) and key.endswith("MiB"):
+            rest = key[len(prefix):-3]
+            if rest.isdigit():
+                out.add(int(rest))
+    return sorted(out)
+
+
+def derive(figures: Iterable[Figure]) -> list[Figure]:
+    """The ratio figures, from the measured ones (ratio of medians, same run)."""
+    figs = by_key(figures)
+    out: list[Figure] = []
+    for direction in ("push", "pull"):
+        for m in _sizes(figs, f"transport.{direction}."):
+            out.append(ratio(f"transport.{direction}.{m}MiB.vs_tcp",
+                             f"{direction} {m} MiB / loopback TCP {m} MiB",
+                             figs.get(f"transport.{direction}.{m}MiB"),
+                             figs.get(f"limits.tcp.{m}MiB")))
+    for m in _sizes(figs, "ps_step.allreduce."):
+        for variant in sorted({k.split(".")[1] for k in figs
+                               if k.startswith("ps_step.") and k.endswith(f".{m}MiB")}):
+            if variant == "allreduce":
+                continue
+            out.append(ratio(f"ps_step.{variant}.{m}MiB.vs_allreduce",
+                             f"PS step ({variant}) / gloo all_reduce, {m} MiB",
+                             figs.get(f"ps_step.{variant}.{m}MiB"),
+                             figs.get(f"ps_step.allreduce.{m}MiB")))
+    for model in TRAINING_MODELS:
+        for mode in ("async", "sync"):
+            ps = figs.get(f"training.{model}.{mode}")
+            if ps is None:
+                continue
+            out.append(ratio(f"training.{model}.{mode}.vs_ddp",
+                             f"{model}: PS {mode} / DDP samples/s", ps,
+                             figs.get(f"training.{model}.ddp")))
+            out.append(ratio(f"training.{model}.{mode}.vs_single",
+                             f"{model}: PS {mode} / single process samples/s", ps,
+                             figs.get(f"training.{model}.single")))
+    tta_ps = figs.get("training.digits.tta.async")
+    if tta_ps is not None:
+        out.append(ratio("training.digits.tta.async.vs_single",
+                         "digits time-to-accuracy: PS async / single process", tta_ps,
+                         figs.get("training.digits.tta.single")))
+    return out
+
+
+def _fmt(x: float | None, unit: str = "") -> str:
+    if x is None:
+        return "n/a"
+    if unit == "s" and abs(x) < 1:
+        return f"{x * 1000:.1f} ms"
+    if abs(x) >= 100:
+        text = f"{x:,.0f}"
+    elif abs(x) >= 10:
+        text = f"{x:.1f}"
+    else:
+        text = f"{x:.3g}" if unit != "x" else f"{x:.2f}"
+    return f"{text} {unit}" if unit and unit != "s" else (f"{text} s" if unit == "s" else text)
+
+
+def _status(value: float | None, ok: bool) -> Status:
+    if value is None:
+        return "not measured"
+    return "met" if ok else "missed"
+
+
+def evaluate_targets(figures: Iterable[Figure]) -> list[Target]:
+    """Each target of the issue, met or not, with the numbers it was judged on."""
+    figs = by_key(figures)
+    targets: list[Target] = []
+
+    # Transport: every stream of >= 16 MiB, push and pull, at >= 0.8x loopback TCP.
+    streams = [f for k, f in figs.items() if k.startswith("transport.") and
+               k.endswith("MiB.vs_tcp") and int(k.split(".")[2][:-3]) >= 16]
+    if streams and all(f.median is not None for f in streams):
+        worst = min(streams, key=lambda f: f.median or 0.0)
+        detail = ", ".join(f"{f.label.split(' /')[0]}: {_fmt(f.median, 'x')}" for f in streams)
+        targets.append(Target("transport: tensor stream >= 16 MB at >= 0.8x loopback TCP",
+                              _status(worst.median, (worst.median or 0) >= 0.8), detail))
+    else:
+        targets.append(Target("transport: tensor stream >= 16 MB at >= 0.8x loopback TCP",
+                              "not measured", "no transport figures of >= 16 MiB"))
+
+    step = [f for k, f in figs.items() if k.startswith("ps_step.ps1.") and
+            k.endswith("vs_allreduce")]
+    if step:
+        f = step[-1]
+        ps2 = figs.get(f.key.replace("ps_step.ps1.", "ps_step.ps2."))
+        extra = f"; with 2 PS: {_fmt(ps2.median, 'x')}" if ps2 else ""
+        targets.append(Target("PS step (2 workers, 1 PS) <= 2.0x gloo all_reduce",
+                              _status(f.median, (f.median or 99) <= 2.0),
+                              f"{_fmt(f.median, 'x')}{extra}"))
+    else:
+        targets.append(Target("PS step (2 workers, 1 PS) <= 2.0x gloo all_reduce",
+                              "not measured", "no PS step figure"))
+
+    for model, need in (("wide", 1.0), ("digits", 1.2)):
+        f = figs.get(f"training.{model}.async.vs_ddp")
+        name = (f"training: {model} MLP async samples/s >= {need:.1f}x DDP over gloo "
+                "(2 workers)")
+        if f is None or f.median is None:
+            targets.append(Target(name, "not measured", f.note if f else "no figure"))
+        else:
+            ps = figs.get(f"training.{model}.async")
+            ddp = figs.get(f"training.{model}.ddp")
+            targets.append(Target(name, _status(f.median, f.median >= need),
+                                  f"{_fmt(f.median, 'x')} ({_fmt(ps.median if ps else None)}"
+                                  f" vs {_fmt(ddp.median if ddp else None)} samples/s)"))
+
+    for key, name, limit, unit in (
+        ("operator.one_job.pods_after_ps_ready",
+         "operator: all pods of a 1 PS + 8 worker job within 1 s of PS Ready", 1.0, "s"),
+        ("operator.many_jobs.all_pods",
+         "operator: all pods of 50 jobs created at once within 10 s", 10.0, "s"),
+        ("operator.peak_rss", "operator: peak RSS under 150 MB", 150.0, "MB"),
+    ):
+        f = figs.get(key)
+        if f is None or f.median is None:
+            targets.append(Target(name, "not measured", f.note if f else "no figure"))
+        else:
+            worst = f.max if f.max is not None else f.median
+            targets.append(Target(name, _status(f.median, worst < limit),
+                                  f"median {_fmt(f.median, unit)}, max {_fmt(worst, unit)}"))
+    return targets
+
+
+def render_markdown(result: Mapping[str, Any]) -> str:
+    """The results as markdown: machine, one table per item, the targets."""
+    lines = ["# pstrain benchmark results", ""]
+    m = result.get("machine", {})
+    lines.append(f"- date: {result.get('date', '?')}; mode: "
+                 f"{'quick (tiny sizes, sanity check only)' if result.get('quick') else 'full'}")
+    for k, v in m.items():
+        lines.append(f"- {k}: {v}")
+    lines.append(f"- each figure: {result.get('warmup', 1)} warm-up run(s), then the median "
+                 f"of {result.get('repeats', 5)} timed runs (min and max shown); ratios are "
+                 "ratios of medians from this same run. GB/s = 10^9 bytes/s; sizes in MiB.")
+    lines.append("")
+    figs = [Figure(**f) for f in result.get("figures", [])]
+    for item, title in ITEM_TITLES.items():
+        rows = [f for f in figs if f.key.split(".")[0] == item]
+        err = result.get("errors", {}).get(item)
+        if not rows and not err:
+            continue
+        lines += [f"## {title}", "", "| figure | median | min | max | n | note |",
+                  "| --- | ---: | ---: | ---: | ---: | --- |"]
+        for f in rows:
+            note = f.note
+            if f.median is not None and f.unit != "x" and f.n < MIN_REPEATS:
+                note = f"fewer than {MIN_REPEATS} runs. {note}".strip()
+            lines.append(f"| {f.label} | {_fmt(f.median, f.unit)} | {_fmt(f.min, f.unit)} | "
+                         f"{_fmt(f.max, f.unit)} | {f.n} | {note} |")
+        if err:
+            lines += ["", f"Error in this item: `{err.strip().splitlines()[-1]}`"]
+        lines.append("")
+    lines += ["## Targets", "", "| target | status | numbers |", "| --- | --- | --- |"]
+    for t in result.get("targets", []):
+        lines.append(f"| {t['name']} | **{t['status']}** | {t['detail']} |")
+    lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,138 @@
+"""Training progress of a local run, folded from replica events, and the final summary.
+
+Pure: `fold(metrics, replica, event)` reads one parsed `PSTRAIN_EVENT` line (see
+`pstrain_api.events`) and returns the updated metrics; `build_summary` turns the end
+state into the one JSON object that `pstrain run --json` prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .supervisor import RunState
+
+
+@dataclass(frozen=True)
+class Restore:
+    """One `restored` event: who restored which step, and the steps thrown away."""
+
+    replica: str
+    step: int
+    lost_steps: int
+    path: str = ""
+
+
+@dataclass(frozen=True)
+class Metrics:
+    total_steps: int
+    step: int = 0
+    loss: float | None = None
+    samples_per_sec: float | None = None
+    accuracy: float | None = None
+    eval_loss: float | None = None
+    checkpoint_step: int | None = None
+    checkpoint_path: str | None = None
+    restores: tuple[Restore, ...] = ()
+    done: bool = False
+    train_seconds: float | None = None
+
+    @property
+    def lost_steps(self) -> int:
+        return sum(r.lost_steps for r in self.restores)
+
+
+def _num(event: Mapping[str, Any], key: str) -> float | None:
+    value = event.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _int(event: Mapping[str, Any], key: str) -> int | None:
+    value = _num(event, key)
+    return int(value) if value is not None else None
+
+
+def fold(metrics: Metrics, replica: str, event: Mapping[str, Any]) -> Metrics:
+    """Metrics after `event` from `replica`. Unknown or malformed fields are ignored:
+    a replica's output must never crash the runner."""
+    kind = event.get("event")
+    step = _int(event, "step")
+    if kind == "progress":
+        return replace(
+            metrics,
+            step=step if step is not None else metrics.step,
+            loss=_num(event, "loss") if "loss" in event else metrics.loss,
+            samples_per_sec=_num(event, "samples_per_sec") or metrics.samples_per_sec,
+        )
+    if kind == "eval":
+        return replace(
+            metrics,
+            accuracy=_num(event, "accuracy"),
+            eval_loss=_num(event, "loss"),
+        )
+    if kind == "checkpoint":
+        return replace(metrics, checkpoint_step=step,
+                       checkpoint_path=str(event.get("path", "")) or None)
+    if kind == "restored":
+        restore = Restore(replica=replica, step=step or 0,
+                          lost_steps=max(_int(event, "lost_steps") or 0, 0),
+                          path=str(event.get("path", "")))
+        # The chief's step counter goes back to the restored step.
+        return replace(metrics, restores=(*metrics.restores, restore),
+                       step=step if step is not None else metrics.step)
+    if kind == "done":
+        return replace(
+            metrics,
+            done=True,
+            step=step if step is not None else metrics.step,
+            loss=_num(event, "loss") if "loss" in event else metrics.loss,
+            accuracy=_num(event, "accuracy") if "accuracy" in event else metrics.accuracy,
+            samples_per_sec=_num(event, "samples_per_sec") or metrics.samples_per_sec,
+            train_seconds=_num(event, "wall_seconds"),
+        )
+    return metrics
+
+
+def describe_restore(restore: Restore) -> str:
+    """The loud line a restore deserves."""
+    what = "ps shard" if "-ps-" in restore.replica else "checkpoint"
+    steps = "step" if restore.lost_steps == 1 else "steps"
+    return (f"{restore.replica}: restored {what} from step {restore.step}; "
+            f"{restore.lost_steps} {steps} lost")
+
+
+def build_summary(state: RunState, metrics: Metrics, wall_seconds: float,
+                  job_name: str, checkpoint_dir: str | None) -> dict[str, Any]:
+    """The `--json` line: phase, steps, loss, accuracy, timing, restarts, lost steps,
+    and how every replica ended (exit code, restarts)."""
+    replicas = {
+        r.name: {"role": r.role, "index": r.index, "exit_code": r.exit_code,
+                 "restarts": max(r.attempt - 1, 0)}
+        for r in state.replicas
+    }
+    return {
+        "job": job_name,
+        "phase": state.phase,
+        "reason": state.reason,
+        "message": state.message,
+        "steps": metrics.step,
+        "total_steps": metrics.total_steps,
+        "loss": metrics.loss,
+        "accuracy": metrics.accuracy,
+        "wall_seconds": round(wall_seconds, 3),
+        "train_seconds": metrics.train_seconds,
+        "samples_per_sec": metrics.samples_per_sec,
+        "restarts": state.restarts,
+        "lost_steps": metrics.lost_steps,
+        "restores": [
+            {"replica": r.replica, "step": r.step, "lost_steps": r.lost_steps}
+            for r in metrics.restores
+        ],
+        "checkpoint_dir": checkpoint_dir,
+        "last_checkpoint_step": metrics.checkpoint_step,
+        "failed_replica": state.culprit,
+        "replicas": replicas,
+    }

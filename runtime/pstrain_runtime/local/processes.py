@@ -1,0 +1,236 @@
+"""Process I/O of a local run: free ports, spawning replicas, reading their output,
+probing parameter-server health, signalling process groups.
+
+Everything that happens reaches the supervisor as an observation on one queue:
+`Line` (a line of replica output), `Healthy`, `Exited`. Threads only read and post;
+every decision is taken on the thread that runs the loop.
+
+Orphans: each replica runs in its own session (its own process group, so a terminal
+Ctrl-C reaches only the runner, which stops the replicas in order), and on Linux it is
+started through a tiny exec shim that sets PR_SET_PDEATHSIG, so a replica is killed
+when the runner dies, even by SIGKILL. The shim execs the real command, so the pid the
+runner holds is the replica's own.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+from .supervisor import Exited, Healthy, normalize_exit_code
+
+DEFAULT_REPLICA_COMMAND: tuple[str, ...] = (sys.executable, "-m", "pstrain_api.cli",
+                                            "replica")
+LOG_TAIL_LINES = 20
+EXIT_DRAIN_SECONDS = 2.0
+
+# Runs as `python -c SHIM PARENT_PID CMD...`: die with the parent, then become CMD.
+PDEATHSIG_SHIM = """\
+import ctypes, os, signal, sys
+PR_SET_PDEATHSIG = 1
+ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(137)  # the runner died before the prctl took effect
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of output from start `attempt` of replica `name`."""
+
+    name: str
+    attempt: int
+    text: str
+
+
+def find_free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct ports that were free on `host` a moment ago.
+
+    All sockets are held open together so the kernel hands out distinct ports; they are
+    closed before the replicas bind them (a small race every local launcher accepts).
+    """
+    with ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind((host, 0))
+            ports.append(sock.getsockname()[1])
+    return ports
+
+
+def wrap_command(command: Sequence[str], parent_pid: int | None = None) -> list[str]:
+    """`command` behind the PR_SET_PDEATHSIG shim where Linux offers it."""
+    if not sys.platform.startswith("linux"):
+        return list(command)
+    pid = os.getpid() if parent_pid is None else parent_pid
+    return [sys.executable, "-c", PDEATHSIG_SHIM, str(pid), *command]
+
+
+def replica_environment(base: Mapping[str, str], cluster_env: Mapping[str, str],
+                        threads: int) -> dict[str, str]:
+    """The replica's environment: the runner's, the cluster spec's, unbuffered Python
+    output (so lines arrive as they are printed) and a thread budget unless set."""
+    env = dict(base)
+    env.update(cluster_env)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", str(threads))
+    env.setdefault("MKL_NUM_THREADS", str(threads))
+    return env
+
+
+class ReplicaProcess:
+    """One running replica process, its output reader and (for a PS) health prober."""
+
+    def __init__(self, name: str, attempt: int, popen: subprocess.Popen[bytes],
+                 post: Callable[[object], None], now: Callable[[], float],
+                 tail: collections.deque[str]):
+        self.name = name
+        self.attempt = attempt
+        self.popen = popen
+        self.stop = threading.Event()
+        self._post = post
+        self._now = now
+        self._tail = tail
+        self.reader = threading.Thread(target=self._read, name=f"read-{name}", daemon=True)
+        self.waiter = threading.Thread(target=self._wait, name=f"wait-{name}", daemon=True)
+        self.reader.start()
+        self.waiter.start()
+        self.prober: threading.Thread | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def _read(self) -> None:
+        stream = self.popen.stdout
+        if stream is None:
+            return
+        for raw in iter(stream.readline, b""):
+            text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            self._tail.append(text)
+            self._post(Line(self.name, self.attempt, text))
+        stream.close()
+
+    def _wait(self) -> None:
+        code = self.popen.wait()
+        self.stop.set()
+        # Let the reader pass on the last lines first; a grandchild that inherited the
+        # pipe may keep it open, so do not wait for end-of-file forever.
+        self.reader.join(timeout=EXIT_DRAIN_SECONDS)
+        self._post(Exited(self.name, self.attempt, normalize_exit_code(code), self._now()))
+
+    def probe_health(self, address: str, interval: float = 0.1) -> None:
+        """Post `Healthy` once the gRPC health service at `address` answers SERVING."""
+        self.prober = threading.Thread(target=self._probe, args=(address, interval),
+                                       name=f"health-{self.name}", daemon=True)
+        self.prober.start()
+
+    def _probe(self, address: str, interval: float) -> None:
+        if wait_serving(address, self.stop, interval):
+            self._post(Healthy(self.name, self.attempt, self._now()))
+
+    def signal(self, signum: int) -> None:
+        """Signal the replica's whole process group, while the replica is alive."""
+        if self.popen.poll() is not None:
+            return
+        try:
+            os.killpg(self.popen.pid, signum)
+        except ProcessLookupError:
+            pass
+        except PermissionError:  # not our group after all (should not happen)
+            self.popen.send_signal(signum)
+
+
+def wait_serving(address: str, stop: threading.Event, interval: float = 0.1) -> bool:
+    """Poll grpc.health.v1 Check at `address` until SERVING (True) or `stop` is set."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    options = [("grpc.initial_reconnect_backoff_ms", 100),
+               ("grpc.min_reconnect_backoff_ms", 100),
+               ("grpc.max_reconnect_backoff_ms", 500)]
+    with grpc.insecure_channel(address, options=options) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        request = health_pb2.HealthCheckRequest(service="")
+        while not stop.is_set():
+            try:
+                reply = stub.Check(request, timeout=1.0, wait_for_ready=True)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return True
+            except grpc.RpcError:
+                pass
+            stop.wait(interval)
+    return False
+
+
+class ProcessTable:
+    """The replicas' processes, keyed by replica name, and the observation queue."""
+
+    def __init__(self, command: Sequence[str], environments: Mapping[str, Mapping[str, str]],
+                 now: Callable[[], float], cwd: str | None = None):
+        self.command = list(command)
+        self.environments = environments
+        self.now = now
+        self.cwd = cwd
+        self.observations: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self.procs: dict[str, ReplicaProcess] = {}
+        self.tails: dict[str, collections.deque[str]] = collections.defaultdict(
+            lambda: collections.deque(maxlen=LOG_TAIL_LINES))
+
+    def post(self, item: object) -> None:
+        """Thread- and signal-handler-safe (SimpleQueue.put is reentrant)."""
+        self.observations.put(item)
+
+    def start(self, name: str, attempt: int) -> ReplicaProcess:
+        """Spawn replica `name`; raises OSError when the command cannot be started."""
+        popen = subprocess.Popen(
+            wrap_command(self.command),
+            env=dict(self.environments[name]),
+            cwd=self.cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        tail = self.tails[name]
+        tail.clear()  # the tail explains the latest attempt
+        proc = ReplicaProcess(name, attempt, popen, self.post, self.now, tail)
+        self.procs[name] = proc
+        return proc
+
+    def signal(self, names: Sequence[str], signum: int) -> None:
+        for name in names:
+            proc = self.procs.get(name)
+            if proc is not None:
+                proc.signal(signum)
+
+    def tail(self, name: str, lines: int = 10) -> list[str]:
+        return list(self.tails[name])[-lines:]
+
+    def pids(self) -> dict[str, int]:
+        return {name: p.pid for name, p in self.procs.items() if p.popen.poll() is None}
+
+    def alive(self) -> Iterator[ReplicaProcess]:
+        return (p for p in self.procs.values() if p.popen.poll() is None)
+
+    def kill_all(self, wait: float = 5.0) -> None:
+        """Last-resort cleanup: SIGKILL every live replica group and reap it."""
+        for proc in self.procs.values():
+            proc.stop.set()
+            proc.signal(signal.SIGKILL)
+        for proc in self.procs.values():
+            try:
+                proc.popen.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                pass
+            proc.waiter.join(timeout=1.0)

@@ -1,0 +1,171 @@
+"""What the user sees during `pstrain run`: replica output prefixed with the replica
+name, the runner's notices, and progress (a rich progress bar on a terminal, plain
+lines otherwise).
+
+The text of every line comes from the pure `format_*` functions; the reporters only
+decide where and how it is drawn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, TextIO
+
+from .metrics import Metrics, Restore, describe_restore
+from .supervisor import Level
+
+LEVEL_MARK: Mapping[Level, str] = {"info": "", "warning": "warning: ", "error": "error: "}
+
+
+def format_prefix(name: str, width: int) -> str:
+    return f"[{name}]".ljust(width + 2)
+
+
+def format_replica_line(name: str, text: str, width: int = 0) -> str:
+    return f"{format_prefix(name, width)} {text}"
+
+
+def format_notice(level: Level, text: str) -> str:
+    return f"pstrain: {LEVEL_MARK[level]}{text}"
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_progress(metrics: Metrics) -> str:
+    return (f"step {metrics.step}/{metrics.total_steps}  loss {_fmt(metrics.loss, '.4f')}  "
+            f"{_fmt(metrics.samples_per_sec, '.0f')} samples/s")
+
+
+def format_event(replica: str, event: Mapping[str, Any], metrics: Metrics) -> str | None:
+    """A line for an event worth a line of its own (not progress, which drives the bar)."""
+    kind = event.get("event")
+    if kind == "eval":
+        return (f"{replica}: eval at step {event.get('step', '?')}: accuracy "
+                f"{_fmt(metrics.accuracy, '.4f')}, loss {_fmt(metrics.eval_loss, '.4f')}")
+    if kind == "checkpoint":
+        return (f"{replica}: checkpoint at step {event.get('step', '?')}"
+                f" -> {event.get('path', '?')}")
+    if kind == "restored" and metrics.restores:
+        return describe_restore(metrics.restores[-1])
+    if kind == "done":
+        return (f"{replica}: training done at step {metrics.step}: loss "
+                f"{_fmt(metrics.loss, '.4f')}, accuracy {_fmt(metrics.accuracy, '.4f')}, "
+                f"{_fmt(metrics.samples_per_sec, '.0f')} samples/s")
+    if kind == "ready":
+        return f"{replica}: serving on {event.get('address', '?')}"
+    return None
+
+
+def format_result(summary: Mapping[str, Any]) -> list[str]:
+    """The closing lines of a run, for humans (the --json line is for machines)."""
+    lines = [
+        f"job {summary['job']} {summary['phase']} ({summary['reason']}) after "
+        f"{summary['wall_seconds']:.1f}s: {summary['steps']}/{summary['total_steps']} steps, "
+        f"loss {_fmt(summary['loss'], '.4f')}, accuracy {_fmt(summary['accuracy'], '.4f')}, "
+        f"{_fmt(summary['samples_per_sec'], '.0f')} samples/s",
+        f"restarts: {summary['restarts']}, steps lost to restores: {summary['lost_steps']}",
+    ]
+    if summary["phase"] != "Succeeded" and summary.get("message"):
+        lines.append(summary["message"])
+    return lines
+
+
+class Reporter(Protocol):
+    def replica_line(self, name: str, text: str) -> None: ...
+    def notice(self, level: Level, text: str, context: Sequence[str] = ()) -> None: ...
+    def event(self, name: str, event: Mapping[str, Any], metrics: Metrics) -> None: ...
+    def close(self) -> None: ...
+
+
+class PlainReporter:
+    """Line output: for pipes, CI logs, `--quiet`. Quiet drops replica output and
+    progress lines, keeping notices, evals, checkpoints, restores and the result."""
+
+    def __init__(self, stream: TextIO, names: Sequence[str], quiet: bool = False):
+        self.stream = stream
+        self.width = max((len(n) for n in names), default=0)
+        self.quiet = quiet
+
+    def _write(self, line: str) -> None:
+        self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def replica_line(self, name: str, text: str) -> None:
+        if not self.quiet:
+            self._write(format_replica_line(name, text, self.width))
+
+    def notice(self, level: Level, text: str, context: Sequence[str] = ()) -> None:
+        self._write(format_notice(level, text))
+        for line in context:
+            self._write(f"    {line}")
+
+    def event(self, name: str, event: Mapping[str, Any], metrics: Metrics) -> None:
+        if event.get("event") == "progress":
+            if not self.quiet:
+                self._write(format_notice("info", format_progress(metrics)))
+            return
+        line = format_event(name, event, metrics)
+        if line is not None:
+            level: Level = "warning" if event.get("event") == "restored" else "info"
+            self._write(format_notice(level, line))
+
+    def close(self) -> None:
+        self.stream.flush()
+
+
+class RichReporter:
+    """A live progress bar (step, loss, samples/s) with replica output scrolling above."""
+
+    def __init__(self, stream: TextIO, names: Sequence[str], total_steps: int,
+                 job_name: str):
+        from rich.console import Console
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeElapsedColumn)
+
+        self.console = Console(file=stream, highlight=False)
+        self.width = max((len(n) for n in names), default=0)
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("{task.fields[sps]} samples/s"),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=False,
+        )
+        self.task = self.progress.add_task(job_name, total=total_steps, loss="-", sps="-")
+        self.progress.start()
+
+    def _print(self, text: str, style: str | None = None) -> None:
+        self.console.print(text, style=style, markup=False, highlight=False,
+                           soft_wrap=True)
+
+    def replica_line(self, name: str, text: str) -> None:
+        self._print(format_replica_line(name, text, self.width))
+
+    def notice(self, level: Level, text: str, context: Sequence[str] = ()) -> None:
+        style = {"info": "cyan", "warning": "bold yellow", "error": "bold red"}[level]
+        self._print(format_notice(level, text), style)
+        for line in context:
+            self._print(f"    {line}", "dim")
+
+    def event(self, name: str, event: Mapping[str, Any], metrics: Metrics) -> None:
+        self.progress.update(self.task, completed=metrics.step,
+                             loss=_fmt(metrics.loss, ".4f"),
+                             sps=_fmt(metrics.samples_per_sec, ".0f"))
+        if event.get("event") == "progress":
+            return
+        line = format_event(name, event, metrics)
+        if line is not None:
+            style = "bold yellow" if event.get("event") == "restored" else "green"
+            self._print(format_notice("info", line), style)
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+def restore_lines(restores: Sequence[Restore]) -> list[str]:
+    return [describe_restore(r) for r in restores]

@@ -1,0 +1,224 @@
+"""The executor of a local run: one loop that turns observations into supervisor
+decisions and carries out the resulting actions.
+
+    observe (queue: lines, health, exits, signals, ticks)
+      -> decide (supervisor.decide, pure)
+      -> apply (spawn, signal, print)
+      -> until Finish; then the summary.
+
+The loop runs on the calling thread, which also spawns every replica: on Linux the
+replicas' PR_SET_PDEATHSIG is tied to the thread that forked them.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from pstrain_api.cluster import local_cluster_spec, task_count
+from pstrain_api.events import parse_event
+from pstrain_api.model import TrainingJob
+
+from .metrics import Metrics, build_summary, fold
+from .processes import (DEFAULT_REPLICA_COMMAND, Line, ProcessTable, find_free_ports,
+                        replica_environment)
+from .render import PlainReporter, Reporter, RichReporter, format_result
+from .supervisor import (Begin, Finish, Interrupt, Kill, Notify, Settings,
+                         SpawnFailed, Start, Terminate, Tick, decide, initial_state)
+
+TICK_SECONDS = 0.1
+FAILURE_CONTEXT_LINES = 12
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run, besides the job itself. Defaults are what `pstrain run` uses."""
+
+    json: bool = False
+    quiet: bool = False
+    timeout: float | None = None
+    checkpoint_dir: str | None = None
+    replica_command: Sequence[str] = DEFAULT_REPLICA_COMMAND
+    health_timeout: float = 60.0
+    success_grace: float = 20.0
+    kill_grace: float = 5.0
+    backoff_base: float = 0.5
+    handle_signals: bool = True
+    keep_temp_checkpoints: bool = False
+
+
+@dataclass
+class RunResult:
+    summary: dict[str, Any]
+    exit_code: int
+    pids: dict[str, list[int]] = field(default_factory=dict)
+
+
+def with_checkpoint_dir(job: TrainingJob, directory: str) -> TrainingJob:
+    """`job` with spec.training.checkpoint.directory set to `directory` (validated)."""
+    data = job.to_api()
+    data["spec"].setdefault("training", {}).setdefault("checkpoint", {})["directory"] = (
+        directory)
+    return TrainingJob.model_validate(data)
+
+
+def exit_code_of(finish: Finish, signum: int | None) -> int:
+    """0 Succeeded; 128+N when interrupted by signal N (130 for Ctrl-C); 1 otherwise."""
+    if finish.interrupted:
+        return 128 + (signum or signal.SIGINT)
+    return 0 if finish.phase == "Succeeded" else 1
+
+
+@contextmanager
+def _signals_to(post: Callable[[object], None], clock: Callable[[], float],
+                enabled: bool) -> Iterator[list[int]]:
+    """SIGINT and SIGTERM become Interrupt observations while the run lasts."""
+    received: list[int] = []
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def handler(signum: int, _frame: object) -> None:
+        received.append(signum)
+        post(Interrupt(clock(), signum))
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield received
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _make_reporter(options: RunOptions, stream: TextIO, names: Sequence[str],
+                   job: TrainingJob) -> Reporter:
+    if not options.quiet and stream.isatty():
+        return RichReporter(stream, names, job.spec.training.steps, job.name)
+    return PlainReporter(stream, names, quiet=options.quiet)
+
+
+def run_job(job: TrainingJob, options: RunOptions = RunOptions(),
+            stdout: TextIO | None = None, stderr: TextIO | None = None) -> RunResult:
+    """Run `job` as local processes until it succeeds, fails or is interrupted."""
+    out = stdout or sys.stdout
+    log_stream = (stderr or sys.stderr) if options.json else out
+    clock = time.monotonic
+
+    temp_dir: str | None = None
+    if options.checkpoint_dir:
+        job = with_checkpoint_dir(job, str(Path(options.checkpoint_dir).resolve()))
+    elif not job.spec.training.checkpoint.directory:
+        temp_dir = tempfile.mkdtemp(prefix=f"pstrain-{job.name}-ckpt-")
+        job = with_checkpoint_dir(job, temp_dir)
+    checkpoint_dir = job.spec.training.checkpoint.directory
+
+    spec = local_cluster_spec(job, find_free_ports(task_count(job)))
+    tasks = spec.tasks()
+    names = [spec.replica_name(t) for t in tasks]
+    threads = max(1, (os.cpu_count() or 1) // max(len(tasks), 1))
+    environments = {
+        spec.replica_name(t): replica_environment(os.environ, spec.env(t), threads)
+        for t in tasks
+    }
+    run_policy = job.spec.run_policy
+    deadline = [x for x in (run_policy.active_deadline_seconds, options.timeout)
+                if x is not None]
+    settings = Settings(
+        policy=run_policy,
+        deadline_seconds=float(min(deadline)) if deadline else None,
+        health_timeout=options.health_timeout,
+        success_grace=options.success_grace,
+        kill_grace=options.kill_grace,
+        backoff_base=options.backoff_base,
+    )
+    state = initial_state(spec, settings)
+    addresses = {r.name: r.address for r in state.replicas}
+    table = ProcessTable(options.replica_command, environments, clock)
+    metrics = Metrics(total_steps=job.spec.training.steps)
+    reporter = _make_reporter(options, log_stream, names, job)
+    pids: dict[str, list[int]] = {n: [] for n in names}
+
+    reporter.notice("info", f"job {job.name}: " + ", ".join(
+        f"{spec.replica_name(t)}@{spec.addresses[t]}" for t in tasks))
+    if temp_dir:
+        reporter.notice("info", f"checkpoints go to the temporary directory {temp_dir} "
+                                "(removed at exit; pass --checkpoint-dir to keep them)")
+    else:
+        reporter.notice("info", f"checkpoints go to {checkpoint_dir}")
+
+    started = clock()
+    finish: Finish | None = None
+    with _signals_to(table.post, clock, options.handle_signals) as received:
+        try:
+            inbox: list[object] = [Begin(started)]
+            last_tick = started
+            while finish is None:
+                if not inbox and clock() - last_tick >= TICK_SECONDS:
+                    inbox.append(Tick(clock()))
+                if inbox:
+                    item = inbox.pop(0)
+                else:
+                    try:
+                        item = table.observations.get(timeout=TICK_SECONDS)
+                    except queue.Empty:
+                        item = Tick(clock())
+                if isinstance(item, Line):
+                    event = parse_event(item.text)
+                    if event is None:
+                        reporter.replica_line(item.name, item.text)
+                    else:
+                        metrics = fold(metrics, item.name, event)
+                        reporter.event(item.name, event, metrics)
+                    continue
+                if isinstance(item, Tick):
+                    last_tick = item.now
+                state, actions = decide(state, item)  # type: ignore[arg-type]
+                for action in actions:
+                    if isinstance(action, Start):
+                        try:
+                            proc = table.start(action.name, action.attempt)
+                        except OSError as exc:
+                            inbox.append(SpawnFailed(action.name, action.attempt,
+                                                     f"{options.replica_command[0]}: "
+                                                     f"{exc.strerror or exc}", clock()))
+                            continue
+                        pids[action.name].append(proc.pid)
+                        if state.replica(action.name).is_ps:
+                            proc.probe_health(addresses[action.name])
+                    elif isinstance(action, Terminate):
+                        table.signal(action.names, signal.SIGTERM)
+                    elif isinstance(action, Kill):
+                        table.signal(action.names, signal.SIGKILL)
+                    elif isinstance(action, Notify):
+                        context: list[str] = []
+                        if action.level == "error" and action.replica:
+                            context = table.tail(action.replica, FAILURE_CONTEXT_LINES)
+                            if context:
+                                context = [f"last output of {action.replica}:", *context]
+                        reporter.notice(action.level, action.text, context)
+                    elif isinstance(action, Finish):
+                        finish = action
+        finally:
+            table.kill_all()
+            reporter.close()
+            if temp_dir and not options.keep_temp_checkpoints:
+                shutil.rmtree(temp_dir, ignore_errors=True)
+
+    wall = clock() - started
+    summary = build_summary(state, metrics, wall, job.name, checkpoint_dir)
+    exit_code = exit_code_of(finish, received[-1] if received else None)
+    for line in format_result(summary):
+        (log_stream if options.json else out).write(line + "\n")
+    return RunResult(summary=summary, exit_code=exit_code, pids=pids)
+

@@ -1,0 +1,483 @@
+"""The local run's lifecycle as a pure state machine: observations in, actions out.
+
+`decide(state, observation)` returns the next state and the actions the executor must
+carry out (start a replica, terminate or kill replicas, tell the user something, finish).
+Nothing here touches processes, sockets, clocks or signals: time arrives inside each
+observation, so every rule can be tested with a table of whole states.
+
+Invariants:
+- Start order is the cluster spec's (`ClusterSpec.tasks()`): every parameter server,
+  then, once every parameter server reports SERVING, the non-chief workers, then the
+  chief, in one batch of `Start` actions executed in that order.
+- Restarts count job-wide, like a Kubernetes Job's backoffLimit, and are decided by
+  `pstrain_api.policy.decide_restart`, the function the operator uses.
+- Job success is the chief exiting 0. The other replicas then get `success_grace`
+  seconds to exit by themselves before they are terminated.
+- Once the job is decided (succeeded, failed, interrupted) nothing is started or
+  restarted again; the run finishes when no replica process is left.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from pstrain_api import constants as c
+from pstrain_api.cluster import ClusterSpec
+from pstrain_api.model import RunPolicy
+from pstrain_api.policy import decide_restart
+
+ReplicaStatus = Literal["pending", "running", "waiting_restart", "exited", "stopped"]
+Stage = Literal["starting_ps", "running", "draining", "stopping", "done"]
+Level = Literal["info", "warning", "error"]
+
+REASON_SUCCEEDED = "ChiefSucceeded"
+REASON_INTERRUPTED = "Interrupted"
+REASON_DEADLINE = "DeadlineExceeded"
+REASON_HEALTH_TIMEOUT = "ParameterServerNotServing"
+REASON_SPAWN_FAILED = "CannotStartReplica"
+REASON_EARLY_EXIT = "ParameterServerExitedBeforeServing"
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Timing rules of one local run, validated up front."""
+
+    policy: RunPolicy = field(default_factory=RunPolicy)
+    deadline_seconds: float | None = None
+    health_timeout: float = 60.0
+    success_grace: float = 20.0
+    kill_grace: float = 5.0
+    backoff_base: float = 0.5
+    backoff_max: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name in ("health_timeout", "success_grace", "kill_grace", "backoff_base",
+                     "backoff_max"):
+            value = getattr(self, name)
+            if value < 0:
+                raise ValueError(f"{name} is {value}; it must be at least 0.")
+        if self.deadline_seconds is not None and self.deadline_seconds <= 0:
+            raise ValueError(
+                f"deadline_seconds is {self.deadline_seconds}; it must be greater than 0."
+            )
+
+
+def effective_deadline(active_deadline_seconds: int | None,
+                       timeout: float | None) -> float | None:
+    """The tighter of spec.runPolicy.activeDeadlineSeconds and `--timeout`."""
+    limits = [x for x in (active_deadline_seconds, timeout) if x is not None]
+    return float(min(limits)) if limits else None
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def restart_delay(settings: Settings, previous_restarts: int) -> float:
+    """Exponential back-off before restart number `previous_restarts + 1` of a replica."""
+    return min(settings.backoff_base * (2 ** previous_restarts), settings.backoff_max)
+
+
+def normalize_exit_code(returncode: int) -> int:
+    """Popen's -N (killed by signal N) as a shell and Kubernetes report it: 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+# --------------------------------------------------------------------------- state
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One replica as the supervisor sees it. `attempt` counts its starts (1 = first)."""
+
+    name: str
+    role: str
+    index: int
+    address: str
+    is_chief: bool = False
+    status: ReplicaStatus = "pending"
+    attempt: int = 0
+    healthy: bool = False
+    started_at: float | None = None
+    restart_at: float | None = None
+    exit_code: int | None = None
+
+    @property
+    def is_ps(self) -> bool:
+        return self.role == c.ROLE_PS
+
+    @property
+    def is_live(self) -> bool:
+        """A process exists (or is being started) for this replica."""
+        return self.status == "running"
+
+
+@dataclass(frozen=True)
+class RunState:
+    replicas: tuple[Replica, ...]
+    settings: Settings
+    stage: Stage = "starting_ps"
+    phase: c.Phase = "Pending"
+    reason: str = ""
+    message: str = ""
+    culprit: str | None = None
+    started_at: float = 0.0
+    restarts: int = 0
+    drain_until: float | None = None
+    kill_at: float | None = None
+    killed: bool = False
+    interrupted: bool = False
+
+    def replica(self, name: str) -> Replica:
+        for rep in self.replicas:
+            if rep.name == name:
+                return rep
+        raise KeyError(f"{name} is not a replica of this run")
+
+    def live(self) -> list[str]:
+        return [r.name for r in self.replicas if r.is_live]
+
+    def with_replica(self, rep: Replica) -> RunState:
+        return replace(
+            self, replicas=tuple(rep if r.name == rep.name else r for r in self.replicas)
+        )
+
+    @property
+    def ps(self) -> list[Replica]:
+        return [r for r in self.replicas if r.is_ps]
+
+    @property
+    def restarts_by_replica(self) -> Mapping[str, int]:
+        return {r.name: max(r.attempt - 1, 0) for r in self.replicas}
+
+
+def initial_state(spec: ClusterSpec, settings: Settings) -> RunState:
+    """Every replica pending, in the cluster spec's start order."""
+    replicas = tuple(
+        Replica(
+            name=spec.replica_name(task),
+            role=task.role,
+            index=task.index,
+            address=str(spec.addresses[task]),
+            is_chief=spec.is_chief(task),
+        )
+        for task in spec.tasks()
+    )
+    return RunState(replicas=replicas, settings=settings)
+
+
+# --------------------------------------------------------------------------- observations
+
+
+@dataclass(frozen=True)
+class Begin:
+    now: float
+
+
+@dataclass(frozen=True)
+class Healthy:
+    """Parameter server `name`, start `attempt`, answered its health check with SERVING."""
+
+    name: str
+    attempt: int
+    now: float
+
+
+@dataclass(frozen=True)
+class Exited:
+    """The process of start `attempt` of `name` ended with `exit_code` (128+N on signal N)."""
+
+    name: str
+    attempt: int
+    exit_code: int
+    now: float
+
+
+@dataclass(frozen=True)
+class SpawnFailed:
+    name: str
+    attempt: int
+    message: str
+    now: float
+
+
+@dataclass(frozen=True)
+class Tick:
+    now: float
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    now: float
+    signum: int = signal.SIGINT
+
+
+Observation = Begin | Healthy | Exited | SpawnFailed | Tick | Interrupt
+
+
+# --------------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class Start:
+    name: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Terminate:
+    """SIGTERM to each named replica's process group."""
+
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Kill:
+    """SIGKILL to each named replica's process group."""
+
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Notify:
+    level: Level
+    text: str
+    replica: str | None = None  # the replica whose recent log lines explain the notice
+
+
+@dataclass(frozen=True)
+class Finish:
+    phase: c.Phase
+    reason: str
+    message: str
+    culprit: str | None = None
+    interrupted: bool = False
+
+
+Action = Start | Terminate | Kill | Notify | Finish
+
+
+# --------------------------------------------------------------------------- decisions
+
+
+def decide(state: RunState, obs: Observation) -> tuple[RunState, list[Action]]:
+    """The next state and the actions that get there."""
+    if state.stage == "done":
+        return state, []
+    if isinstance(obs, Begin):
+        return _begin(state, obs.now)
+    if isinstance(obs, Healthy):
+        return _healthy(state, obs)
+    if isinstance(obs, Exited):
+        return _exited(state, obs)
+    if isinstance(obs, SpawnFailed):
+        return _spawn_failed(state, obs)
+    if isinstance(obs, Tick):
+        return _tick(state, obs.now)
+    if isinstance(obs, Interrupt):
+        return _interrupt(state, obs)
+    raise TypeError(f"unknown observation {obs!r}")
+
+
+def _start(state: RunState, names: Iterable[str], now: float) -> tuple[RunState, list[Action]]:
+    actions: list[Action] = []
+    for name in names:
+        rep = state.replica(name)
+        rep = replace(rep, status="running", attempt=rep.attempt + 1, healthy=False,
+                      started_at=now, restart_at=None, exit_code=None)
+        state = state.with_replica(rep)
+        actions.append(Start(rep.name, rep.attempt))
+    return state, actions
+
+
+def _begin(state: RunState, now: float) -> tuple[RunState, list[Action]]:
+    state = replace(state, started_at=now, phase="Starting", stage="starting_ps")
+    ps_names = [r.name for r in state.ps]
+    state, actions = _start(state, ps_names, now)
+    notice = Notify("info", f"starting {len(ps_names)} parameter server(s): "
+                            f"{', '.join(ps_names)}")
+    if not ps_names:
+        state, more = _start_workers(state, now)
+        return state, [*actions, *more]
+    return state, [notice, *actions]
+
+
+def _start_workers(state: RunState, now: float) -> tuple[RunState, list[Action]]:
+    """Every parameter server serves: start the non-chief workers, then the chief."""
+    others = [r.name for r in state.replicas if not r.is_ps and not r.is_chief]
+    chief = [r.name for r in state.replicas if r.is_chief]
+    state = replace(state, stage="running", phase="Running")
+    state, actions = _start(state, [*others, *chief], now)
+    ps_count = len(state.ps)
+    text = (f"{ps_count} parameter server(s) serving; starting "
+            f"{len(others)} worker(s), then the chief {', '.join(chief)}")
+    return state, [Notify("info", text), *actions]
+
+
+def _healthy(state: RunState, obs: Healthy) -> tuple[RunState, list[Action]]:
+    rep = state.replica(obs.name)
+    if rep.attempt != obs.attempt or not rep.is_live or rep.healthy:
+        return state, []
+    state = state.with_replica(replace(rep, healthy=True))
+    if state.stage == "starting_ps" and all(r.healthy for r in state.ps):
+        return _start_workers(state, obs.now)
+    return state, []
+
+
+def _exited(state: RunState, obs: Exited) -> tuple[RunState, list[Action]]:
+    rep = state.replica(obs.name)
+    if rep.attempt != obs.attempt or not rep.is_live:
+        return state, []
+    rep = replace(rep, status="exited", exit_code=obs.exit_code, healthy=False)
+    state = state.with_replica(rep)
+
+    if state.stage in ("draining", "stopping"):
+        return _finish_if_idle(state)
+
+    if obs.exit_code == 0:
+        if rep.is_chief:
+            return _chief_succeeded(state, obs.now)
+        if not (rep.is_ps and state.stage == "starting_ps"):
+            return state, []  # a worker that finished its share, or a PS told to stop
+        # A PS that exits 0 before it ever served can never let the job start.
+        return _fail(state, obs.now, REASON_EARLY_EXIT,
+                     f"{rep.name} exited with code 0 before it served on {rep.address}; "
+                     "a parameter server must serve until the job ends.", rep.name)
+
+    decision = decide_restart(state.settings.policy, rep.name, obs.exit_code, state.restarts)
+    if decision.action == "fail":
+        return _fail(state, obs.now, decision.reason, decision.message, rep.name)
+    delay = restart_delay(state.settings, rep.attempt - 1)
+    rep = replace(rep, status="waiting_restart", restart_at=obs.now + delay)
+    state = replace(state.with_replica(rep), restarts=state.restarts + 1)
+    text = f"{decision.message.rstrip('.')}; in {delay:g}s."
+    return state, [Notify("warning", text, replica=rep.name)]
+
+
+def _spawn_failed(state: RunState, obs: SpawnFailed) -> tuple[RunState, list[Action]]:
+    rep = state.replica(obs.name)
+    if rep.attempt != obs.attempt:
+        return state, []
+    state = state.with_replica(replace(rep, status="stopped"))
+    return _fail(state, obs.now, REASON_SPAWN_FAILED,
+                 f"cannot start {rep.name}: {obs.message}", rep.name)
+
+
+def _chief_succeeded(state: RunState, now: float) -> tuple[RunState, list[Action]]:
+    state = replace(state, phase="Succeeded", reason=REASON_SUCCEEDED,
+                    message="the chief finished training and exited 0.")
+    state = _drop_pending(state)
+    if not state.live():
+        return _finish_if_idle(replace(state, stage="stopping"))
+    grace = state.settings.success_grace
+    state = replace(state, stage="draining", drain_until=now + grace)
+    return state, [Notify("info", f"chief finished; waiting up to {grace:g}s for "
+                                  f"{', '.join(state.live())} to exit")]
+
+
+def _drop_pending(state: RunState) -> RunState:
+    """Replicas not started or waiting to be restarted will never be started now."""
+    for rep in state.replicas:
+        if rep.status in ("pending", "waiting_restart"):
+            state = state.with_replica(replace(rep, status="stopped", restart_at=None))
+    return state
+
+
+def _fail(state: RunState, now: float, reason: str, message: str,
+          culprit: str | None) -> tuple[RunState, list[Action]]:
+    state = replace(state, phase="Failed", reason=reason, message=message, culprit=culprit)
+    notice = Notify("error", message, replica=culprit)
+    state, actions = _stop_all(state, now)
+    return state, [notice, *actions]
+
+
+def _stop_all(state: RunState, now: float) -> tuple[RunState, list[Action]]:
+    state = replace(_drop_pending(state), stage="stopping", drain_until=None)
+    live = tuple(state.live())
+    if not live:
+        return _finish_if_idle(state)
+    state = replace(state, kill_at=now + state.settings.kill_grace)
+    return state, [Terminate(live)]
+
+
+def _finish_if_idle(state: RunState) -> tuple[RunState, list[Action]]:
+    if state.live():
+        return state, []
+    state = replace(state, stage="done", kill_at=None, drain_until=None)
+    return state, [Finish(state.phase, state.reason, state.message, state.culprit,
+                          state.interrupted)]
+
+
+def _tick(state: RunState, now: float) -> tuple[RunState, list[Action]]:
+    actions: list[Action] = []
+    s = state.settings
+
+    if state.stage in ("starting_ps", "running"):
+        deadline = s.deadline_seconds
+        if deadline is not None and now - state.started_at >= deadline:
+            return _fail(state, now, REASON_DEADLINE,
+                         f"the job ran longer than its deadline of {deadline:g}s.", None)
+        if state.stage == "starting_ps":
+            for rep in state.ps:
+                if (rep.is_live and not rep.healthy and rep.started_at is not None
+                        and now - rep.started_at >= s.health_timeout):
+                    return _fail(
+                        state, now, REASON_HEALTH_TIMEOUT,
+                        f"{rep.name} did not report SERVING on {rep.address} within "
+                        f"{s.health_timeout:g}s.", rep.name)
+        due = [r.name for r in state.replicas
+               if r.status == "waiting_restart" and r.restart_at is not None
+               and r.restart_at <= now]
+        state, actions = _start(state, due, now)
+        return state, actions
+
+    if state.stage == "draining" and state.drain_until is not None and now >= state.drain_until:
+        live = state.live()
+        state = replace(state, stage="stopping", drain_until=None,
+                        kill_at=now + s.kill_grace)
+        return state, [
+            Notify("warning", f"{', '.join(live)} did not exit within "
+                              f"{s.success_grace:g}s after the chief finished; stopping "
+                              f"{'it' if len(live) == 1 else 'them'}."),
+            Terminate(tuple(live)),
+        ]
+
+    if (state.stage == "stopping" and not state.killed and state.kill_at is not None
+            and now >= state.kill_at):
+        live = state.live()
+        state = replace(state, killed=True)
+        if live:
+            return state, [
+                Notify("warning", f"{', '.join(live)} ignored SIGTERM for "
+                                  f"{s.kill_grace:g}s; sending SIGKILL."),
+                Kill(tuple(live)),
+            ]
+    return state, actions
+
+
+def _interrupt(state: RunState, obs: Interrupt) -> tuple[RunState, list[Action]]:
+    if state.interrupted or state.stage == "stopping":
+        # A second Ctrl-C (or one while already stopping): do not wait any longer.
+        live = state.live()
+        state = replace(state, interrupted=True, killed=True)
+        return state, ([Kill(tuple(live))] if live else [])
+    name = signal_name(obs.signum)
+    if state.phase == "Succeeded":
+        # The chief already finished: the job stays Succeeded, only the wait is cut short.
+        state = replace(state, interrupted=True)
+    else:
+        state = replace(state, interrupted=True, phase="Failed", reason=REASON_INTERRUPTED,
+                        message=f"interrupted by {name}; stopped every replica.",
+                        culprit=None)
+    notice = Notify("warning", f"{name} received; stopping every replica.")
+    state, actions = _stop_all(state, obs.now)
+    return state, [notice, *actions]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TextIO
 
-from .metrics import Metrics, Restore, describe_restore
+from .metrics import Metrics, describe_restore
 from .supervisor import Level
 
 LEVEL_MARK: Mapping[Level, str] = {"info": "", "warning": "warning: ", "error": "error: "}
@@ -166,6 +166,3 @@ class RichReporter:
     def close(self) -> None:
         self.progress.stop()
 
-
-def restore_lines(restores: Sequence[Restore]) -> list[str]:
-    return [describe_restore(r) for r in restores]

@@ -35,7 +35,8 @@ from .processes import (DEFAULT_REPLICA_COMMAND, Line, ProcessTable, find_free_p
                         replica_environment)
 from .render import PlainReporter, Reporter, RichReporter, format_result
 from .supervisor import (Begin, Finish, Interrupt, Kill, Notify, Settings,
-                         SpawnFailed, Start, Terminate, Tick, decide, initial_state)
+                         SpawnFailed, Start, Terminate, Tick, decide, effective_deadline,
+                         initial_state)
 
 TICK_SECONDS = 0.1
 FAILURE_CONTEXT_LINES = 12
@@ -132,11 +133,10 @@ def run_job(job: TrainingJob, options: RunOptions = RunOptions(),
         for t in tasks
     }
     run_policy = job.spec.run_policy
-    deadline = [x for x in (run_policy.active_deadline_seconds, options.timeout)
-                if x is not None]
     settings = Settings(
         policy=run_policy,
-        deadline_seconds=float(min(deadline)) if deadline else None,
+        deadline_seconds=effective_deadline(run_policy.active_deadline_seconds,
+                                            options.timeout),
         health_timeout=options.health_timeout,
         success_grace=options.success_grace,
         kill_grace=options.kill_grace,

@@ -1,0 +1,142 @@
+"""Table tests of event folding, the --json summary and the text the user sees."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from local_builders import make_job, play, state_of
+from pstrain_api.events import format_event, parse_event
+from pstrain_runtime.local.metrics import Metrics, Restore, build_summary, fold
+from pstrain_runtime.local.render import (PlainReporter, format_event as format_event_line,
+                                          format_notice, format_progress,
+                                          format_replica_line, format_result)
+from pstrain_runtime.local.supervisor import Begin, Exited, Healthy
+
+
+def ev(kind: str, **fields):
+    """An event exactly as a replica prints it and the runner parses it."""
+    return parse_event(format_event(kind, **fields))
+
+
+M0 = Metrics(total_steps=600)
+
+
+@pytest.mark.parametrize(
+    ("events", "expected"),
+    [
+        pytest.param([ev("progress", step=10, loss=2.0, samples_per_sec=900.0)],
+                     Metrics(600, step=10, loss=2.0, samples_per_sec=900.0), id="progress"),
+        pytest.param([ev("progress", step=10, loss=2.0, samples_per_sec=900.0),
+                      ev("eval", step=10, accuracy=0.5, loss=1.5)],
+                     Metrics(600, step=10, loss=2.0, samples_per_sec=900.0, accuracy=0.5,
+                             eval_loss=1.5), id="eval-keeps-training-loss"),
+        pytest.param([ev("checkpoint", step=100, path="/c/100")],
+                     Metrics(600, checkpoint_step=100, checkpoint_path="/c/100"),
+                     id="checkpoint"),
+        pytest.param([ev("progress", step=130, loss=1.0, samples_per_sec=5.0),
+                      ev("restored", step=100, path="/c/100", lost_steps=30)],
+                     Metrics(600, step=100, loss=1.0, samples_per_sec=5.0,
+                             restores=(Restore("r", 100, 30, "/c/100"),)),
+                     id="restore-rewinds-step-and-counts-lost"),
+        pytest.param([ev("done", step=600, loss=0.1, accuracy=0.97, samples_per_sec=1e4,
+                         wall_seconds=12.5)],
+                     Metrics(600, step=600, loss=0.1, accuracy=0.97, samples_per_sec=1e4,
+                             done=True, train_seconds=12.5), id="done"),
+        pytest.param([ev("progress", step="x", loss=None, samples_per_sec=True)],
+                     Metrics(600), id="malformed-fields-ignored"),
+        pytest.param([ev("ready", role="ps", index=0, address="127.0.0.1:1")], M0,
+                     id="ready-changes-nothing"),
+    ],
+)
+def test_fold(events, expected):
+    metrics = M0
+    for event in events:
+        metrics = fold(metrics, "r", event)
+    assert metrics == expected
+
+
+def test_lost_steps_add_up_over_restores():
+    metrics = M0
+    for step, lost in ((100, 30), (200, 7)):
+        metrics = fold(metrics, "j-worker-0", ev("restored", step=step, lost_steps=lost))
+    assert metrics.lost_steps == 37
+
+
+def test_summary_has_the_contract_fields():
+    job = make_job("j").build()
+    state, _ = play(state_of(job), [Begin(0.0), Healthy("j-ps-0", 1, 0.1),
+                                    Exited("j-worker-1", 1, 137, 1.0),
+                                    Exited("j-worker-0", 1, 0, 2.0),
+                                    Exited("j-ps-0", 1, 0, 2.1)])
+    metrics = fold(M0, "j-worker-0", ev("restored", step=100, lost_steps=4))
+    metrics = fold(metrics, "j-worker-0", ev("done", step=600, loss=0.2, accuracy=0.96,
+                                             samples_per_sec=2000.0, wall_seconds=9.0))
+    summary = build_summary(state, metrics, 10.0, "j", "/ckpt")
+    json.dumps(summary)  # must be serialisable as one line
+    assert {k: summary[k] for k in ("phase", "steps", "loss", "accuracy", "wall_seconds",
+                                    "samples_per_sec", "restarts", "lost_steps")} == {
+        "phase": "Succeeded", "steps": 600, "loss": 0.2, "accuracy": 0.96,
+        "wall_seconds": 10.0, "samples_per_sec": 2000.0, "restarts": 1, "lost_steps": 4}
+    assert summary["replicas"] == {
+        "j-ps-0": {"role": "ps", "index": 0, "exit_code": 0, "restarts": 0},
+        "j-worker-1": {"role": "worker", "index": 1, "exit_code": 137, "restarts": 0},
+        "j-worker-0": {"role": "worker", "index": 0, "exit_code": 0, "restarts": 0},
+    }
+
+
+@pytest.mark.parametrize(
+    ("replica", "event", "expected"),
+    [
+        pytest.param("j-ps-0", ev("restored", step=200, lost_steps=13),
+                     "j-ps-0: restored ps shard from step 200; 13 steps lost", id="ps-restore"),
+        pytest.param("j-worker-0", ev("restored", step=100, lost_steps=1),
+                     "j-worker-0: restored checkpoint from step 100; 1 step lost",
+                     id="chief-restore"),
+        pytest.param("j-worker-0", ev("checkpoint", step=100, path="/c"),
+                     "j-worker-0: checkpoint at step 100 -> /c", id="checkpoint"),
+        pytest.param("j-worker-0", ev("progress", step=1, loss=1.0), None, id="progress"),
+    ],
+)
+def test_event_lines(replica, event, expected):
+    assert format_event_line(replica, event, fold(M0, replica, event)) == expected
+
+
+def test_progress_and_prefix_formats():
+    assert format_progress(Metrics(600, step=12, loss=0.5, samples_per_sec=1234.4)) == (
+        "step 12/600  loss 0.5000  1234 samples/s")
+    assert format_progress(M0) == "step 0/600  loss -  - samples/s"
+    assert format_replica_line("j-ps-0", "hello", width=10) == "[j-ps-0]     hello"
+    assert format_notice("warning", "x") == "pstrain: warning: x"
+
+
+@pytest.mark.parametrize("quiet", [False, True], ids=["plain", "quiet"])
+def test_plain_reporter(quiet):
+    out = io.StringIO()
+    rep = PlainReporter(out, ["j-ps-0", "j-worker-0"], quiet=quiet)
+    rep.replica_line("j-ps-0", "serving")
+    rep.event("j-worker-0", ev("progress", step=5, loss=1.0), fold(
+        M0, "j-worker-0", ev("progress", step=5, loss=1.0)))
+    rep.event("j-worker-0", ev("restored", step=3, lost_steps=2), fold(
+        M0, "j-ps-0", ev("restored", step=3, lost_steps=2)))
+    rep.notice("error", "boom", ["tb line"])
+    lines = out.getvalue().splitlines()
+    noisy = ["[j-ps-0]     serving", "pstrain: step 5/600  loss 1.0000  - samples/s"]
+    assert lines == [*([] if quiet else noisy),
+                     "pstrain: warning: j-ps-0: restored ps shard from step 3; 2 steps lost",
+                     "pstrain: error: boom", "    tb line"]
+
+
+def test_result_lines_explain_failure():
+    summary = {"job": "j", "phase": "Failed", "reason": "BackoffLimitExceeded",
+               "wall_seconds": 3.25, "steps": 7, "total_steps": 100, "loss": None,
+               "accuracy": None, "samples_per_sec": None, "restarts": 3, "lost_steps": 0,
+               "message": "j-ps-0 failed (exit code 2) after 3 restarts; backoffLimit is 3."}
+    assert format_result(summary) == [
+        "job j Failed (BackoffLimitExceeded) after 3.2s: 7/100 steps, loss -, accuracy -, "
+        "- samples/s",
+        "restarts: 3, steps lost to restores: 0",
+        "j-ps-0 failed (exit code 2) after 3 restarts; backoffLimit is 3.",
+    ]

@@ -1,0 +1,68 @@
+"""Training progress: the seam to the runtime's status service on parameter server 0.
+
+The runtime provides `pstrain_runtime.status_client.fetch_job_status(address, timeout)`
+(torch-free). The operator image may lack the runtime entirely, so it is imported
+lazily and a missing module means "no progress", never a crash. Tests pass a fake.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+from pstrain_api.model import Progress
+
+log = logging.getLogger(__name__)
+
+FetchStatus = Callable[[str, float], Mapping[str, Any] | None]
+FETCH_TIMEOUT_S = 2.0
+
+# Keys the runtime may use for each Progress field, first match wins.
+_KEYS = {
+    "global_step": ("global_step", "globalStep", "step"),
+    "loss": ("loss",),
+    "samples_per_second": ("samples_per_second", "samplesPerSecond", "samples_per_sec"),
+    "eval_accuracy": ("eval_accuracy", "evalAccuracy", "accuracy"),
+}
+
+
+def _no_status(address: str, timeout: float) -> None:
+    return None
+
+
+def default_fetcher() -> FetchStatus:
+    """The runtime's client when installed, else a fetcher that knows nothing."""
+    try:
+        from pstrain_runtime.status_client import fetch_job_status
+    except ImportError:
+        log.info("pstrain_runtime.status_client is not installed; progress is not reported")
+        return _no_status
+    return fetch_job_status
+
+
+def progress_from_status(data: Mapping[str, Any] | None, now: datetime) -> Progress | None:
+    """The Progress in the runtime's status reply, or None when it carries none."""
+    if not data:
+        return None
+    values: dict[str, Any] = {}
+    for field, keys in _KEYS.items():
+        for key in keys:
+            if data.get(key) is not None:
+                values[field] = data[key]
+                break
+    if "global_step" not in values:
+        return None
+    try:
+        return Progress(
+            global_step=max(0, int(values["global_step"])),
+            loss=float(values["loss"]) if "loss" in values else None,
+            samples_per_second=(float(values["samples_per_second"])
+                                if "samples_per_second" in values else None),
+            eval_accuracy=(float(values["eval_accuracy"])
+                           if "eval_accuracy" in values else None),
+            updated_at=now,
+        )
+    except (TypeError, ValueError):
+        return None

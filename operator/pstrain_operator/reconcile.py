@@ -1,0 +1,595 @@
+"""The reconcile decision: observed job + observed pods -> actions + new status + events.
+
+Pure and level-based. Nothing here remembers past calls: everything comes from the job
+(spec and the status written last time) and the pods that exist now, so the operator
+may restart at any moment and a repeated event yields the same plan. One executor
+(`handlers.py`) applies a plan and writes the status once.
+
+Start order: the headless Service and the parameter servers first; the non-chief
+workers only once every PS pod is Ready; the chief last. A failed replica is restarted
+or fails the job through `pstrain_api.policy.decide_restart`, the rule the local
+runner follows too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from pstrain_api import constants as c
+from pstrain_api.cluster import ClusterSpec, Task, kubernetes_cluster_spec
+from pstrain_api.model import (
+    Condition,
+    FailureCause,
+    Progress,
+    Replicas,
+    RoleStatus,
+    Training,
+    TrainingJob,
+    TrainingJobStatus,
+)
+from pstrain_api.policy import decide_restart
+
+from .build import (
+    ANNOTATION_APPLIED_SPEC,
+    ANNOTATION_SPEC_HASH,
+    build_pod,
+    build_service,
+    spec_hash,
+)
+from .settings import PodSettings
+
+# How soon to look again when nothing else (a pod or job event) wakes the operator.
+REQUEUE_STARTING_S = 5.0
+REQUEUE_RUNNING_S = 15.0  # progress is refreshed at least this often while Running
+REQUEUE_CLEANUP_S = 5.0
+
+# Reasons (machine-readable, CamelCase) used in conditions and events.
+R_INVALID_SPEC = "InvalidSpec"
+R_PODS_CREATED = "PodsCreated"
+R_CREATED_SERVICE = "CreatedService"
+R_CREATED_PS = "CreatedPS"
+R_WAITING_FOR_PS = "WaitingForPS"
+R_STARTED_WORKERS = "StartedWorkers"
+R_STARTED_CHIEF = "StartedChief"
+R_ALL_STARTED = "AllReplicasStarted"
+R_RESTARTING = "RestartingReplica"
+R_CHIEF_SUCCEEDED = "ChiefSucceeded"
+R_DEADLINE = "DeadlineExceeded"
+R_SUSPENDED = "JobSuspended"
+R_RESUMED = "JobResumed"
+R_SPEC_REJECTED = "SpecChangeNotApplicable"
+R_SPEC_APPLIED = "SpecApplied"
+R_CLEANUP = "CleanedUpPods"
+R_TTL = "TTLExpired"
+R_UNEXPECTED_POD = "UnexpectedPod"
+
+ACTIVE_PHASES = frozenset({"Pending", "Running", "Unknown"})
+
+
+# --------------------------------------------------------------------------- observation
+
+
+@dataclass(frozen=True)
+class ObservedPod:
+    """What the decision needs to know about one pod."""
+
+    name: str
+    role: str
+    index: int
+    phase: str = "Pending"
+    ready: bool = False
+    uid: str = ""
+    exit_code: int | None = None
+    reason: str = ""
+    message: str = ""
+    deleting: bool = False
+    spec_hash: str = ""
+    applied_spec: str = ""
+
+    @property
+    def active(self) -> bool:
+        return not self.deleting and self.phase in ACTIVE_PHASES
+
+
+def _terminated(pod: Mapping[str, Any]) -> tuple[int | None, str, str]:
+    """Exit code, reason and message of the container that explains the pod's end:
+    the main container when it terminated, else the first one that failed."""
+    statuses = list((pod.get("status") or {}).get("containerStatuses") or [])
+    statuses.sort(key=lambda s: s.get("name") != c.MAIN_CONTAINER)
+    for cs in statuses:
+        state = (cs.get("state") or {}).get("terminated") or (
+            cs.get("lastState") or {}
+        ).get("terminated")
+        if state and (cs.get("name") == c.MAIN_CONTAINER or state.get("exitCode")):
+            code = state.get("exitCode")
+            return (
+                int(code) if code is not None else None,
+                str(state.get("reason") or ""),
+                str(state.get("message") or ""),
+            )
+    return None, "", ""
+
+
+def observe_pod(pod: Mapping[str, Any]) -> ObservedPod | None:
+    """The pod as the decision sees it, or None when it is not a pstrain replica."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    role = labels.get(c.LABEL_ROLE)
+    try:
+        index = int(labels.get(c.LABEL_INDEX, ""))
+    except ValueError:
+        return None
+    if role not in c.ROLES:
+        return None
+    status = pod.get("status") or {}
+    ready = any(
+        cond.get("type") == "Ready" and cond.get("status") == "True"
+        for cond in status.get("conditions") or []
+    )
+    exit_code, reason, message = _terminated(pod)
+    phase = str(status.get("phase") or "Pending")
+    if status.get("reason"):  # pod-level: Evicted, DeadlineExceeded, NodeLost, ...
+        reason = str(status["reason"])
+        message = str(status.get("message") or message)
+    if phase == "Failed" and not reason:
+        reason = "Error"
+    return ObservedPod(
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid") or ""),
+        role=role,
+        index=index,
+        phase=phase,
+        ready=ready and phase == "Running",
+        exit_code=exit_code,
+        reason=reason,
+        message=message,
+        deleting=bool(meta.get("deletionTimestamp")),
+        spec_hash=str(annotations.get(ANNOTATION_SPEC_HASH, "")),
+        applied_spec=str(annotations.get(ANNOTATION_APPLIED_SPEC, "")),
+    )
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything one reconcile looks at."""
+
+    job: TrainingJob
+    pods: tuple[ObservedPod, ...]
+    service_exists: bool
+    now: datetime
+    progress: Progress | None = None
+
+
+# --------------------------------------------------------------------------- plan
+
+
+@dataclass(frozen=True)
+class CreateService:
+    manifest: dict[str, Any] = field(compare=False)
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class CreatePod:
+    name: str
+    role: str
+    manifest: dict[str, Any] = field(compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    name: str
+    uid: str
+    why: str = field(compare=False, default="")
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    why: str = field(compare=False, default="")
+
+
+Action = CreateService | CreatePod | DeletePod | DeleteJob
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    actions: tuple[Action, ...]
+    status: TrainingJobStatus
+    events: tuple[Event, ...] = ()
+    requeue_after: float | None = None
+
+    @property
+    def status_patch(self) -> dict[str, Any]:
+        """The status as a JSON merge patch body: every field, None where it is unset
+        (a merge patch deletes keys set to null)."""
+        return status_to_api(self.status)
+
+
+def status_to_api(status: TrainingJobStatus) -> dict[str, Any]:
+    """Unset fields of objects become null (a merge patch removes them); list items,
+    which a merge patch replaces whole, carry no nulls."""
+    return _drop_nulls_in_lists(status.model_dump(by_alias=True, mode="json"))
+
+
+def _drop_nulls_in_lists(value: Any, in_list: bool = False) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_nulls_in_lists(v, in_list) for k, v in value.items()
+                if not (in_list and v is None)}
+    if isinstance(value, list):
+        return [_drop_nulls_in_lists(v, True) for v in value]
+    return value
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def set_condition(
+    conditions: Sequence[Condition],
+    type_: str,
+    status: Literal["True", "False", "Unknown"],
+    reason: str,
+    message: str,
+    now: datetime,
+) -> list[Condition]:
+    """Conditions with `type_` set; lastTransitionTime changes only when status does."""
+    out: list[Condition] = []
+    found = False
+    for cond in conditions:
+        if cond.type != type_:
+            out.append(cond)
+            continue
+        found = True
+        when = cond.last_transition_time if cond.status == status else now
+        out.append(Condition(type=type_, status=status, reason=reason, message=message,
+                             last_transition_time=when))
+    if not found:
+        out.append(Condition(type=type_, status=status, reason=reason, message=message,
+                             last_transition_time=now))
+    return out
+
+
+def condition_is(status: TrainingJobStatus, type_: str, value: str = "True") -> bool:
+    return any(cond.type == type_ and cond.status == value for cond in status.conditions)
+
+
+def _count(job: TrainingJob, pods: Sequence[ObservedPod],
+           old: Mapping[str, RoleStatus]) -> dict[str, RoleStatus]:
+    roles = [c.ROLE_PS, c.ROLE_WORKER] + ([c.ROLE_CHIEF] if job.has_separate_chief else [])
+    out: dict[str, RoleStatus] = {}
+    for role in roles:
+        mine = [p for p in pods if p.role == role and not p.deleting]
+        out[role] = RoleStatus(
+            active=sum(1 for p in mine if p.active),
+            ready=sum(1 for p in mine if p.ready),
+            succeeded=sum(1 for p in mine if p.phase == "Succeeded"),
+            failed=sum(1 for p in mine if p.phase == "Failed"),
+            restarts=old[role].restarts if role in old else 0,
+        )
+    return out
+
+
+def _with_counts(job: TrainingJob, st: TrainingJobStatus,
+                 pods: Sequence[ObservedPod]) -> TrainingJobStatus:
+    counts = _count(job, pods, st.replica_statuses)
+    reps = job.spec.replicas
+    workers_total = reps.worker.replicas + (1 if reps.chief else 0)
+    workers_ready = counts[c.ROLE_WORKER].ready + (
+        counts[c.ROLE_CHIEF].ready if c.ROLE_CHIEF in counts else 0
+    )
+    return st.model_copy(update={
+        "replica_statuses": counts,
+        "ps_ready": f"{counts[c.ROLE_PS].ready}/{reps.ps.replicas}",
+        "workers_ready": f"{workers_ready}/{workers_total}",
+    })
+
+
+def _names(pods: Sequence[ObservedPod] | Sequence[CreatePod]) -> str:
+    return ", ".join(p.name for p in pods)
+
+
+def cleanup_actions(job: TrainingJob, pods: Sequence[ObservedPod]) -> list[DeletePod]:
+    """Pods to delete once the job has finished. Parameter servers never linger, whatever
+    cleanPodPolicy says: without a chief they would wait forever."""
+    policy = job.spec.run_policy.clean_pod_policy
+    out = []
+    for p in pods:
+        if p.deleting:
+            continue
+        if policy == "All" or (p.active and (policy == "Running" or p.role == c.ROLE_PS)):
+            out.append(DeletePod(p.name, p.uid, f"the job finished (cleanPodPolicy {policy})"))
+    return out
+
+
+def _effective_job(job: TrainingJob, pods: Sequence[ObservedPod]) -> tuple[TrainingJob, str]:
+    """The job as its existing pods were built, and why it differs from the spec ("" when
+    it does not). Replicas and training cannot change under running pods; the run policy
+    can."""
+    want = spec_hash(job)
+    stale = [p for p in pods if not p.deleting and p.spec_hash and p.spec_hash != want]
+    if not stale:
+        return job, ""
+    try:
+        applied = json.loads(stale[0].applied_spec)
+        old = job.model_copy(update={"spec": job.spec.model_copy(update={
+            "replicas": Replicas.model_validate(applied["replicas"]),
+            "training": Training.model_validate(applied["training"]),
+        })})
+    except (ValueError, KeyError, TypeError):
+        old = job
+    changed = [part for part in ("replicas", "training")
+               if getattr(old.spec, part) != getattr(job.spec, part)]
+    what = " and ".join(f"spec.{p}" for p in changed) or "spec"
+    return old, (
+        f"{what} changed while pods built from the previous spec are running "
+        f"({_names(stale)}); such a change cannot be applied live, so it was not applied. "
+        "Revert it, or suspend the job (spec.runPolicy.suspend: true), change it and resume."
+    )
+
+
+# --------------------------------------------------------------------------- decisions
+
+
+def decide_invalid(
+    status: TrainingJobStatus, problems: Sequence[str], generation: int | None, now: datetime
+) -> Plan:
+    """A job whose spec the API model rejects: a condition and an event, no pods."""
+    message = "The spec is invalid: " + " ".join(problems)
+    was = condition_is(status, c.COND_CREATED, "False") and any(
+        cond.reason == R_INVALID_SPEC and cond.message == message for cond in status.conditions
+    )
+    st = status.model_copy(update={
+        "conditions": set_condition(status.conditions, c.COND_CREATED, "False",
+                                    R_INVALID_SPEC, message, now),
+        "observed_generation": generation,
+    })
+    events = () if was else (Event("Warning", R_INVALID_SPEC, message),)
+    return Plan((), st, events, None)
+
+
+def decide(obs: Observed, settings: PodSettings) -> Plan:
+    """The one reconcile decision. Reads as the script the operator follows."""
+    job, now = obs.job, obs.now
+    old = job.status or TrainingJobStatus()
+    st = old.model_copy(deep=True, update={"observed_generation": job.metadata.generation})
+    live = [p for p in obs.pods if not p.deleting]
+    events: list[Event] = []
+    actions: list[Action] = []
+    policy = job.spec.run_policy
+
+    # 1. A finished job only cleans up and, after its TTL, deletes itself.
+    if old.phase in c.TERMINAL_PHASES:
+        cleanup = cleanup_actions(job, live)
+        actions.extend(cleanup)
+        if cleanup:
+            events.append(Event("Normal", R_CLEANUP, f"deleted pods {_names(cleanup)} "
+                                f"(cleanPodPolicy {policy.clean_pod_policy})"))
+        requeue = REQUEUE_CLEANUP_S if cleanup else None
+        ttl = policy.ttl_seconds_after_finished
+        if ttl is not None and old.completion_time is not None:
+            expires = old.completion_time + timedelta(seconds=ttl)
+            left = (expires - now).total_seconds()
+            if left <= 0:
+                actions.append(DeleteJob(f"ttlSecondsAfterFinished ({ttl}) passed"))
+                events.append(Event("Normal", R_TTL, f"deleting the job: it finished at "
+                                    f"{old.completion_time.isoformat()} and "
+                                    f"ttlSecondsAfterFinished is {ttl}"))
+                requeue = None
+            else:
+                requeue = min(requeue or left, left)
+        return Plan(tuple(actions), _with_counts(job, st, obs.pods), tuple(events), requeue)
+
+    # 2. Suspended: no pods, the job stays.
+    if policy.suspend:
+        for p in live:
+            actions.append(DeletePod(p.name, p.uid, "the job is suspended"))
+        if old.phase != "Suspended":
+            events.append(Event("Normal", R_SUSPENDED, "suspended: deleting all pods; "
+                                "training continues from the last checkpoint on resume"))
+        st.phase = "Suspended"
+        st.conditions = set_condition(st.conditions, c.COND_SUSPENDED, "True", R_SUSPENDED,
+                                      "The job is suspended (spec.runPolicy.suspend).", now)
+        st.conditions = set_condition(st.conditions, c.COND_RUNNING, "False", R_SUSPENDED,
+                                      "The job is suspended.", now)
+        return Plan(tuple(actions), _with_counts(job, st, obs.pods), tuple(events),
+                    REQUEUE_CLEANUP_S if live else None)
+    if old.phase == "Suspended":
+        events.append(Event("Normal", R_RESUMED, "resumed: recreating pods; training "
+                            "continues from the last checkpoint"))
+        st.conditions = set_condition(st.conditions, c.COND_SUSPENDED, "False", R_RESUMED,
+                                      "The job was resumed.", now)
+        st.start_time = None  # activeDeadlineSeconds counts from the resume
+
+    # 3. A spec change that cannot be applied live is refused; the pods keep the old one.
+    job, rejected = _effective_job(job, live)
+    if rejected:
+        if not condition_is(old, c.COND_SPEC_REJECTED):
+            events.append(Event("Warning", R_SPEC_REJECTED, rejected))
+        st.conditions = set_condition(st.conditions, c.COND_SPEC_REJECTED, "True",
+                                      R_SPEC_REJECTED, rejected, now)
+    elif condition_is(old, c.COND_SPEC_REJECTED):
+        st.conditions = set_condition(st.conditions, c.COND_SPEC_REJECTED, "False",
+                                      R_SPEC_APPLIED, "The spec matches the running pods.",
+                                      now)
+
+    # 4. activeDeadlineSeconds.
+    deadline = policy.active_deadline_seconds
+    if deadline is not None and st.start_time is not None:
+        if (now - st.start_time).total_seconds() >= deadline:
+            message = f"the job ran longer than activeDeadlineSeconds ({deadline} s)"
+            return _finish(job, st, obs, "Failed", R_DEADLINE, message, None, events)
+
+    cluster = kubernetes_cluster_spec(job)
+    by_name = {p.name: p for p in obs.pods}
+    wanted = {cluster.replica_name(t) for t in cluster.tasks()}
+
+    # 5. Pods that are not part of the job (left from another spec) go.
+    for p in live:
+        if p.name not in wanted:
+            actions.append(DeletePod(p.name, p.uid, "not a replica of the current spec"))
+            events.append(Event("Normal", R_UNEXPECTED_POD,
+                                f"deleting pod {p.name}: it is not a replica of the spec"))
+
+    # 6. Failed replicas: restart within the run policy, or fail the job.
+    restarted: set[str] = set()
+    for task in cluster.tasks():
+        p = by_name.get(cluster.replica_name(task))
+        if p is None or p.deleting or p.phase != "Failed":
+            continue
+        decision = decide_restart(policy, p.name, p.exit_code, st.restarts, p.reason)
+        how = _how(p)
+        if decision.action == "fail":
+            cause = FailureCause(role=p.role, pod=p.name, exit_code=p.exit_code,
+                                 reason=p.reason, message=p.message or decision.message)
+            return _finish(job, st, obs, "Failed", decision.reason,
+                           f"pod {p.name} ({p.role}) failed ({how}): {decision.message}",
+                           cause, events, actions)
+        actions.append(DeletePod(p.name, p.uid, decision.message))
+        restarted.add(p.name)
+        st.restarts += 1
+        role_status = st.replica_statuses.get(p.role, RoleStatus())
+        st.replica_statuses = {**st.replica_statuses,
+                               p.role: role_status.model_copy(
+                                   update={"restarts": role_status.restarts + 1})}
+        events.append(Event("Warning", R_RESTARTING,
+                            f"restarted pod {p.name} because it failed ({how}); "
+                            f"{decision.message}"))
+
+    # 7. Success: the chief completed.
+    chief = by_name.get(cluster.replica_name(cluster.chief))
+    if chief is not None and not chief.deleting and chief.phase == "Succeeded":
+        step = st.progress.global_step if st.progress else None
+        if obs.progress is not None:
+            st.progress = obs.progress
+            step = obs.progress.global_step
+        at = f" at global step {step}" if step else ""
+        return _finish(job, st, obs, "Succeeded", R_CHIEF_SUCCEEDED,
+                       f"the chief {chief.name} completed{at}", None, events, actions)
+
+    # 8. Create what is missing, in order: Service, PS, workers once PS are Ready, chief.
+    if not obs.service_exists:
+        service = build_service(job)
+        actions.append(CreateService(service, service["metadata"]["name"]))
+        events.append(Event("Normal", R_CREATED_SERVICE,
+                            f"created headless Service {service['metadata']['name']}"))
+
+    def absent(task: Task) -> bool:
+        return cluster.replica_name(task) not in by_name
+
+    new_ps = [_create(job, cluster, t, settings) for t in cluster.ps_tasks() if absent(t)]
+    if new_ps:
+        actions.extend(new_ps)
+        events.append(Event("Normal", R_CREATED_PS, f"created parameter servers {_names(new_ps)}"))
+    ps_pods = [by_name.get(cluster.replica_name(t)) for t in cluster.ps_tasks()]
+    ps_ready = sum(1 for p in ps_pods if p is not None and p.ready and not p.deleting)
+    all_ps_ready = ps_ready == len(ps_pods)
+
+    workers = [t for t in cluster.tasks() if t.role != c.ROLE_PS and not cluster.is_chief(t)]
+    chief_created = False
+    if all_ps_ready:
+        new_workers = [_create(job, cluster, t, settings) for t in workers if absent(t)]
+        if new_workers:
+            actions.extend(new_workers)
+            events.append(Event("Normal", R_STARTED_WORKERS,
+                                f"all {len(ps_pods)} parameter servers are Ready; started "
+                                f"workers {_names(new_workers)}"))
+        if absent(cluster.chief):
+            new_chief = _create(job, cluster, cluster.chief, settings)
+            actions.append(new_chief)
+            chief_created = True
+            events.append(Event("Normal", R_STARTED_CHIEF, f"started the chief {new_chief.name}"))
+
+    if st.start_time is None and any(isinstance(a, CreatePod) for a in actions):
+        st.start_time = now
+    if new_ps:
+        st.conditions = set_condition(st.conditions, c.COND_CREATED, "True", R_PODS_CREATED,
+                                      "The job's pods are being created.", now)
+
+    # 9. Phase and progress.
+    chief_up = chief_created or (
+        chief is not None and not chief.deleting and chief.name not in restarted
+    )
+    if all_ps_ready and chief_up:
+        if old.phase != "Running":
+            st.conditions = set_condition(
+                st.conditions, c.COND_RUNNING, "True", R_ALL_STARTED,
+                "All parameter servers are Ready and every worker was started.", now)
+        st.phase = "Running"
+        if obs.progress is not None:
+            st.progress = obs.progress
+        requeue = REQUEUE_RUNNING_S
+    else:
+        message = f"waiting for parameter servers to be Ready ({ps_ready}/{len(ps_pods)})"
+        if not all_ps_ready and old.phase != "Starting":
+            events.append(Event("Normal", R_WAITING_FOR_PS, message))
+        st.conditions = set_condition(st.conditions, c.COND_RUNNING, "False",
+                                      R_WAITING_FOR_PS if not all_ps_ready else "Restarting",
+                                      message if not all_ps_ready
+                                      else "waiting for restarted replicas", now)
+        st.phase = "Starting"
+        requeue = REQUEUE_STARTING_S
+    if deadline is not None and st.start_time is not None:
+        left = deadline - (now - st.start_time).total_seconds()
+        requeue = max(0.5, min(requeue, left))
+    return Plan(tuple(actions), _with_counts(job, st, obs.pods), tuple(events), requeue)
+
+
+def _how(p: ObservedPod) -> str:
+    parts = [p.reason] if p.reason else []
+    if p.exit_code is not None:
+        parts.append(f"exit code {p.exit_code}")
+    return ", ".join(parts) or "unknown cause"
+
+
+def _create(job: TrainingJob, cluster: ClusterSpec, task: Task,
+            settings: PodSettings) -> CreatePod:
+    manifest = build_pod(job, cluster, task, settings)
+    return CreatePod(manifest["metadata"]["name"], task.role, manifest)
+
+
+def _finish(
+    job: TrainingJob,
+    st: TrainingJobStatus,
+    obs: Observed,
+    phase: Literal["Succeeded", "Failed"],
+    reason: str,
+    message: str,
+    cause: FailureCause | None,
+    events: list[Event],
+    actions: Sequence[Action] = (),
+) -> Plan:
+    """The job ends now: terminal phase, conditions, completion time, clean-up."""
+    now = obs.now
+    st.phase = phase
+    st.completion_time = now
+    st.failure = cause
+    kind = c.COND_SUCCEEDED if phase == "Succeeded" else c.COND_FAILED
+    st.conditions = set_condition(st.conditions, kind, "True", reason, message, now)
+    st.conditions = set_condition(st.conditions, c.COND_RUNNING, "False", reason,
+                                  f"The job {phase.lower()}.", now)
+    verb = "succeeded" if phase == "Succeeded" else "failed"
+    events.append(Event("Normal" if phase == "Succeeded" else "Warning",
+                        reason, f"job {verb}: {message}"))
+    done = {a.name for a in actions if isinstance(a, DeletePod)}
+    live = [p for p in obs.pods if not p.deleting and p.name not in done]
+    cleanup = cleanup_actions(job, live)
+    if cleanup:
+        events.append(Event("Normal", R_CLEANUP, f"deleted pods {_names(cleanup)} "
+                            f"(cleanPodPolicy {job.spec.run_policy.clean_pod_policy})"))
+    all_actions = [a for a in actions if not isinstance(a, CreatePod)] + cleanup
+    ttl = job.spec.run_policy.ttl_seconds_after_finished
+    requeue: float | None = REQUEUE_CLEANUP_S if cleanup else None
+    if ttl is not None:
+        requeue = min(requeue or float(ttl), float(ttl)) if ttl > 0 else 0.5
+    return Plan(tuple(all_actions), _with_counts(job, st, obs.pods), tuple(events), requeue)

@@ -1,0 +1,172 @@
+"""Checkpoints: what is saved (`Checkpoint`) apart from where and how (`CheckpointStore`).
+
+A checkpoint holds the global step, every parameter, the optimizer state of every
+parameter (step count and slots), the optimizer name, a format version and the model
+fingerprint (a digest of names, shapes and dtypes). Files are written atomically (a
+temporary file in the same directory, fsync, `os.replace`) and read with
+`torch.load(weights_only=True)`, so a checkpoint can never execute code. Loading
+rejects a file of another format version or another model with a message that says
+which.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+FORMAT = "pstrain-checkpoint"
+FORMAT_VERSION = 1
+FILE_RE = re.compile(r"^ckpt-(\d{12})\.pt$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message names the file and the reason."""
+
+
+def fingerprint(shapes: Mapping[str, tuple[tuple[int, ...], str]]) -> str:
+    """Digest of the model's parameter names, shapes and dtypes (order-independent)."""
+    lines = [f"{name}:{','.join(map(str, shape))}:{dtype}"
+             for name, (shape, dtype) in sorted(shapes.items())]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def model_fingerprint(params: Mapping[str, torch.Tensor]) -> str:
+    return fingerprint({n: (tuple(t.shape), str(t.dtype).removeprefix("torch."))
+                        for n, t in params.items()})
+
+
+@dataclass
+class Checkpoint:
+    global_step: int
+    fingerprint: str
+    optimizer: str
+    params: dict[str, torch.Tensor]
+    slots: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    slot_steps: dict[str, int] = field(default_factory=dict)
+    wall_time: float = 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "global_step": self.global_step,
+            "fingerprint": self.fingerprint,
+            "optimizer": self.optimizer,
+            "params": self.params,
+            "slots": self.slots,
+            "slot_steps": self.slot_steps,
+            "wall_time": self.wall_time or time.time(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: object, where: str) -> Checkpoint:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise CheckpointError(f"{where} is not a pstrain checkpoint")
+        if data.get("version") != FORMAT_VERSION:
+            raise CheckpointError(
+                f"{where} has format version {data.get('version')!r}; this runtime reads "
+                f"version {FORMAT_VERSION}"
+            )
+        try:
+            return cls(
+                global_step=int(data["global_step"]),
+                fingerprint=str(data["fingerprint"]),
+                optimizer=str(data["optimizer"]),
+                params=dict(data["params"]),
+                slots={k: dict(v) for k, v in data["slots"].items()},
+                slot_steps={k: int(v) for k, v in data["slot_steps"].items()},
+                wall_time=float(data.get("wall_time", 0.0)),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CheckpointError(f"{where} is missing or has malformed field: {exc}") from exc
+
+    def check_matches(self, expected_fingerprint: str, optimizer: str, where: str) -> None:
+        if self.fingerprint != expected_fingerprint:
+            raise CheckpointError(
+                f"{where} was written for a different model (fingerprint "
+                f"{self.fingerprint[:12]}, this model is {expected_fingerprint[:12]}); "
+                "point checkpoint.directory at this model's checkpoints or remove it"
+            )
+        if self.optimizer != optimizer:
+            raise CheckpointError(
+                f"{where} holds {self.optimizer} optimizer state, but the job uses "
+                f"{optimizer}; change the optimizer back or start a new checkpoint directory"
+            )
+
+
+def save_checkpoint(ckpt: Checkpoint, path: Path) -> Path:
+    """Write `ckpt` to `path` atomically: never a half-written file under that name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(ckpt.to_dict(), fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"checkpoint {path} does not exist") from exc
+    except Exception as exc:  # torch.load raises many types for corrupt files
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt or unreadable ({type(exc).__name__}: {exc})"
+        ) from exc
+    return Checkpoint.from_dict(data, str(path))
+
+
+class CheckpointStore:
+    """Checkpoints of one job in one directory: `ckpt-<step>.pt`, newest kept."""
+
+    def __init__(self, directory: str | Path, keep: int = 3) -> None:
+        if keep < 1:
+            raise ValueError(f"keep is {keep}; it must be at least 1")
+        self.directory = Path(directory)
+        self.keep = keep
+
+    def path_for(self, step: int) -> Path:
+        return self.directory / f"ckpt-{step:012d}.pt"
+
+    def steps(self) -> list[int]:
+        if not self.directory.is_dir():
+            return []
+        found = [FILE_RE.match(p.name) for p in self.directory.iterdir()]
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def save(self, ckpt: Checkpoint) -> Path:
+        path = save_checkpoint(ckpt, self.path_for(ckpt.global_step))
+        for step in self.steps()[: -self.keep]:
+            self.path_for(step).unlink(missing_ok=True)
+        return path
+
+    def latest(self) -> tuple[Checkpoint, Path, list[str]] | None:
+        """The newest readable checkpoint and the problems with newer unreadable ones.
+
+        A corrupt newest file (a crash outside our atomic write, a bad disk) does not
+        stop a restore: the next older one is used and the problem is reported.
+        """
+        problems: list[str] = []
+        for step in reversed(self.steps()):
+            path = self.path_for(step)
+            try:
+                return load_checkpoint(path), path, problems
+            except CheckpointError as exc:
+                problems.append(str(exc))
+        if problems:
+            raise CheckpointError("no usable checkpoint: " + "; ".join(problems))
+        return None

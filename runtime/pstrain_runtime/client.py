@@ -1,0 +1,373 @@
+"""Talking to parameter servers: one server (`Transport`) and the whole sharded model
+(`ShardedClient`).
+
+`Transport` is the seam: `GrpcTransport` speaks gRPC to a server address, and
+`LocalTransport` calls a `ParameterStore` in this process with the very same frames,
+so placement, checkpointing and the training loop are testable without sockets.
+Both raise `PSError` (code, message) for a refused request; `UNAVAILABLE` means the
+server is not reachable (yet).
+
+`ShardedClient` fans out over the servers with a thread pool: it pulls every shard
+concurrently straight into the caller's tensors and pushes every shard's gradients
+concurrently, and initialises or snapshots the whole model for the chief.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+import numpy as np
+import torch
+
+from . import wire
+from .optim import SLOT_NAMES, OptimizerConfig, OptimizerState
+from .placement import Piece, Placement
+from .proto import ps_pb2 as pb
+from .server import SERVICE
+from .store import SLOT_SEPARATOR, ParameterStore, PSError, optimizer_to_pb
+
+
+class Transport(Protocol):
+    """One parameter server, as a worker sees it."""
+
+    def push(self, frames: Iterator[bytes]) -> pb.PushReply: ...
+    def init(self, frames: Iterator[bytes]) -> pb.StepInfo: ...
+    def pull(self, request: pb.PullRequest) -> Iterator[bytes]: ...
+    def info(self, namespace: str, worker: int = 0) -> pb.StepInfo: ...
+    def finish(self, namespace: str) -> pb.StepInfo: ...
+    def shutdown(self, grace: float) -> None: ...
+    def report(self, report: pb.StatusReport) -> None: ...
+    def close(self) -> None: ...
+
+
+class LocalTransport:
+    """A `ParameterStore` in this process, fed the same frames gRPC would carry."""
+
+    def __init__(self, store: ParameterStore) -> None:
+        self.store = store
+
+    def push(self, frames: Iterator[bytes]) -> pb.PushReply:
+        return self.store.push(frames)
+
+    def init(self, frames: Iterator[bytes]) -> pb.StepInfo:
+        return self.store.init(frames)
+
+    def pull(self, request: pb.PullRequest) -> Iterator[bytes]:
+        return self.store.pull(request)
+
+    def info(self, namespace: str, worker: int = 0) -> pb.StepInfo:
+        return self.store.info(namespace, worker)
+
+    def finish(self, namespace: str) -> pb.StepInfo:
+        return self.store.finish(namespace)
+
+    def shutdown(self, grace: float) -> None:
+        self.store.stop()
+
+    def report(self, report: pb.StatusReport) -> None:
+        self.store.report(report)
+
+    def close(self) -> None:
+        pass
+
+
+def _ps_error(exc: grpc.RpcError, address: str) -> PSError:
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    return PSError(code.name, f"{address}: {details}")
+
+
+class GrpcTransport:
+    """A parameter server at `address` over gRPC (raw-bytes frame streams)."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.channel = grpc.insecure_channel(address, options=list(wire.GRPC_OPTIONS))
+        m = f"/{SERVICE}/"
+        self._push = self.channel.stream_unary(m + "Push", request_serializer=None,
+                                               response_deserializer=pb.PushReply.FromString)
+        self._init = self.channel.stream_unary(m + "Init", request_serializer=None,
+                                               response_deserializer=pb.StepInfo.FromString)
+        self._pull = self.channel.unary_stream(m + "Pull",
+                                               request_serializer=pb.PullRequest.SerializeToString,
+                                               response_deserializer=None)
+        self._info = self.channel.unary_unary(m + "Info", pb.NamespaceRequest.SerializeToString,
+                                              pb.StepInfo.FromString)
+        self._finish = self.channel.unary_unary(m + "Finish", pb.FinishRequest.SerializeToString,
+                                                pb.StepInfo.FromString)
+        self._shutdown = self.channel.unary_unary(m + "Shutdown",
+                                                  pb.ShutdownRequest.SerializeToString,
+                                                  pb.ShutdownReply.FromString)
+        self._report = self.channel.unary_unary(m + "ReportStatus",
+                                                pb.StatusReport.SerializeToString,
+                                                pb.Empty.FromString)
+
+    def _call(self, fn: Callable[..., object], *args: object, **kw: object) -> object:
+        try:
+            return fn(*args, **kw)
+        except grpc.RpcError as exc:
+            raise _ps_error(exc, self.address) from exc
+
+    def push(self, frames: Iterator[bytes]) -> pb.PushReply:
+        return self._call(self._push, frames)  # type: ignore[return-value]
+
+    def init(self, frames: Iterator[bytes]) -> pb.StepInfo:
+        return self._call(self._init, frames)  # type: ignore[return-value]
+
+    def pull(self, request: pb.PullRequest) -> Iterator[bytes]:
+        try:
+            yield from self._pull(request)
+        except grpc.RpcError as exc:
+            raise _ps_error(exc, self.address) from exc
+
+    def info(self, namespace: str, worker: int = 0) -> pb.StepInfo:
+        return self._call(self._info, pb.NamespaceRequest(namespace=namespace, worker=worker),
+                          timeout=10)  # type: ignore[return-value]
+
+    def finish(self, namespace: str) -> pb.StepInfo:
+        return self._call(self._finish, pb.FinishRequest(namespace=namespace),
+                          timeout=10)  # type: ignore[return-value]
+
+    def shutdown(self, grace: float) -> None:
+        self._call(self._shutdown, pb.ShutdownRequest(grace_seconds=grace), timeout=10)
+
+    def report(self, report: pb.StatusReport) -> None:
+        self._call(self._report, report, timeout=10)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+@dataclass
+class ShardState:
+    """What `ShardedClient.pull_state` returns: the model's full state from all servers."""
+
+    global_step: int
+    params: dict[str, torch.Tensor]
+    slots: dict[str, dict[str, torch.Tensor]]
+    slot_steps: dict[str, int]
+
+
+def _piece_view(full: torch.Tensor, piece: Piece) -> torch.Tensor:
+    return full[piece.row_start:piece.row_end] if piece.partitioned else full
+
+
+class ShardedClient:
+    """The model's parameters spread over `transports` according to `placement`."""
+
+    def __init__(self, transports: Sequence[Transport], placement: Placement,
+                 namespace: str, wire_dtype: torch.dtype = torch.float32,
+                 chunk_bytes: int = wire.CHUNK_BYTES) -> None:
+        if len(transports) != placement.num_ps:
+            raise ValueError(f"placement is for {placement.num_ps} servers, got "
+                             f"{len(transports)} transports")
+        self.transports = list(transports)
+        self.placement = placement
+        self.namespace = namespace
+        self.wire_dtype = wire_dtype
+        self.writer = wire.StreamWriter(chunk_bytes)
+        self.shards = [placement.shard(i) for i in range(placement.num_ps)]
+        self.pool = cf.ThreadPoolExecutor(max_workers=max(1, placement.num_ps),
+                                          thread_name_prefix="ps-client")
+        self._wire_buffers: dict[str, torch.Tensor] = {}
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        for t in self.transports:
+            t.close()
+
+    # ----------------------------------------------------------------- fan-out helper
+    def _all(self, fn: Callable[[int], object], indices: Iterable[int] | None = None) -> list:
+        """Run fn(ps) for every server concurrently; raise the first failure at once."""
+        idx = list(range(len(self.transports)) if indices is None else indices)
+        futs = {self.pool.submit(fn, i): i for i in idx}
+        done, _ = cf.wait(futs, return_when=cf.FIRST_EXCEPTION)
+        for fut in done:
+            exc = fut.exception()
+            if exc is not None:
+                raise exc
+        return [f.result() for f in sorted(futs, key=lambda f: futs[f])]
+
+    # ----------------------------------------------------------------- pull / push
+    def pull(self, params: Mapping[str, torch.Tensor], worker: int = 0,
+             min_step: int = 0) -> int:
+        """Pull every shard concurrently into `params` (contiguous CPU tensors, written in
+        place). Returns the global step of server 0 at pull time."""
+        def one(ps: int) -> int:
+            shard = self.shards[ps]
+            request = pb.PullRequest(namespace=self.namespace, names=[p.key for p in shard],
+                                     worker=worker, min_step=min_step if ps == 0 else 0)
+            targets = [wire.byte_view(_piece_view(params[p.param], p)) for p in shard]
+            header = self._read(self.transports[ps].pull(request), shard, targets)
+            return header.global_step
+
+        return int(self._all(one)[0])
+
+    def _read(self, frames: Iterator[bytes], shard: list[Piece],
+              targets: list[np.ndarray]) -> pb.StreamHeader:
+        def targets_for(header: pb.StreamHeader) -> list[np.ndarray]:
+            names = [m.name for m in header.tensors]
+            if names != [p.key for p in shard]:
+                raise PSError("INTERNAL", f"the server sent tensors {names[:4]}, expected "
+                              f"{[p.key for p in shard][:4]}")
+            return targets
+
+        try:
+            return wire.read_stream(frames, targets_for)
+        except wire.WireError as exc:
+            raise PSError("DATA_LOSS", f"pull: {exc}") from exc
+
+    def _wire_grad(self, piece: Piece, grad: torch.Tensor) -> torch.Tensor:
+        view = _piece_view(grad, piece)
+        if view.dtype == self.wire_dtype and view.is_contiguous():
+            return view
+        buf = self._wire_buffers.get(piece.key)
+        if buf is None:
+            buf = self._wire_buffers[piece.key] = torch.empty(view.shape, dtype=self.wire_dtype)
+        buf.copy_(view)
+        return buf
+
+    def push_frames(self, ps: int, grads: Mapping[str, torch.Tensor], worker: int,
+                    step: int) -> Iterator[bytes]:
+        shard = self.shards[ps]
+        tensors = [self._wire_grad(p, grads[p.param]) for p in shard]
+        header = pb.StreamHeader(kind=pb.STREAM_KIND_PUSH, namespace=self.namespace,
+                                 worker=worker, step=step,
+                                 tensors=[wire.meta_of(p.key, t) for p, t in zip(shard, tensors,
+                                                                                 strict=True)])
+        return self.writer.frames(header, tensors)
+
+    def push_one(self, ps: int, grads: Mapping[str, torch.Tensor], worker: int,
+                 step: int) -> pb.PushReply:
+        return self.transports[ps].push(self.push_frames(ps, grads, worker, step))
+
+    def push(self, grads: Mapping[str, torch.Tensor], worker: int = 0,
+             step: int = 0) -> list[pb.PushReply]:
+        """Push every shard's gradients concurrently; replies in server order."""
+        return self._all(lambda ps: self.push_one(ps, grads, worker, step))
+
+    # ----------------------------------------------------------------- chief
+    def init(self, params: Mapping[str, torch.Tensor], optimizer: OptimizerConfig, *,
+             mode: str, num_workers: int, staleness_bound: int | None, fingerprint: str,
+             global_step: int = 0,
+             states: Mapping[str, OptimizerState] | None = None,
+             only: Iterable[int] | None = None) -> list[pb.StepInfo]:
+        """Install `params` (and optimizer `states` keyed by piece key) on the servers
+        (`only` a subset). Without states the servers start fresh optimizer state."""
+        def one(ps: int) -> pb.StepInfo:
+            shard = self.shards[ps]
+            header = pb.StreamHeader(
+                kind=pb.STREAM_KIND_INIT, namespace=self.namespace, global_step=global_step,
+                optimizer=optimizer_to_pb(optimizer), mode=mode, num_workers=num_workers,
+                staleness_bound=-1 if staleness_bound is None else staleness_bound,
+                fingerprint=bytes.fromhex(fingerprint), ps_index=ps)
+            tensors: list[torch.Tensor] = []
+            for piece in shard:
+                t = _piece_view(params[piece.param], piece).detach().contiguous()
+                tensors.append(t)
+                header.tensors.append(wire.meta_of(piece.key, t))
+            if states is not None:
+                for piece in shard:
+                    state = states[piece.key]
+                    header.slot_steps.append(state.step)
+                    for slot in sorted(SLOT_NAMES[optimizer.name]):
+                        t = state.slots[slot].detach().contiguous()
+                        tensors.append(t)
+                        header.tensors.append(wire.meta_of(f"{piece.key}{SLOT_SEPARATOR}{slot}", t))
+            return self.transports[ps].init(self.writer.frames(header, tensors))
+
+        return self._all(one, only)
+
+    def pull_state(self) -> ShardState:
+        """Parameters and optimizer state of the whole model, each server's snapshot
+        taken under its apply lock (for checkpoints)."""
+        def one(ps: int) -> tuple[pb.StreamHeader, dict[str, torch.Tensor]]:
+            shard = self.shards[ps]
+            request = pb.PullRequest(namespace=self.namespace, names=[p.key for p in shard],
+                                     include_slots=True, consistent=True)
+            out: dict[str, torch.Tensor] = {}
+
+            def targets_for(header: pb.StreamHeader) -> list[np.ndarray]:
+                views = []
+                for meta in header.tensors:
+                    t = torch.empty(tuple(meta.shape), dtype=wire.parse_dtype(meta.dtype))
+                    out[meta.name] = t
+                    views.append(wire.byte_view(t))
+                return views
+
+            try:
+                header = wire.read_stream(self.transports[ps].pull(request), targets_for)
+            except wire.WireError as exc:
+                raise PSError("DATA_LOSS", f"pull_state: {exc}") from exc
+            return header, out
+
+        results = self._all(one)
+        state = ShardState(global_step=int(results[0][0].global_step), params={}, slots={},
+                           slot_steps={})
+        for header, tensors in results:
+            keys = [m.name for m in header.tensors if SLOT_SEPARATOR not in m.name]
+            for key, step in zip(keys, header.slot_steps, strict=False):
+                state.slot_steps[key] = int(step)
+            for name, t in tensors.items():
+                key, sep, slot = name.partition(SLOT_SEPARATOR)
+                if sep:
+                    state.slots.setdefault(key, {})[slot] = t
+                else:
+                    state.params[key] = t
+        return state
+
+    def assemble(self, piece_tensors: Mapping[str, torch.Tensor],
+                 like: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Full parameters from per-piece tensors (inverse of partitioning)."""
+        out = {name: torch.empty_like(t, device="cpu") for name, t in like.items()}
+        for piece in self.placement.pieces:
+            _piece_view(out[piece.param], piece).copy_(piece_tensors[piece.key])
+        return out
+
+    def split(self, full: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Per-piece tensors from full tensors (views where possible)."""
+        return {p.key: _piece_view(full[p.param], p) for p in self.placement.pieces}
+
+    # ----------------------------------------------------------------- control
+    def info(self, ps: int, worker: int = 0) -> pb.StepInfo:
+        return self.transports[ps].info(self.namespace, worker)
+
+    def info_all(self) -> list[pb.StepInfo | PSError]:
+        def one(ps: int) -> pb.StepInfo | PSError:
+            try:
+                return self.info(ps)
+            except PSError as exc:
+                return exc
+        return self._all(one)
+
+    def finish(self) -> None:
+        self._all(lambda ps: self.transports[ps].finish(self.namespace))
+
+    def shutdown(self, grace: float) -> None:
+        self._all(lambda ps: self.transports[ps].shutdown(grace))
+
+    def report(self, report: pb.StatusReport) -> None:
+        report.namespace = self.namespace
+        self.transports[0].report(report)
+
+
+def retry_unavailable(fn: Callable[[], object], deadline_s: float,
+                      clock: Callable[[], float] = time.monotonic,
+                      sleep: Callable[[float], None] = time.sleep) -> object:
+    """Call fn until it stops failing with UNAVAILABLE, with exponential backoff, for
+    at most `deadline_s` seconds; then re-raise the last error."""
+    end = clock() + deadline_s
+    delay = 0.05
+    while True:
+        try:
+            return fn()
+        except PSError as exc:
+            if exc.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED") or clock() >= end:
+                raise
+        sleep(min(delay, max(0.0, end - clock())))
+        delay = min(delay * 2, 2.0)

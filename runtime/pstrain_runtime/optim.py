@@ -1,0 +1,117 @@
+"""Optimizers as pure functions over tensors, matching `torch.optim` numerically.
+
+The parameter server keeps, per parameter, an `OptimizerState`: a step count and
+named slot tensors (momentum buffer, Adagrad sum, Adam moments). `apply_gradient`
+updates the parameter and the slots in place, following the single-tensor
+(`foreach=False`) code paths of torch.optim.SGD, Adagrad and Adam, so that a
+parameter server and a plain PyTorch loop produce the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+OptimizerName = Literal["sgd", "momentum", "adagrad", "adam"]
+SLOT_NAMES: dict[str, tuple[str, ...]] = {
+    "sgd": (),
+    "momentum": ("momentum_buffer",),
+    "adagrad": ("sum",),
+    "adam": ("exp_avg", "exp_avg_sq"),
+}
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    name: OptimizerName = "sgd"
+    learning_rate: float = 0.1
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    initial_accumulator_value: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.name not in SLOT_NAMES:
+            raise ValueError(
+                f"optimizer name is {self.name!r}; it must be one of {sorted(SLOT_NAMES)}"
+            )
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning rate is {self.learning_rate}; it must be positive")
+
+    @classmethod
+    def from_model(cls, optimizer: object) -> OptimizerConfig:
+        """From a `pstrain_api.model.Optimizer` (or anything with the same fields)."""
+        return cls(**{f: getattr(optimizer, f) for f in cls.__dataclass_fields__})
+
+
+@dataclass
+class OptimizerState:
+    step: int = 0
+    slots: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def init_state(config: OptimizerConfig, param: torch.Tensor) -> OptimizerState:
+    slots = {}
+    for slot in SLOT_NAMES[config.name]:
+        fill = config.initial_accumulator_value if slot == "sum" else 0.0
+        slots[slot] = torch.full_like(param, fill, memory_format=torch.contiguous_format)
+    return OptimizerState(step=0, slots=slots)
+
+
+def torch_optimizer(config: OptimizerConfig, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    """The torch.optim optimizer these functions match (for tests and the reference loop)."""
+    if config.name == "sgd":
+        return torch.optim.SGD(params, lr=config.learning_rate,
+                               weight_decay=config.weight_decay, foreach=False)
+    if config.name == "momentum":
+        return torch.optim.SGD(params, lr=config.learning_rate, momentum=config.momentum,
+                               nesterov=config.nesterov, weight_decay=config.weight_decay,
+                               foreach=False)
+    if config.name == "adagrad":
+        return torch.optim.Adagrad(
+            params, lr=config.learning_rate, weight_decay=config.weight_decay,
+            initial_accumulator_value=config.initial_accumulator_value, eps=config.eps,
+            foreach=False)
+    return torch.optim.Adam(params, lr=config.learning_rate, betas=(config.beta1, config.beta2),
+                            eps=config.eps, weight_decay=config.weight_decay, foreach=False)
+
+
+def apply_gradient(config: OptimizerConfig, param: torch.Tensor, grad: torch.Tensor,
+                   state: OptimizerState) -> None:
+    """One optimizer step for one parameter, in place. `grad` may be modified."""
+    if config.weight_decay:
+        grad = grad.add(param, alpha=config.weight_decay)
+    name = config.name
+    lr = config.learning_rate
+    if name == "sgd":
+        param.add_(grad, alpha=-lr)
+    elif name == "momentum":
+        buf = state.slots["momentum_buffer"]
+        if state.step == 0:
+            buf.copy_(grad)
+        else:
+            buf.mul_(config.momentum).add_(grad)
+        step_dir = grad.add(buf, alpha=config.momentum) if config.nesterov else buf
+        param.add_(step_dir, alpha=-lr)
+    elif name == "adagrad":
+        acc = state.slots["sum"]
+        acc.addcmul_(grad, grad, value=1)
+        std = acc.sqrt().add_(config.eps)
+        param.addcdiv_(grad, std, value=-lr)
+    else:
+        exp_avg, exp_avg_sq = state.slots["exp_avg"], state.slots["exp_avg_sq"]
+        t = state.step + 1
+        exp_avg.lerp_(grad, 1 - config.beta1)
+        exp_avg_sq.mul_(config.beta2).addcmul_(grad, grad.conj(), value=1 - config.beta2)
+        bias_correction1 = 1 - config.beta1 ** t
+        bias_correction2 = 1 - config.beta2 ** t
+        step_size = lr / bias_correction1
+        denom = (exp_avg_sq.sqrt() / math.sqrt(bias_correction2)).add_(config.eps)
+        param.addcdiv_(exp_avg, denom, value=-step_size)
+    state.step += 1

@@ -1,0 +1,194 @@
+"""The parameter server process edge: a grpcio server around a `ParameterStore`.
+
+Tensor streams (Push, Init, Pull) use identity serializers: the handlers receive and
+return raw frame bytes, which `wire` decodes without a protobuf copy of the payload.
+The small control RPCs use the generated protobuf messages. The standard gRPC health
+service (grpc.health.v1) reports SERVING while the server accepts work, so Kubernetes
+can probe readiness.
+
+Shutdown never blocks forever: the Shutdown RPC (or `PSServer.request_stop`) starts a
+background stop that waits, up to a grace period, until every worker of every finished
+namespace has been told the job is done, then stops the server; `PSServer.wait()`
+returns and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from . import wire
+from .proto import ps_pb2 as pb
+from .store import ParameterStore, PSError
+
+SERVICE = "pstrain.v1.ParameterServer"
+DEFAULT_SHUTDOWN_GRACE = 30.0
+
+
+def _abort(context: grpc.ServicerContext, exc: PSError) -> None:
+    code = getattr(grpc.StatusCode, exc.code, grpc.StatusCode.UNKNOWN)
+    context.abort(code, exc.message)
+
+
+class ParameterServerService:
+    """RPC handlers; each one translates PSError into a gRPC status."""
+
+    def __init__(self, store: ParameterStore, server: PSServer) -> None:
+        self.store = store
+        self.server = server
+
+    def push(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> pb.PushReply:
+        try:
+            return self.store.push(iter(request_iterator))
+        except PSError as exc:
+            _abort(context, exc)
+            raise  # unreachable: abort raises
+
+    def init(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> pb.StepInfo:
+        try:
+            return self.store.init(iter(request_iterator))
+        except PSError as exc:
+            _abort(context, exc)
+            raise
+
+    def pull(self, request: pb.PullRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
+        try:
+            frames = self.store.pull(request)
+        except PSError as exc:
+            _abort(context, exc)
+            raise
+        yield from frames
+
+    def info(self, request: pb.NamespaceRequest, context: grpc.ServicerContext) -> pb.StepInfo:
+        return self.store.info(request.namespace, request.worker)
+
+    def finish(self, request: pb.FinishRequest, context: grpc.ServicerContext) -> pb.StepInfo:
+        try:
+            return self.store.finish(request.namespace)
+        except PSError as exc:
+            _abort(context, exc)
+            raise
+
+    def shutdown(self, request: pb.ShutdownRequest, context: grpc.ServicerContext) -> pb.ShutdownReply:
+        grace = request.grace_seconds if request.grace_seconds > 0 else DEFAULT_SHUTDOWN_GRACE
+        self.server.request_stop(grace)
+        return pb.ShutdownReply(accepted=True)
+
+    def report_status(self, request: pb.StatusReport, context: grpc.ServicerContext) -> pb.Empty:
+        try:
+            self.store.report(request)
+        except PSError as exc:
+            _abort(context, exc)
+        return pb.Empty()
+
+    def get_job_status(self, request: pb.NamespaceRequest,
+                       context: grpc.ServicerContext) -> pb.JobStatus:
+        try:
+            return self.store.job_status(request.namespace)
+        except PSError as exc:
+            _abort(context, exc)
+            raise
+
+
+def build_handler(service: ParameterServerService) -> grpc.GenericRpcHandler:
+    unary = grpc.unary_unary_rpc_method_handler
+    handlers = {
+        "Push": grpc.stream_unary_rpc_method_handler(
+            service.push, request_deserializer=None,
+            response_serializer=pb.PushReply.SerializeToString),
+        "Init": grpc.stream_unary_rpc_method_handler(
+            service.init, request_deserializer=None,
+            response_serializer=pb.StepInfo.SerializeToString),
+        "Pull": grpc.unary_stream_rpc_method_handler(
+            service.pull, request_deserializer=pb.PullRequest.FromString,
+            response_serializer=None),
+        "Info": unary(service.info, pb.NamespaceRequest.FromString,
+                      pb.StepInfo.SerializeToString),
+        "Finish": unary(service.finish, pb.FinishRequest.FromString,
+                        pb.StepInfo.SerializeToString),
+        "Shutdown": unary(service.shutdown, pb.ShutdownRequest.FromString,
+                          pb.ShutdownReply.SerializeToString),
+        "ReportStatus": unary(service.report_status, pb.StatusReport.FromString,
+                              pb.Empty.SerializeToString),
+        "GetJobStatus": unary(service.get_job_status, pb.NamespaceRequest.FromString,
+                              pb.JobStatus.SerializeToString),
+    }
+    return grpc.method_handlers_generic_handler(SERVICE, handlers)
+
+
+class PSServer:
+    """One parameter server: start, serve, stop cleanly.
+
+        server = PSServer("127.0.0.1:0", ps_index=0)
+        port = server.start()
+        ...
+        server.request_stop(grace=5)   # or the Shutdown RPC
+        server.wait()                  # returns once stopped
+    """
+
+    def __init__(self, bind: str, ps_index: int = 0, max_workers: int = 32,
+                 store: ParameterStore | None = None) -> None:
+        self.bind = bind
+        self.store = store or ParameterStore(ps_index)
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=max_workers,
+                                       thread_name_prefix=f"ps{ps_index}"),
+            options=list(wire.GRPC_OPTIONS),
+        )
+        self._server.add_generic_rpc_handlers((build_handler(ParameterServerService(self.store, self)),))
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        self._stopped = threading.Event()
+        self._stop_lock = threading.Lock()
+        self._stop_thread: threading.Thread | None = None
+        self.port = 0
+
+    def start(self) -> int:
+        """Bind and serve; returns the bound port (useful with port 0)."""
+        self.port = self._server.add_insecure_port(self.bind)
+        if self.port == 0:
+            raise OSError(f"parameter server could not bind {self.bind}")
+        self._server.start()
+        for name in ("", SERVICE):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        return self.port
+
+    @property
+    def address(self) -> str:
+        host = self.bind.rsplit(":", 1)[0]
+        if host in ("0.0.0.0", "[::]", ""):
+            host = "127.0.0.1"
+        return f"{host}:{self.port}"
+
+    def request_stop(self, grace: float = DEFAULT_SHUTDOWN_GRACE) -> None:
+        """Stop in the background once workers know the job is done, or after `grace`."""
+        with self._stop_lock:
+            if self._stop_thread is not None:
+                return
+            self._stop_thread = threading.Thread(target=self._stop_after, args=(grace,),
+                                                 name="ps-stop", daemon=True)
+            self._stop_thread.start()
+
+    def _stop_after(self, grace: float) -> None:
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and not self.store.workers_informed():
+            time.sleep(0.05)  # bounded poll of in-memory state; no event to wait on
+        # Let the Shutdown reply and the last replies reach their callers.
+        self.stop(grace=1.0)
+
+    def stop(self, grace: float | None = 0) -> None:
+        for name in ("", SERVICE):
+            self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.store.stop()
+        self._server.stop(grace).wait()
+        self._stopped.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until stopped (True) or `timeout` passes (False). Never `join()`-forever:
+        callers pass a timeout or rely on Shutdown/SIGTERM to stop the server."""
+        return self._stopped.wait(timeout)

@@ -1,0 +1,537 @@
+"""The parameter server's state and rules, without sockets.
+
+A `ParameterStore` holds namespaces (one per job or model, like TensorFlow's
+containers). A namespace holds this server's shard of parameters, their optimizer
+state, the applied-step counter and, in sync mode, the per-step gradient buckets.
+
+Streams come in as iterators of raw frame messages (see `wire`), so the gRPC service
+(`server.py`) is a thin adapter and tests can drive the store directly.
+
+Invariants:
+- Bad input (unknown namespace or tensor, wrong shape or dtype, NaN/inf, pushes before
+  initialisation, chunks out of order or truncated) raises `PSError` with a status
+  code and a message, and leaves parameters, optimizer state and step unchanged:
+  gradients are read into pooled scratch buffers and validated before anything is
+  applied.
+- async mode applies each push as it arrives (one lock per namespace serialises the
+  optimizer, no lock spans servers). sync mode adds one gradient per worker into the
+  bucket of its step and applies the mean when every worker has contributed, in step
+  order. `staleness_bound` N lets a worker run at most N steps ahead.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from . import wire
+from .optim import SLOT_NAMES, OptimizerConfig, OptimizerState, apply_gradient
+from .proto import ps_pb2 as pb
+
+SLOT_SEPARATOR = "@"
+GRAD_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
+WAIT_SLICE = 0.5  # seconds between checks of done/stop while blocking
+
+
+class PSError(Exception):
+    """A request the parameter server refuses. `code` names a grpc.StatusCode."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _invalid(message: str) -> PSError:
+    return PSError("INVALID_ARGUMENT", message)
+
+
+@dataclass
+class Bucket:
+    sums: dict[str, torch.Tensor] = field(default_factory=dict)
+    contributors: set[int] = field(default_factory=set)
+
+
+@dataclass
+class JobReport:
+    loss: float | None = None
+    samples_per_sec: float | None = None
+    eval_accuracy: float | None = None
+    checkpoint_step: int | None = None
+    checkpoint_path: str = ""
+    checkpoint_time: float = 0.0
+    target_steps: int = 0
+    updated_time: float = 0.0
+
+
+class Namespace:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.cond = threading.Condition()
+        self.initialized = False
+        self.params: dict[str, torch.Tensor] = {}
+        self.states: dict[str, OptimizerState] = {}
+        self.config = OptimizerConfig()
+        self.mode = "async"
+        self.num_workers = 1
+        self.staleness: int | None = None
+        self.fingerprint = b""
+        self.global_step = 0
+        self.done = False
+        self.epoch = 0  # bumped by every init: blocked waits end when it changes
+        self.told_done: set[int] = set()
+        self.worker_pushes: dict[int, int] = {}
+        self.buckets: dict[int, Bucket] = {}
+        self.skipped_nonfinite = 0
+        self.report = JobReport()
+        self._pool: dict[tuple[str, torch.dtype], list[torch.Tensor]] = {}
+        self._pool_lock = threading.Lock()
+
+    # Scratch buffers: reused across pushes so that a steady state allocates nothing.
+    def take(self, key: str, dtype: torch.dtype) -> torch.Tensor:
+        with self._pool_lock:
+            free = self._pool.get((key, dtype))
+            if free:
+                return free.pop()
+        return torch.empty(self.params[key].shape, dtype=dtype)
+
+    def give(self, key: str, tensor: torch.Tensor) -> None:
+        with self._pool_lock:
+            self._pool.setdefault((key, tensor.dtype), []).append(tensor)
+
+    def info(self, worker: int | None = None) -> pb.StepInfo:
+        if self.done and worker is not None:
+            self.told_done.add(worker)
+        return pb.StepInfo(global_step=self.global_step, done=self.done,
+                           initialized=self.initialized,
+                           skipped_nonfinite=self.skipped_nonfinite)
+
+
+def optimizer_from_pb(spec: pb.OptimizerSpec) -> OptimizerConfig:
+    try:
+        return OptimizerConfig(
+            name=spec.name or "sgd",  # type: ignore[arg-type]
+            learning_rate=spec.learning_rate, momentum=spec.momentum,
+            nesterov=spec.nesterov, weight_decay=spec.weight_decay, beta1=spec.beta1,
+            beta2=spec.beta2, eps=spec.eps,
+            initial_accumulator_value=spec.initial_accumulator_value,
+        )
+    except ValueError as exc:
+        raise _invalid(f"init: {exc}") from exc
+
+
+def optimizer_to_pb(config: OptimizerConfig) -> pb.OptimizerSpec:
+    return pb.OptimizerSpec(
+        name=config.name, learning_rate=config.learning_rate, momentum=config.momentum,
+        nesterov=config.nesterov, weight_decay=config.weight_decay, beta1=config.beta1,
+        beta2=config.beta2, eps=config.eps,
+        initial_accumulator_value=config.initial_accumulator_value,
+    )
+
+
+def _read_header(messages: Iterator[bytes], kind: int) -> pb.StreamHeader:
+    first = next(messages, None)
+    if first is None:
+        raise _invalid("the stream was empty; it must start with a header frame")
+    try:
+        header = wire.decode_frame(first)
+    except wire.WireError as exc:
+        raise _invalid(str(exc)) from exc
+    if not isinstance(header, pb.StreamHeader):
+        raise _invalid("the stream did not start with a header frame")
+    if header.kind != kind:
+        raise _invalid(
+            f"stream kind is {pb.StreamKind.Name(header.kind)}; this call expects "
+            f"{pb.StreamKind.Name(kind)}"
+        )
+    return header
+
+
+def _read_body(header: pb.StreamHeader, messages: Iterator[bytes],
+               targets: list[np.ndarray]) -> None:
+    try:
+        reader = wire.StreamReader(header, targets)
+        for message in messages:
+            chunk = wire.decode_frame(message)
+            if not isinstance(chunk, wire.Chunk):
+                raise wire.WireError("a second header frame arrived in the middle of a stream")
+            reader.feed(chunk)
+        reader.finish()
+    except wire.WireError as exc:
+        raise _invalid(str(exc)) from exc
+
+
+class ParameterStore:
+    """All namespaces of one parameter server."""
+
+    def __init__(self, ps_index: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ps_index = ps_index
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._namespaces: dict[str, Namespace] = {}
+        self.stopping = threading.Event()
+
+    # ------------------------------------------------------------------ lookup
+    def namespace(self, name: str, create: bool = False) -> Namespace:
+        with self._lock:
+            ns = self._namespaces.get(name)
+            if ns is None and create:
+                ns = self._namespaces[name] = Namespace(name)
+        if ns is None:
+            raise PSError(
+                "FAILED_PRECONDITION",
+                f"namespace {name!r} is not initialised on parameter server "
+                f"{self.ps_index}; the chief initialises it (or restores it from a "
+                "checkpoint) before workers push or pull",
+            )
+        return ns
+
+    def namespaces(self) -> list[Namespace]:
+        with self._lock:
+            return list(self._namespaces.values())
+
+    def _ready(self, name: str) -> Namespace:
+        ns = self.namespace(name)
+        if not ns.initialized:
+            raise PSError("FAILED_PRECONDITION",
+                          f"namespace {name!r} is not initialised on parameter server "
+                          f"{self.ps_index} yet")
+        return ns
+
+    def _wait(self, ns: Namespace, ready: Callable[[], bool], timeout: float | None) -> bool:
+        """Wait on ns.cond (held) until ready(), done, stop, or timeout."""
+        deadline = None if timeout is None else self.clock() + timeout
+        epoch = ns.epoch
+        while not ready():
+            if ns.done or self.stopping.is_set() or ns.epoch != epoch:
+                return False
+            left = WAIT_SLICE if deadline is None else min(WAIT_SLICE, deadline - self.clock())
+            if left <= 0:
+                return False
+            ns.cond.wait(left)
+        return True
+
+    # ------------------------------------------------------------------ init
+    def init(self, messages: Iterator[bytes]) -> pb.StepInfo:
+        header = _read_header(messages, pb.STREAM_KIND_INIT)
+        if not header.namespace:
+            raise _invalid("init: namespace is empty; every request must name a namespace")
+        config = optimizer_from_pb(header.optimizer)
+        if header.mode not in ("async", "sync"):
+            raise _invalid(f"init: mode is {header.mode!r}; it must be async or sync")
+        if header.num_workers < 1:
+            raise _invalid(f"init: num_workers is {header.num_workers}; it must be at least 1")
+        if header.global_step < 0:
+            raise _invalid(f"init: global_step is {header.global_step}; it must be >= 0")
+        params: dict[str, torch.Tensor] = {}
+        slots: dict[str, dict[str, torch.Tensor]] = {}
+        targets: list[np.ndarray] = []
+        for meta in header.tensors:
+            try:
+                dtype = wire.parse_dtype(meta.dtype)
+            except wire.WireError as exc:
+                raise _invalid(f"init: tensor {meta.name!r}: {exc}") from exc
+            if any(d < 0 for d in meta.shape):
+                raise _invalid(f"init: tensor {meta.name!r} has a negative dimension")
+            tensor = torch.empty(tuple(meta.shape), dtype=dtype)
+            key, sep, slot = meta.name.partition(SLOT_SEPARATOR)
+            if sep:
+                if slot not in SLOT_NAMES[config.name]:
+                    raise _invalid(
+                        f"init: slot {slot!r} of {key!r} does not belong to optimizer "
+                        f"{config.name} (slots: {list(SLOT_NAMES[config.name])})"
+                    )
+                slots.setdefault(key, {})[slot] = tensor
+            else:
+                if key in params:
+                    raise _invalid(f"init: tensor {key!r} appears twice")
+                if dtype not in GRAD_DTYPES:
+                    raise _invalid(f"init: parameter {key!r} has dtype {meta.dtype}; "
+                                   "parameters must be floating point")
+                params[key] = tensor
+            targets.append(wire.byte_view(tensor))
+        for key, named in slots.items():
+            if key not in params:
+                raise _invalid(f"init: slots for {key!r} but no such parameter")
+            for slot, tensor in named.items():
+                if tensor.shape != params[key].shape:
+                    raise _invalid(f"init: slot {key}@{slot} has shape {list(tensor.shape)}, "
+                                   f"the parameter has {list(params[key].shape)}")
+        with_slots = bool(slots)
+        if with_slots and len(header.slot_steps) != len(params):
+            raise _invalid(f"init: {len(header.slot_steps)} slot steps for {len(params)} "
+                           "parameters; send one per parameter, in header order")
+        _read_body(header, messages, targets)
+        for key, tensor in params.items():
+            if not bool(torch.isfinite(tensor).all()):
+                raise _invalid(f"init: parameter {key!r} contains NaN or inf")
+
+        states: dict[str, OptimizerState] = {}
+        from .optim import init_state
+
+        steps = dict(zip(params, header.slot_steps, strict=False)) if with_slots else {}
+        for key, tensor in params.items():
+            state = init_state(config, tensor)
+            if with_slots:
+                missing = set(SLOT_NAMES[config.name]) - set(slots.get(key, {}))
+                if missing:
+                    raise _invalid(f"init: parameter {key!r} lacks slots {sorted(missing)}")
+                state.slots = slots[key]
+                state.step = int(steps[key])
+            states[key] = state
+
+        ns = self.namespace(header.namespace, create=True)
+        with ns.cond:
+            if ns.initialized and ns.fingerprint != header.fingerprint:
+                raise PSError(
+                    "FAILED_PRECONDITION",
+                    f"namespace {header.namespace!r} already holds a different model "
+                    "(fingerprint mismatch); use another namespace for another model",
+                )
+            ns.params, ns.states, ns.config = params, states, config
+            ns.mode = header.mode
+            ns.num_workers = header.num_workers
+            ns.staleness = header.staleness_bound if header.staleness_bound >= 0 else None
+            ns.fingerprint = header.fingerprint
+            ns.global_step = header.global_step
+            ns.buckets.clear()
+            ns.worker_pushes.clear()
+            ns._pool.clear()
+            ns.done = False
+            ns.told_done.clear()
+            ns.initialized = True
+            ns.epoch += 1
+            ns.cond.notify_all()
+            return ns.info()
+
+    # ------------------------------------------------------------------ push
+    def push(self, messages: Iterator[bytes], timeout: float | None = None) -> pb.PushReply:
+        header = _read_header(messages, pb.STREAM_KIND_PUSH)
+        ns = self._ready(header.namespace)
+        if not 0 <= header.worker < ns.num_workers:
+            raise _invalid(f"push: worker is {header.worker}; this job has workers "
+                           f"0..{ns.num_workers - 1}")
+        if ns.done:
+            for _ in messages:  # drain, so the client sees the reply rather than a reset
+                pass
+            return pb.PushReply(info=ns.info(header.worker), applied=False,
+                                note="the job is done; the push was not applied")
+        grads: dict[str, torch.Tensor] = {}
+        try:
+            targets = []
+            for meta in header.tensors:
+                key = meta.name
+                if key not in ns.params:
+                    raise PSError("NOT_FOUND",
+                                  f"push: tensor {key!r} is not on parameter server "
+                                  f"{self.ps_index} in namespace {ns.name!r}")
+                if key in grads:
+                    raise _invalid(f"push: tensor {key!r} appears twice")
+                try:
+                    dtype = wire.parse_dtype(meta.dtype)
+                except wire.WireError as exc:
+                    raise _invalid(f"push: gradient {key!r}: {exc}") from exc
+                if dtype not in GRAD_DTYPES:
+                    raise _invalid(f"push: gradient {key!r} has dtype {meta.dtype}; "
+                                   "gradients must be float32, bfloat16 or float16")
+                if tuple(meta.shape) != tuple(ns.params[key].shape):
+                    raise _invalid(f"push: gradient {key!r} has shape {list(meta.shape)}, "
+                                   f"the parameter has {list(ns.params[key].shape)}")
+                grads[key] = ns.take(key, dtype)
+                targets.append(wire.byte_view(grads[key]))
+            _read_body(header, messages, targets)
+            bad = [k for k, g in grads.items() if not bool(torch.isfinite(g).all())]
+            if bad:
+                with ns.cond:
+                    ns.skipped_nonfinite += 1
+                    count = ns.skipped_nonfinite
+                raise _invalid(
+                    f"push: gradient {bad[0]!r} contains NaN or inf; the push from worker "
+                    f"{header.worker} was rejected and not applied ({count} rejected so far)"
+                )
+            if ns.mode == "sync":
+                return self._push_sync(ns, header, grads, timeout)
+            return self._push_async(ns, header, grads, timeout)
+        finally:
+            for key, tensor in grads.items():
+                ns.give(key, tensor)
+
+    def _as_f32(self, grad: torch.Tensor) -> torch.Tensor:
+        return grad if grad.dtype == torch.float32 else grad.float()
+
+    def _push_async(self, ns: Namespace, header: pb.StreamHeader,
+                    grads: dict[str, torch.Tensor], timeout: float | None) -> pb.PushReply:
+        worker = header.worker
+        with ns.cond:
+            if ns.staleness is not None:
+                def allowed() -> bool:
+                    mine = ns.worker_pushes.get(worker, 0)
+                    slowest = min(ns.worker_pushes.get(w, 0) for w in range(ns.num_workers))
+                    return mine - slowest <= ns.staleness  # type: ignore[operator]
+
+                if not self._wait(ns, allowed, timeout):
+                    return pb.PushReply(info=ns.info(worker), applied=False,
+                                        note="not applied: the job is done or the wait "
+                                        "for slower workers timed out")
+            for key, grad in grads.items():
+                apply_gradient(ns.config, ns.params[key], self._as_f32(grad), ns.states[key])
+            ns.global_step += 1
+            ns.worker_pushes[worker] = ns.worker_pushes.get(worker, 0) + 1
+            ns.cond.notify_all()
+            return pb.PushReply(info=ns.info(worker), applied=True)
+
+    def _push_sync(self, ns: Namespace, header: pb.StreamHeader,
+                   grads: dict[str, torch.Tensor], timeout: float | None) -> pb.PushReply:
+        worker, step = header.worker, header.step
+        bound = ns.staleness or 0
+        with ns.cond:
+            if step < ns.global_step:
+                return pb.PushReply(info=ns.info(worker), applied=False,
+                                    note=f"step {step} was already applied; the global "
+                                    f"step is {ns.global_step}")
+            if not self._wait(ns, lambda: step <= ns.global_step + bound, timeout):
+                return pb.PushReply(info=ns.info(worker), applied=False,
+                                    note=f"step {step} is more than {bound} ahead")
+            bucket = ns.buckets.setdefault(step, Bucket())
+            duplicate = worker in bucket.contributors
+            if not duplicate:
+                missing = set(ns.params) - set(grads)
+                if missing:
+                    raise _invalid(f"push: sync step {step} lacks gradients for "
+                                   f"{sorted(missing)[:3]}; send every tensor of the shard")
+                for key, grad in grads.items():
+                    acc = bucket.sums.get(key)
+                    if acc is None:
+                        acc = bucket.sums[key] = ns.take(key, torch.float32)
+                        acc.copy_(grad)
+                    else:
+                        acc.add_(grad)
+                bucket.contributors.add(worker)
+            self._apply_ready_buckets(ns)
+            self._wait(ns, lambda: ns.global_step >= step + 1 - bound, timeout)
+            note = "duplicate contribution ignored" if duplicate else ""
+            return pb.PushReply(info=ns.info(worker), applied=not duplicate, note=note)
+
+    def _apply_ready_buckets(self, ns: Namespace) -> None:
+        while True:
+            bucket = ns.buckets.get(ns.global_step)
+            if bucket is None or len(bucket.contributors) < ns.num_workers:
+                return
+            del ns.buckets[ns.global_step]
+            for key, total in bucket.sums.items():
+                total.div_(len(bucket.contributors))
+                apply_gradient(ns.config, ns.params[key], total, ns.states[key])
+                ns.give(key, total)
+            ns.global_step += 1
+            ns.cond.notify_all()
+
+    # ------------------------------------------------------------------ pull
+    def pull(self, request: pb.PullRequest, timeout: float | None = None,
+             chunk_bytes: int = wire.CHUNK_BYTES) -> Iterator[bytes]:
+        """Validate now (raises PSError), then return the frame iterator."""
+        ns = self._ready(request.namespace)
+        names = list(request.names) or sorted(ns.params)
+        for name in names:
+            if name not in ns.params:
+                raise PSError("NOT_FOUND",
+                              f"pull: tensor {name!r} is not on parameter server "
+                              f"{self.ps_index} in namespace {ns.name!r}")
+        with ns.cond:
+            if request.min_step > ns.global_step:
+                self._wait(ns, lambda: ns.global_step >= request.min_step, timeout)
+            header = pb.StreamHeader(kind=pb.STREAM_KIND_PULL, namespace=ns.name,
+                                     global_step=ns.global_step, ps_index=self.ps_index,
+                                     fingerprint=ns.fingerprint,
+                                     optimizer=optimizer_to_pb(ns.config), mode=ns.mode,
+                                     num_workers=ns.num_workers)
+            tensors: list[torch.Tensor] = []
+            for name in names:
+                tensors.append(ns.params[name])
+                header.tensors.append(wire.meta_of(name, ns.params[name]))
+                if request.include_slots:
+                    header.slot_steps.append(ns.states[name].step)
+                    for slot, value in sorted(ns.states[name].slots.items()):
+                        tensors.append(value)
+                        header.tensors.append(
+                            wire.meta_of(f"{name}{SLOT_SEPARATOR}{slot}", value))
+            if request.consistent or request.include_slots:
+                tensors = [t.clone() for t in tensors]
+            info = ns.info(request.worker)
+        header.step = info.global_step
+        return wire.StreamWriter(chunk_bytes).frames(header, tensors)
+
+    # ------------------------------------------------------------------ control
+    def info(self, namespace: str, worker: int | None = None) -> pb.StepInfo:
+        with self._lock:
+            ns = self._namespaces.get(namespace)
+        if ns is None:
+            return pb.StepInfo(initialized=False)
+        with ns.cond:
+            return ns.info(worker)
+
+    def finish(self, namespace: str) -> pb.StepInfo:
+        ns = self._ready(namespace)
+        with ns.cond:
+            ns.done = True
+            ns.told_done.add(0)
+            ns.cond.notify_all()
+            return ns.info()
+
+    def report(self, report: pb.StatusReport) -> None:
+        ns = self.namespace(report.namespace)
+        with ns.cond:
+            r = ns.report
+            r.loss = report.loss if math.isfinite(report.loss) else r.loss
+            r.samples_per_sec = report.samples_per_sec
+            if report.has_eval:
+                r.eval_accuracy = report.eval_accuracy
+            if report.has_checkpoint:
+                r.checkpoint_step = report.checkpoint_step
+                r.checkpoint_path = report.checkpoint_path
+                r.checkpoint_time = report.checkpoint_time
+            r.target_steps = report.target_steps or r.target_steps
+            r.updated_time = time.time()
+
+    def job_status(self, namespace: str) -> pb.JobStatus:
+        """Status of `namespace`, or of the most recently reported one when empty."""
+        if namespace:
+            ns = self.namespace(namespace)
+        else:
+            candidates = self.namespaces()
+            if not candidates:
+                raise PSError("NOT_FOUND", "this parameter server holds no namespace yet")
+            ns = max(candidates, key=lambda n: n.report.updated_time)
+        with ns.cond:
+            r = ns.report
+            return pb.JobStatus(
+                namespace=ns.name, global_step=ns.global_step,
+                loss=r.loss if r.loss is not None else float("nan"),
+                samples_per_sec=r.samples_per_sec or 0.0,
+                eval_accuracy=r.eval_accuracy if r.eval_accuracy is not None else float("nan"),
+                has_eval=r.eval_accuracy is not None,
+                checkpoint_step=r.checkpoint_step if r.checkpoint_step is not None else -1,
+                checkpoint_path=r.checkpoint_path, checkpoint_time=r.checkpoint_time,
+                has_checkpoint=r.checkpoint_step is not None, done=ns.done,
+                target_steps=r.target_steps, initialized=ns.initialized,
+                updated_time=r.updated_time,
+            )
+
+    def workers_informed(self) -> bool:
+        """Every worker of every finished namespace has been told the job is done."""
+        for ns in self.namespaces():
+            with ns.cond:
+                if ns.done and not set(range(ns.num_workers)) <= ns.told_done:
+                    return False
+        return True
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for ns in self.namespaces():
+            with ns.cond:
+                ns.cond.notify_all()

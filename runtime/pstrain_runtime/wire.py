@@ -1,0 +1,287 @@
+"""Tensors on the wire: raw little-endian bytes in chunk frames, never pickles.
+
+A tensor stream is a header frame (protobuf `StreamHeader`: names, dtypes, shapes,
+total bytes) followed by chunk frames carrying consecutive slices of the concatenation
+of those tensors' bytes. Chunk frames are protobuf `Frame` messages encoded by hand
+with a fixed layout, so that
+
+- the sender copies each byte once (tensor memory -> frame bytes), and
+- the receiver copies each byte once (frame bytes -> destination tensor), with no
+  protobuf copy of the payload on either side.
+
+`StreamWriter` encodes, `StreamReader` decodes into caller-provided destination
+tensors and rejects out-of-order, overlapping, oversized and truncated streams.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from google.protobuf.message import DecodeError
+
+from .proto import ps_pb2 as pb
+
+CHUNK_BYTES = 2 * 1024 * 1024
+# gRPC rejects messages above 4 MiB by default; frames are at most CHUNK_BYTES plus a
+# few bytes, and the channel options raise the limit to leave room for big headers.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+GRPC_OPTIONS = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+)
+
+if sys.byteorder != "little":  # pragma: no cover - no big-endian hosts in practice
+    raise ImportError("pstrain's wire format is little-endian; this host is big-endian")
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "uint8": torch.uint8,
+}
+DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+
+# Chunk frame prefix: field 2 (fixed32 seq), field 3 (fixed64 offset), field 4 (bytes).
+_SEQ_TAG = 0x15
+_OFF_TAG = 0x19
+_DATA_TAG = 0x22
+_PREFIX = struct.Struct("<BIBQB")  # seq tag, seq, offset tag, offset, data tag
+_HEADER_TAG = 0x0A  # field 1, length-delimited: a header frame
+
+
+class WireError(ValueError):
+    """A stream that breaks the protocol: the message says what and where."""
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    try:
+        return DTYPE_NAMES[dtype]
+    except KeyError as exc:
+        raise WireError(f"dtype {dtype} cannot travel on the wire; use one of "
+                        f"{sorted(DTYPES)}") from exc
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name]
+    except KeyError as exc:
+        raise WireError(f"dtype {name!r} is not one of {sorted(DTYPES)}") from exc
+
+
+def byte_view(tensor: torch.Tensor) -> np.ndarray:
+    """A writable uint8 numpy view sharing `tensor`'s memory (contiguous CPU only)."""
+    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+        raise WireError("tensors on the wire must be contiguous and on the CPU")
+    return tensor.detach().reshape(-1).view(torch.uint8).numpy()
+
+
+def nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def meta_of(name: str, tensor: torch.Tensor) -> pb.TensorMeta:
+    return pb.TensorMeta(name=name, dtype=dtype_name(tensor.dtype), shape=list(tensor.shape))
+
+
+def meta_nbytes(meta: pb.TensorMeta) -> int:
+    dtype = parse_dtype(meta.dtype)
+    count = 1
+    for dim in meta.shape:
+        if dim < 0:
+            raise WireError(f"tensor {meta.name!r} has negative dimension {dim}")
+        count *= dim
+    return count * torch.empty((), dtype=dtype).element_size()
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def encode_header(header: pb.StreamHeader) -> bytes:
+    return pb.Frame(header=header).SerializeToString()
+
+
+def encode_chunk(seq: int, offset: int, parts: Sequence[memoryview | bytes]) -> bytes:
+    """One chunk frame from `parts` (joined: the single copy on the sending side)."""
+    size = sum(len(p) for p in parts)
+    prefix = _PREFIX.pack(_SEQ_TAG, seq, _OFF_TAG, offset, _DATA_TAG) + _varint(size)
+    return b"".join((prefix, *parts))
+
+
+@dataclass(frozen=True)
+class Chunk:
+    seq: int
+    offset: int
+    data: memoryview
+
+
+def decode_frame(message: bytes) -> pb.StreamHeader | Chunk:
+    """A header or a zero-copy chunk from one frame message."""
+    if len(message) >= _PREFIX.size + 1 and message[0] == _SEQ_TAG:
+        tag_s, seq, tag_o, offset, tag_d = _PREFIX.unpack_from(message, 0)
+        if tag_o == _OFF_TAG and tag_d == _DATA_TAG:
+            pos = _PREFIX.size
+            size = 0
+            shift = 0
+            while pos < len(message) and shift < 64:
+                byte = message[pos]
+                pos += 1
+                size |= (byte & 0x7F) << shift
+                shift += 7
+                if not byte & 0x80:
+                    break
+            if pos + size != len(message):
+                raise WireError(
+                    f"chunk {seq} declares {size} data bytes but carries "
+                    f"{len(message) - pos}; the frame is truncated or corrupt"
+                )
+            return Chunk(seq, offset, memoryview(message)[pos:])
+    try:
+        frame = pb.Frame.FromString(message)
+    except DecodeError as exc:
+        raise WireError(f"a frame could not be decoded: {exc}") from exc
+    if frame.HasField("header"):
+        return frame.header
+    return Chunk(frame.seq, frame.offset, memoryview(frame.data))
+
+
+class StreamWriter:
+    """Frames for a header and tensors: the header frame, then chunks of about
+    `chunk_bytes`, coalescing small tensors so that a chunk may span several."""
+
+    def __init__(self, chunk_bytes: int = CHUNK_BYTES) -> None:
+        if chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes is {chunk_bytes}; it must be at least 1")
+        self.chunk_bytes = chunk_bytes
+
+    def frames(self, header: pb.StreamHeader,
+               tensors: Sequence[torch.Tensor]) -> Iterator[bytes]:
+        if len(header.tensors) != len(tensors):
+            raise WireError(f"header lists {len(header.tensors)} tensors, got {len(tensors)}")
+        header.total_bytes = sum(nbytes(t) for t in tensors)
+        yield encode_header(header)
+        seq = 0
+        offset = 0
+        parts: list[memoryview] = []
+        pending = 0
+        for tensor in tensors:
+            view = memoryview(byte_view(tensor))
+            pos = 0
+            while pos < len(view):
+                take = min(self.chunk_bytes - pending, len(view) - pos)
+                parts.append(view[pos:pos + take])
+                pending += take
+                pos += take
+                if pending == self.chunk_bytes:
+                    yield encode_chunk(seq, offset, parts)
+                    seq += 1
+                    offset += pending
+                    parts, pending = [], 0
+        if pending:
+            yield encode_chunk(seq, offset, parts)
+
+
+class StreamReader:
+    """Writes the chunks of one stream straight into destination byte views.
+
+    `targets` are the destinations in header order (uint8 numpy views, see
+    `byte_view`); the reader checks each chunk's seq and offset against what it
+    expects next and `finish()` checks the byte count.
+    """
+
+    def __init__(self, header: pb.StreamHeader, targets: Sequence[np.ndarray]) -> None:
+        self.header = header
+        self.targets = list(targets)
+        self.ends: list[int] = []
+        end = 0
+        for target in self.targets:
+            end += target.nbytes
+            self.ends.append(end)
+        if end != header.total_bytes:
+            raise WireError(
+                f"the header says {header.total_bytes} bytes but its tensors hold {end}"
+            )
+        self.expected_seq = 0
+        self.received = 0
+        self._index = 0  # first target not yet full
+        self._skip_empty()
+
+    def _skip_empty(self) -> None:
+        while self._index < len(self.targets) and self.targets[self._index].nbytes == 0:
+            self._index += 1
+
+    def feed(self, chunk: Chunk) -> None:
+        if chunk.seq != self.expected_seq:
+            raise WireError(
+                f"chunk {chunk.seq} arrived where chunk {self.expected_seq} was expected; "
+                "chunks must arrive in order"
+            )
+        if chunk.offset != self.received:
+            raise WireError(
+                f"chunk {chunk.seq} starts at byte {chunk.offset}, expected byte "
+                f"{self.received}; chunks must be contiguous and in order"
+            )
+        size = len(chunk.data)
+        if self.received + size > self.header.total_bytes:
+            raise WireError(
+                f"chunk {chunk.seq} overruns the stream: {self.received + size} bytes "
+                f"received, the header says {self.header.total_bytes}"
+            )
+        src = np.frombuffer(chunk.data, dtype=np.uint8)
+        pos = 0
+        while pos < size:
+            index = self._index
+            start = self.ends[index] - self.targets[index].nbytes
+            at = self.received + pos - start
+            take = min(size - pos, self.targets[index].nbytes - at)
+            self.targets[index][at:at + take] = src[pos:pos + take]
+            pos += take
+            if at + take == self.targets[index].nbytes:
+                self._index += 1
+                self._skip_empty()
+        self.received += size
+        self.expected_seq += 1
+
+    def finish(self) -> None:
+        if self.received != self.header.total_bytes:
+            raise WireError(
+                f"the stream ended after {self.received} of {self.header.total_bytes} "
+                "bytes; it was truncated"
+            )
+
+
+def read_stream(
+    messages: Iterator[bytes],
+    targets_for: Callable[[pb.StreamHeader], Sequence[np.ndarray]],
+) -> pb.StreamHeader:
+    """Read a whole stream: the header, then every chunk into `targets_for(header)`."""
+    first = next(messages, None)
+    if first is None:
+        raise WireError("the stream was empty; it must start with a header frame")
+    header = decode_frame(first)
+    if not isinstance(header, pb.StreamHeader):
+        raise WireError("the stream did not start with a header frame")
+    reader = StreamReader(header, targets_for(header))
+    for message in messages:
+        chunk = decode_frame(message)
+        if not isinstance(chunk, Chunk):
+            raise WireError("a second header frame arrived in the middle of a stream")
+        reader.feed(chunk)
+    reader.finish()
+    return header

@@ -312,14 +312,17 @@ def cleanup_actions(job: TrainingJob, pods: Sequence[ObservedPod]) -> list[Delet
     return out
 
 
-def _effective_job(job: TrainingJob, pods: Sequence[ObservedPod]) -> tuple[TrainingJob, str]:
-    """The job as its existing pods were built, and why it differs from the spec ("" when
-    it does not). Replicas and training cannot change under running pods; the run policy
-    can."""
+def _effective_job(
+    job: TrainingJob, pods: Sequence[ObservedPod]
+) -> tuple[TrainingJob | None, str]:
+    """The job as its existing pods were built (None when that cannot be read back), and
+    why it differs from the spec ("" when it does not). Replicas and training cannot
+    change under running pods; the run policy can."""
     want = spec_hash(job)
     stale = [p for p in pods if not p.deleting and p.spec_hash and p.spec_hash != want]
     if not stale:
         return job, ""
+    old: TrainingJob | None
     try:
         applied = json.loads(stale[0].applied_spec)
         old = job.model_copy(update={"spec": job.spec.model_copy(update={
@@ -327,9 +330,9 @@ def _effective_job(job: TrainingJob, pods: Sequence[ObservedPod]) -> tuple[Train
             "training": Training.model_validate(applied["training"]),
         })})
     except (ValueError, KeyError, TypeError):
-        old = job
+        old = None
     changed = [part for part in ("replicas", "training")
-               if getattr(old.spec, part) != getattr(job.spec, part)]
+               if old is not None and getattr(old.spec, part) != getattr(job.spec, part)]
     what = " and ".join(f"spec.{p}" for p in changed) or "spec"
     return old, (
         f"{what} changed while pods built from the previous spec are running "
@@ -412,7 +415,9 @@ def decide(obs: Observed, settings: PodSettings) -> Plan:
         st.start_time = None  # activeDeadlineSeconds counts from the resume
 
     # 3. A spec change that cannot be applied live is refused; the pods keep the old one.
-    job, rejected = _effective_job(job, live)
+    effective, rejected = _effective_job(job, live)
+    hold = effective is None  # the applied spec is unreadable: change nothing at all
+    job = effective or job
     if rejected:
         if not condition_is(old, c.COND_SPEC_REJECTED):
             events.append(Event("Warning", R_SPEC_REJECTED, rejected))
@@ -478,14 +483,14 @@ def decide(obs: Observed, settings: PodSettings) -> Plan:
                        f"the chief {chief.name} completed{at}", None, events, actions)
 
     # 8. Create what is missing, in order: Service, PS, workers once PS are Ready, chief.
-    if not obs.service_exists:
+    if not obs.service_exists and not hold:
         service = build_service(job)
         actions.append(CreateService(service, service["metadata"]["name"]))
         events.append(Event("Normal", R_CREATED_SERVICE,
                             f"created headless Service {service['metadata']['name']}"))
 
     def absent(task: Task) -> bool:
-        return cluster.replica_name(task) not in by_name
+        return not hold and cluster.replica_name(task) not in by_name
 
     new_ps = [_create(job, cluster, t, settings) for t in cluster.ps_tasks() if absent(t)]
     if new_ps:

@@ -1,0 +1,145 @@
+"""`pstrain replica`: run one replica of a job, a parameter server or a trainer.
+
+The replica learns who it is only from the environment that
+`pstrain_api.cluster.ClusterSpec.env(task)` builds: PSTRAIN_CLUSTER (roles, addresses,
+this task, the chief), PSTRAIN_TRAINING (the `Training` settings as JSON) and TF_CONFIG.
+
+- role `ps`: serve on PSTRAIN_BIND_ADDRESS if set, else on this task's own port (on
+  its host when that is an IP literal, else on 0.0.0.0); exit 0 after the chief's
+  Shutdown.
+- role `worker`/`chief`: train; the chief (identity.is_chief) initialises, checkpoints,
+  evaluates and finally shuts the servers down. Every trainer exits 0 when the job is
+  done, and non-zero on a real failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from pstrain_api import constants as c
+from pstrain_api import events
+from pstrain_api.cluster import ReplicaIdentity, parse_cluster_env
+
+ENV_BIND_ADDRESS = "PSTRAIN_BIND_ADDRESS"
+ENV_NUM_THREADS = "PSTRAIN_NUM_THREADS"
+
+
+def bind_address(identity: ReplicaIdentity, environ: Mapping[str, str]) -> str:
+    """Where a parameter server listens (see the module docstring)."""
+    explicit = environ.get(ENV_BIND_ADDRESS)
+    if explicit:
+        return explicit
+    own = identity.addresses(identity.task.role)[identity.task.index]
+    host, _, port = own.rpartition(":")
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return own
+    except ValueError:
+        return f"0.0.0.0:{port}"
+
+
+def worker_index(identity: ReplicaIdentity) -> tuple[int, int]:
+    """(index among trainers with the chief as 0, number of trainers)."""
+    workers = len(identity.addresses(c.ROLE_WORKER))
+    chiefs = len(identity.addresses(c.ROLE_CHIEF))
+    task = identity.task
+    if task.role == c.ROLE_CHIEF:
+        return 0, workers + chiefs
+    return (task.index + 1 if chiefs else task.index), workers + chiefs
+
+
+def namespace_of(identity: ReplicaIdentity) -> str:
+    return f"{identity.namespace or 'default'}/{identity.job_name or 'job'}"
+
+
+def run_ps(identity: ReplicaIdentity, environ: Mapping[str, str]) -> int:
+    from .server import PSServer
+
+    server = PSServer(bind_address(identity, environ), ps_index=identity.task.index)
+    try:
+        server.start()
+    except (OSError, RuntimeError) as exc:
+        print(f"pstrain replica: parameter server {identity.task.index} could not bind "
+              f"{server.bind}: {exc}", file=sys.stderr)
+        return 1
+    events.emit("ready", role=c.ROLE_PS, index=identity.task.index,
+                address=f"{server.bind.rsplit(':', 1)[0]}:{server.port}")
+    try:
+        while not server.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        server.stop(0)
+        return 130
+    return 0
+
+
+def run_trainer(identity: ReplicaIdentity, environ: Mapping[str, str], overlap: bool) -> int:
+    import torch
+
+    from pstrain_api.model import Training
+
+    from .checkpoint import CheckpointError
+    from .client import GrpcTransport
+    from .store import PSError
+    from .trainer import Trainer, TrainingDiverged, WorkerRole
+
+    raw = environ.get(c.ENV_TRAINING)
+    if not raw:
+        print(f"pstrain replica: {c.ENV_TRAINING} is not set; the runner or the operator "
+              "sets it", file=sys.stderr)
+        return 2
+    try:
+        training = Training.model_validate_json(raw)
+    except ValueError as exc:
+        print(f"pstrain replica: {c.ENV_TRAINING} is not valid: {exc}", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available() and "OMP_NUM_THREADS" not in environ:
+        torch.set_num_threads(int(environ.get(ENV_NUM_THREADS, "1")))
+    index, count = worker_index(identity)
+    role = WorkerRole(namespace=namespace_of(identity), worker=index, num_workers=count)
+    ps = identity.addresses(c.ROLE_PS)
+    if not ps:
+        print("pstrain replica: the cluster spec has no parameter servers", file=sys.stderr)
+        return 2
+    trainer = None
+    try:
+        trainer = Trainer(training, role, [GrpcTransport(a) for a in ps], overlap=overlap)
+        trainer.run()
+        if role.is_chief:
+            trainer.shutdown_servers()
+        return 0
+    except (TrainingDiverged, CheckpointError, TimeoutError, PSError, ValueError) as exc:
+        print(f"pstrain replica: {identity.task.role} {identity.task.index} failed: {exc}",
+              file=sys.stderr, flush=True)
+        return 1
+    finally:
+        if trainer is not None:
+            trainer.close()
+
+
+def replica_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="pstrain replica",
+        description="Run one replica (parameter server or trainer) from the cluster-spec "
+        "environment (PSTRAIN_CLUSTER, PSTRAIN_TRAINING, TF_CONFIG).")
+    parser.add_argument("--overlap", action="store_true",
+                        help="start pushing a shard during backward as soon as its "
+                        "gradients are ready (helps with several parameter servers)")
+    args = parser.parse_args(list(argv))
+    environ = dict(os.environ)
+    try:
+        identity = parse_cluster_env(environ)
+    except ValueError as exc:
+        print(f"pstrain replica: {exc}", file=sys.stderr)
+        return 2
+    if identity.task.role == c.ROLE_PS:
+        return run_ps(identity, environ)
+    if identity.task.role in (c.ROLE_WORKER, c.ROLE_CHIEF):
+        return run_trainer(identity, environ, args.overlap)
+    print(f"pstrain replica: task type {identity.task.role!r} is not one of "
+          f"{list(c.ROLES)}", file=sys.stderr)
+    return 2

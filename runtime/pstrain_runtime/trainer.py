@@ -1,0 +1,488 @@
+"""The worker loop, and the chief's extra duties.
+
+Every worker: pull all shards (concurrently) into the model, run forward/backward on
+its own batch (CUDA when present, CPU otherwise), push every shard's gradients
+(concurrently; with `overlap`, a shard's push starts during backward as soon as its
+gradients are complete). It stops when the global step reaches `training.steps`, or
+when a server says the job is done.
+
+The chief (worker 0) also: initialises the servers (fresh, or from the latest
+checkpoint), reads the global step (kept by parameter server 0, one increment per
+applied update), writes checkpoints every `checkpoint.intervalSteps` and at the end,
+evaluates every `evalIntervalSteps` and at the end, reports status to server 0 for the
+operator, prints events, and finally marks the job done and shuts the servers down.
+
+Failures:
+- A server that is unreachable is retried with backoff for `connect_timeout` seconds.
+- A server that comes back empty (restarted): workers wait for it to be initialised;
+  the chief re-initialises it. With a checkpoint directory, the chief restores *every*
+  server from the latest checkpoint (a consistent state) and reports how many global
+  steps were lost. Without one, it installs its own latest pulled copy of the
+  parameters on the restarted servers only, with fresh optimizer state for that shard;
+  the global step continues from server 0 (or from the chief's last known step when
+  server 0 itself restarted), and `lost_steps` is 0 because no step count is undone,
+  although the optimizer state of that shard is lost.
+- A restarted worker pulls the current state and continues; in sync mode it joins the
+  step the servers are collecting (a duplicate contribution is ignored).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from pstrain_api import events
+from pstrain_api.model import Training
+
+from .checkpoint import Checkpoint, CheckpointError, CheckpointStore, model_fingerprint
+from .client import ShardedClient, Transport, retry_unavailable
+from .optim import OptimizerConfig, OptimizerState
+from .placement import build_placement, param_specs
+from .proto import ps_pb2 as pb
+from .store import PSError
+from .task import Task, load_task
+
+EmitFn = Callable[..., None]
+
+
+class TrainingDiverged(RuntimeError):
+    """A parameter server rejected a gradient with NaN/inf values."""
+
+
+@dataclass(frozen=True)
+class WorkerRole:
+    namespace: str
+    worker: int  # 0 is the chief
+    num_workers: int
+
+    @property
+    def is_chief(self) -> bool:
+        return self.worker == 0
+
+
+@dataclass
+class TrainResult:
+    global_step: int = 0
+    local_steps: int = 0
+    loss: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    samples_per_sec: float = 0.0
+    wall_seconds: float = 0.0
+    lost_steps: int = 0
+
+
+def pick_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def wire_torch_dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16,
+            "float16": torch.float16}[name]
+
+
+class Trainer:
+    def __init__(self, training: Training, role: WorkerRole, transports: Sequence[Transport],
+                 *, emit: EmitFn = events.emit, device: torch.device | None = None,
+                 connect_timeout: float = 120.0, overlap: bool = False,
+                 progress_interval: float = 1.0, shutdown_grace: float = 30.0,
+                 task: Task | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.training = training
+        self.role = role
+        self.emit = emit
+        self.device = device or pick_device()
+        self.connect_timeout = connect_timeout
+        self.overlap = overlap
+        self.progress_interval = progress_interval
+        self.shutdown_grace = shutdown_grace
+        self.clock = clock
+        self.task = task or load_task(training.entrypoint, training.args)
+        self.model = self.task.model.to(self.device)
+        self.params = dict(self.model.named_parameters())
+        # CPU tensors the transport reads and writes: the parameters themselves on CPU,
+        # pinned mirrors on CUDA.
+        on_cpu = self.device.type == "cpu"
+        self.mirror: dict[str, torch.Tensor] = {}
+        for name, p in self.params.items():
+            if on_cpu and p.data.is_contiguous():
+                self.mirror[name] = p.data
+            else:
+                self.mirror[name] = torch.empty(p.shape, dtype=p.dtype, pin_memory=not on_cpu)
+        self.grad_mirror: dict[str, torch.Tensor] = {}
+        self.fingerprint = model_fingerprint(self.mirror)
+        self.optimizer = OptimizerConfig.from_model(training.optimizer)
+        num_ps = len(transports)
+        self.placement = build_placement(
+            param_specs({n: tuple(t.shape) for n, t in self.mirror.items()}), num_ps)
+        self.client = ShardedClient(transports, self.placement, role.namespace,
+                                    wire_dtype=wire_torch_dtype(training.wire_dtype))
+        ckpt = training.checkpoint
+        self.ckpt_store = (CheckpointStore(ckpt.directory, ckpt.keep)
+                           if ckpt.directory else None)
+        self.last_step = 0  # newest global step seen
+        self.last_ckpt_step: int | None = None
+        self.lost_steps = 0
+
+    # ------------------------------------------------------------------ plumbing
+    def _retry(self, fn: Callable[[], Any]) -> Any:
+        return retry_unavailable(fn, self.connect_timeout)
+
+    def _infos(self) -> list[pb.StepInfo]:
+        def all_reachable() -> list[pb.StepInfo]:
+            infos = self.client.info_all()
+            for item in infos:
+                if isinstance(item, PSError):
+                    raise item
+            return infos  # type: ignore[return-value]
+
+        return self._retry(all_reachable)  # type: ignore[no-any-return]
+
+    def _copy_in(self) -> None:
+        if self.device.type != "cpu":
+            for name, p in self.params.items():
+                p.data.copy_(self.mirror[name], non_blocking=True)
+        else:
+            for name, p in self.params.items():
+                if p.data.data_ptr() != self.mirror[name].data_ptr():
+                    p.data.copy_(self.mirror[name])
+
+    def _grad_cpu(self, name: str) -> torch.Tensor:
+        p = self.params[name]
+        grad = p.grad if p.grad is not None else torch.zeros_like(p)
+        if self.device.type == "cpu" and grad.is_contiguous():
+            return grad
+        buf = self.grad_mirror.get(name)
+        if buf is None:
+            buf = self.grad_mirror[name] = torch.empty(
+                p.shape, dtype=p.dtype, pin_memory=self.device.type != "cpu")
+        buf.copy_(grad)
+        return buf
+
+    def _wait_initialised(self) -> None:
+        deadline = self.clock() + self.connect_timeout
+        delay = 0.05
+        while True:
+            infos = self._infos()
+            if all(i.initialized for i in infos):
+                self.last_step = max(self.last_step, infos[0].global_step)
+                return
+            if self.clock() > deadline:
+                raise TimeoutError(
+                    f"parameter servers {[i for i, x in enumerate(infos) if not x.initialized]}"
+                    f" were not initialised within {self.connect_timeout:.0f} s; the chief "
+                    "initialises them")
+            time.sleep(delay)  # backoff between polls of a remote flag
+            delay = min(delay * 2, 1.0)
+
+    def _wait_done(self) -> None:
+        """A non-chief worker past the last step: wait for the chief's Finish."""
+        deadline = self.clock() + max(self.connect_timeout, 600.0)
+        while self.clock() < deadline:
+            info = self._retry(lambda: self.client.info(0, self.role.worker))
+            if info.done:
+                return
+            time.sleep(0.1)  # poll of a remote flag
+        raise TimeoutError("the chief did not finish the job in time after the last step")
+
+    # ------------------------------------------------------------------ chief: state
+    def _save_checkpoint(self) -> Path | None:
+        if self.ckpt_store is None:
+            return None
+        state = self._retry(self.client.pull_state)
+        params = self.client.assemble(state.params, self.mirror)
+        slots: dict[str, dict[str, torch.Tensor]] = {}
+        slot_steps: dict[str, int] = {}
+        for name in self.mirror:
+            pieces = self.placement.pieces_of(name)
+            slot_steps[name] = state.slot_steps.get(pieces[0].key, 0)
+            for slot in state.slots.get(pieces[0].key, {}):
+                full = torch.empty_like(self.mirror[name], device="cpu")
+                for piece in pieces:
+                    view = full[piece.row_start:piece.row_end] if piece.partitioned else full
+                    view.copy_(state.slots[piece.key][slot])
+                slots.setdefault(name, {})[slot] = full
+        ckpt = Checkpoint(global_step=state.global_step, fingerprint=self.fingerprint,
+                          optimizer=self.optimizer.name, params=params, slots=slots,
+                          slot_steps=slot_steps, wall_time=time.time())
+        path = self.ckpt_store.save(ckpt)
+        self.last_ckpt_step = ckpt.global_step
+        self.emit("checkpoint", step=ckpt.global_step, path=str(path))
+        self._report(checkpoint=(ckpt.global_step, str(path), ckpt.wall_time))
+        return path
+
+    def _install(self, params: Mapping[str, torch.Tensor],
+                 states: Mapping[str, OptimizerState] | None, global_step: int,
+                 only: Sequence[int] | None = None) -> None:
+        pieces = self.client.split(params)
+        self._retry(lambda: self.client.init(
+            pieces, self.optimizer, mode=self.training.mode,
+            num_workers=self.role.num_workers,
+            staleness_bound=self.training.staleness_bound,
+            fingerprint=self.fingerprint, global_step=global_step, states=states, only=only))
+
+    def _restore_all(self, ckpt: Checkpoint, path: Path) -> None:
+        ckpt.check_matches(self.fingerprint, self.optimizer.name, str(path))
+        states: dict[str, OptimizerState] = {}
+        for piece in self.placement.pieces:
+            slots = {}
+            for slot, full in ckpt.slots.get(piece.param, {}).items():
+                slots[slot] = full[piece.row_start:piece.row_end] if piece.partitioned else full
+            states[piece.key] = OptimizerState(step=ckpt.slot_steps.get(piece.param, 0),
+                                               slots=slots)
+        self._install(ckpt.params, states, ckpt.global_step)
+        self.last_ckpt_step = ckpt.global_step
+
+    def _latest_checkpoint(self) -> tuple[Checkpoint, Path] | None:
+        if self.ckpt_store is None:
+            return None
+        found = self.ckpt_store.latest()
+        if found is None:
+            return None
+        ckpt, path, problems = found
+        for problem in problems:
+            print(f"pstrain: skipping checkpoint: {problem}", flush=True)
+        return ckpt, path
+
+    def _start_chief(self) -> None:
+        infos = self._infos()
+        if all(i.initialized for i in infos):
+            # The chief restarted while the servers kept training: join them.
+            self.last_step = infos[0].global_step
+            return
+        if any(i.initialized for i in infos):
+            self._recover()
+            return
+        latest = self._latest_checkpoint()
+        if latest is not None:
+            ckpt, path = latest
+            self._restore_all(ckpt, path)
+            self.last_step = ckpt.global_step
+            self.emit("restored", step=ckpt.global_step, path=str(path), lost_steps=0)
+            return
+        self._install(self.mirror, None, 0)
+        self.last_step = 0
+
+    def _recover(self) -> None:
+        """Some servers lost their state (restarted): re-initialise, see module doc."""
+        infos = self._infos()
+        lost = [i for i, info in enumerate(infos) if not info.initialized]
+        if not lost:
+            return
+        before = max(self.last_step, max(i.global_step for i in infos))
+        latest = self._latest_checkpoint()
+        if latest is not None:
+            ckpt, path = latest
+            self._restore_all(ckpt, path)
+            lost_steps = max(0, before - ckpt.global_step)
+            self.lost_steps += lost_steps
+            self.last_step = ckpt.global_step
+            self.emit("restored", step=ckpt.global_step, path=str(path),
+                      lost_steps=lost_steps, servers=lost)
+            return
+        step = infos[0].global_step if 0 not in lost else self.last_step
+        self._install(self.mirror, None, step, only=lost)
+        self.last_step = step
+        self.emit("restored", step=step, path=None, lost_steps=0, servers=lost,
+                  note="no checkpoint directory: restarted servers got the chief's latest "
+                  "pulled parameters and fresh optimizer state")
+
+    def _report(self, *, loss: float | None = None, samples_per_sec: float = 0.0,
+                accuracy: float | None = None,
+                checkpoint: tuple[int, str, float] | None = None) -> None:
+        report = pb.StatusReport(
+            loss=loss if loss is not None else math.nan, samples_per_sec=samples_per_sec,
+            eval_accuracy=accuracy if accuracy is not None else math.nan,
+            has_eval=accuracy is not None, has_checkpoint=checkpoint is not None,
+            target_steps=self.training.steps)
+        if checkpoint is not None:
+            report.checkpoint_step, report.checkpoint_path, report.checkpoint_time = checkpoint
+        try:
+            self.client.report(report)
+        except PSError as exc:  # status is best effort; training goes on
+            print(f"pstrain: could not report status to parameter server 0: {exc}", flush=True)
+
+    def _evaluate(self) -> dict[str, float]:
+        self.model.eval()
+        try:
+            metrics = {k: float(v) for k, v in self.task.evaluate(self.model).items()}
+        finally:
+            self.model.train()
+        return metrics
+
+    # ------------------------------------------------------------------ the loop
+    def _handle(self, exc: PSError) -> None:
+        """React to a refused or failed call; return to retry the step, or raise."""
+        if exc.code == "INVALID_ARGUMENT" and "NaN or inf" in exc.message:
+            raise TrainingDiverged(f"training diverged: {exc.message}") from exc
+        if exc.code in ("UNAVAILABLE", "FAILED_PRECONDITION", "DEADLINE_EXCEEDED",
+                        "CANCELLED"):
+            if self.role.is_chief:
+                self._recover()
+            else:
+                self._wait_initialised()
+            return
+        raise exc
+
+    def _backward_and_push(self, batch: tuple[torch.Tensor, torch.Tensor],
+                           step: int) -> tuple[float, list[pb.PushReply]]:
+        x, y = (t.to(self.device, non_blocking=True) for t in batch)
+        self.model.zero_grad(set_to_none=False)
+        loss = self.task.loss(self.model(x), y)
+        if not self.overlap or self.placement.num_ps == 1:
+            loss.backward()
+            grads = {n: self._grad_cpu(n) for n in self.params}
+            return float(loss.detach()), self.client.push(grads, self.role.worker, step)
+        # Overlap: push a shard as soon as backward has produced all its gradients.
+        waiting = {ps: {p.param for p in self.client.shards[ps]}
+                   for ps in range(self.placement.num_ps)}
+        grads: dict[str, torch.Tensor] = {}
+        futures: dict[int, cf.Future[pb.PushReply]] = {}
+
+        def ready(name: str) -> None:
+            grads[name] = self._grad_cpu(name)
+            for ps, names in waiting.items():
+                names.discard(name)
+                if not names and ps not in futures:
+                    futures[ps] = self.client.pool.submit(
+                        self.client.push_one, ps, grads, self.role.worker, step)
+
+        handles = [p.register_post_accumulate_grad_hook(lambda _p, n=n: ready(n))
+                   for n, p in self.params.items()]
+        try:
+            loss.backward()
+        finally:
+            for h in handles:
+                h.remove()
+        for name in self.params:
+            if name not in grads:
+                ready(name)
+        replies = [futures[ps].result() for ps in range(self.placement.num_ps)]
+        return float(loss.detach()), replies
+
+    def run(self) -> TrainResult:
+        training, role = self.training, self.role
+        started = self.clock()
+        if role.is_chief:
+            self._start_chief()
+        else:
+            self._wait_initialised()
+        start_step = self.last_step
+        batches: Iterator[tuple[torch.Tensor, torch.Tensor]] = self.task.batches(
+            role.worker, role.num_workers, training.batch_size, training.seed)
+        result = TrainResult()
+        ckpt_every = training.checkpoint.interval_steps
+        next_ckpt = (self.last_step // ckpt_every + 1) * ckpt_every
+        eval_every = training.eval_interval_steps
+        next_eval = (self.last_step // eval_every + 1) * eval_every if eval_every else None
+        last_progress = self.clock()
+        window_loss: list[float] = []
+        local_step: int | None = None
+        samples_per_step = training.batch_size * (role.num_workers if training.mode == "sync" else 1)
+        finished_by_peer = False
+        self.model.train()
+
+        while True:
+            try:
+                gstep = self.client.pull(self.mirror, worker=role.worker)
+            except PSError as exc:
+                self._handle(exc)
+                continue
+            self.last_step = max(self.last_step, gstep) if role.is_chief else gstep
+            if gstep >= training.steps:
+                break
+            if training.mode == "sync":
+                bound = training.staleness_bound or 0
+                if local_step is None or not gstep <= local_step <= gstep + bound:
+                    local_step = gstep
+            else:
+                local_step = result.local_steps
+            self._copy_in()
+            try:
+                loss, replies = self._backward_and_push(next(batches), local_step)
+            except PSError as exc:
+                self._handle(exc)
+                continue
+            result.local_steps += 1
+            local_step += 1
+            window_loss.append(loss)
+            result.loss = loss
+            gstep = replies[0].info.global_step
+            self.last_step = gstep
+            if any(r.info.done for r in replies):
+                finished_by_peer = True
+                break
+            if not role.is_chief:
+                if gstep >= training.steps:
+                    break
+                continue
+            # chief duties
+            now = self.clock()
+            elapsed = max(now - started, 1e-9)
+            rate = (gstep - start_step) * samples_per_step / elapsed
+            if now - last_progress >= self.progress_interval:
+                avg = sum(window_loss) / len(window_loss)
+                self.emit("progress", step=gstep, loss=round(avg, 6),
+                          samples_per_sec=round(rate, 1))
+                self._report(loss=avg, samples_per_sec=rate)
+                window_loss.clear()
+                last_progress = now
+            if self.ckpt_store is not None and gstep >= next_ckpt and gstep < training.steps:
+                self._save_checkpoint()
+                next_ckpt = (gstep // ckpt_every + 1) * ckpt_every
+            if next_eval is not None and eval_every and gstep >= next_eval and gstep < training.steps:
+                metrics = self._evaluate()
+                self.emit("eval", step=gstep, **metrics)
+                self._report(accuracy=metrics.get("accuracy"))
+                next_eval = (gstep // eval_every + 1) * eval_every
+            if gstep >= training.steps:
+                break
+
+        result.global_step = self.last_step
+        result.wall_seconds = self.clock() - started
+        result.lost_steps = self.lost_steps
+        if not role.is_chief:
+            if not finished_by_peer:
+                self._wait_done()
+            return result
+        return self._finish(result, start_step)
+
+    def _finish(self, result: TrainResult, start_step: int) -> TrainResult:
+        """The chief's end: final pull, eval, checkpoint, report, done, Finish, Shutdown."""
+        gstep = self._retry(lambda: self.client.pull(self.mirror, worker=0))
+        self._copy_in()
+        result.global_step = gstep
+        result.metrics = self._evaluate()
+        samples_per_step = self.training.batch_size * (
+            self.role.num_workers if self.training.mode == "sync" else 1)
+        result.samples_per_sec = ((gstep - start_step) * samples_per_step
+                                  / max(result.wall_seconds, 1e-9))
+        self.emit("eval", step=gstep, **result.metrics)
+        if self.ckpt_store is not None and self.last_ckpt_step != gstep:
+            self._save_checkpoint()
+        self._report(loss=result.loss, samples_per_sec=result.samples_per_sec,
+                     accuracy=result.metrics.get("accuracy"))
+        self.emit("done", step=gstep, loss=result.loss,
+                  accuracy=result.metrics.get("accuracy"),
+                  samples_per_sec=round(result.samples_per_sec, 1),
+                  wall_seconds=round(result.wall_seconds, 3), lost_steps=self.lost_steps)
+        self._retry(self.client.finish)
+        return result
+
+    def shutdown_servers(self) -> None:
+        """Ask every server to stop (they wait up to the grace for workers to learn the
+        job is done); the chief calls it after `run`."""
+        try:
+            self.client.shutdown(self.shutdown_grace)
+        except PSError as exc:
+            print(f"pstrain: shutdown request failed: {exc}", flush=True)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+__all__ = ["CheckpointError", "TrainResult", "Trainer", "TrainingDiverged", "WorkerRole"]

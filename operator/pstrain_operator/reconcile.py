@@ -280,9 +280,19 @@ def _count(job: TrainingJob, pods: Sequence[ObservedPod],
     return out
 
 
-def _with_counts(job: TrainingJob, st: TrainingJobStatus,
-                 pods: Sequence[ObservedPod]) -> TrainingJobStatus:
-    counts = _count(job, pods, st.replica_statuses)
+def _after(pods: Sequence[ObservedPod], actions: Sequence[Action]) -> list[ObservedPod]:
+    """The pods as they will be once `actions` are applied: the status describes that, so
+    the next reconcile of an unchanged world writes no new status."""
+    gone = {a.name for a in actions if isinstance(a, DeletePod)}
+    out = [p for p in pods if p.name not in gone]
+    out += [ObservedPod(name=a.name, role=a.role, index=-1) for a in actions
+            if isinstance(a, CreatePod)]
+    return out
+
+
+def _with_counts(job: TrainingJob, st: TrainingJobStatus, pods: Sequence[ObservedPod],
+                 actions: Sequence[Action] = ()) -> TrainingJobStatus:
+    counts = _count(job, _after(pods, actions), st.replica_statuses)
     reps = job.spec.replicas
     workers_total = reps.worker.replicas + (1 if reps.chief else 0)
     workers_ready = counts[c.ROLE_WORKER].ready + (
@@ -391,7 +401,8 @@ def decide(obs: Observed, settings: PodSettings) -> Plan:
                 requeue = None
             else:
                 requeue = min(requeue or left, left)
-        return Plan(tuple(actions), _with_counts(job, st, obs.pods), tuple(events), requeue)
+        return Plan(tuple(actions), _with_counts(job, st, obs.pods, actions), tuple(events),
+                    requeue)
 
     # 2. Suspended: no pods, the job stays.
     if policy.suspend:
@@ -405,7 +416,7 @@ def decide(obs: Observed, settings: PodSettings) -> Plan:
                                       "The job is suspended (spec.runPolicy.suspend).", now)
         st.conditions = set_condition(st.conditions, c.COND_RUNNING, "False", R_SUSPENDED,
                                       "The job is suspended.", now)
-        return Plan(tuple(actions), _with_counts(job, st, obs.pods), tuple(events),
+        return Plan(tuple(actions), _with_counts(job, st, obs.pods, actions), tuple(events),
                     REQUEUE_CLEANUP_S if live else None)
     if old.phase == "Suspended":
         events.append(Event("Normal", R_RESUMED, "resumed: recreating pods; training "
@@ -547,7 +558,7 @@ def decide(obs: Observed, settings: PodSettings) -> Plan:
     if deadline is not None and st.start_time is not None:
         left = deadline - (now - st.start_time).total_seconds()
         requeue = max(0.5, min(requeue, left))
-    return Plan(tuple(actions), _with_counts(job, st, obs.pods), tuple(events), requeue)
+    return Plan(tuple(actions), _with_counts(job, st, obs.pods, actions), tuple(events), requeue)
 
 
 def _how(p: ObservedPod) -> str:
@@ -597,4 +608,4 @@ def _finish(
     requeue: float | None = REQUEUE_CLEANUP_S if cleanup else None
     if ttl is not None:
         requeue = min(requeue or float(ttl), float(ttl)) if ttl > 0 else 0.5
-    return Plan(tuple(all_actions), _with_counts(job, st, obs.pods), tuple(events), requeue)
+    return Plan(tuple(all_actions), _with_counts(job, st, obs.pods, all_actions), tuple(events), requeue)

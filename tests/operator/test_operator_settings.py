@@ -1,0 +1,64 @@
+"""Operator settings: environment, flags over environment, clear errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from pstrain_api import constants as c
+from pstrain_operator.settings import OperatorSettings, SettingsError, load_settings
+
+
+def test_defaults() -> None:
+    assert load_settings([], {}) == OperatorSettings(
+        namespaces=(), runtime_image=c.DEFAULT_RUNTIME_IMAGE, metrics_port=8080,
+        health_port=8081, log_level="info", leader_election=False,
+        job_pod_security="restricted")
+
+
+def test_environment_and_flags() -> None:
+    env = {"PSTRAIN_OPERATOR_NAMESPACES": "a, b,a", "PSTRAIN_OPERATOR_RUNTIME_IMAGE": "r:1",
+           "PSTRAIN_OPERATOR_METRICS_PORT": "9000", "PSTRAIN_OPERATOR_HEALTH_PORT": "0",
+           "PSTRAIN_OPERATOR_LOG_LEVEL": "DEBUG", "PSTRAIN_OPERATOR_LEADER_ELECTION": "true",
+           "PSTRAIN_OPERATOR_JOB_POD_SECURITY": "none"}
+    got = load_settings(["--runtime-image", "flag:2", "--namespaces", ""], env)
+    assert got == OperatorSettings(namespaces=(), runtime_image="flag:2", metrics_port=9000,
+                                   health_port=0, log_level="debug", leader_election=True,
+                                   job_pod_security="none")
+    assert load_settings([], env).namespaces == ("a", "b")
+    assert load_settings([], env).clusterwide is False
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"PSTRAIN_OPERATOR_METRICS_PORT": "x"},
+     "PSTRAIN_OPERATOR_METRICS_PORT is 'x'; it must be a port number (0 disables)."),
+    ({"PSTRAIN_OPERATOR_HEALTH_PORT": "70000"},
+     "PSTRAIN_OPERATOR_HEALTH_PORT is 70000; it must be between 0 and 65535 (0 disables)."),
+    ({"PSTRAIN_OPERATOR_LEADER_ELECTION": "maybe"},
+     "PSTRAIN_OPERATOR_LEADER_ELECTION is 'maybe'; it must be true or false."),
+    ({"PSTRAIN_OPERATOR_LOG_LEVEL": "loud"},
+     "PSTRAIN_OPERATOR_LOG_LEVEL is 'loud'; it must be one of debug, info, warning, error."),
+    ({"PSTRAIN_OPERATOR_JOB_POD_SECURITY": "lax"},
+     "PSTRAIN_OPERATOR_JOB_POD_SECURITY is 'lax'; it must be one of restricted, none."),
+    ({"PSTRAIN_OPERATOR_NAMESPACES": "Bad_NS"},
+     "PSTRAIN_OPERATOR_NAMESPACES contains 'Bad_NS'; namespaces are DNS labels (lowercase "
+     "letters, digits and '-'), comma-separated."),
+    ({"PSTRAIN_OPERATOR_METRICS_PORT": "9000", "PSTRAIN_OPERATOR_HEALTH_PORT": "9000"},
+     "the metrics port and the health port are both 9000; they must differ."),
+], ids=["port-not-number", "port-range", "bool", "log-level", "security", "namespace",
+        "same-ports"])
+def test_errors_name_the_setting(env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError) as err:
+        load_settings([], env)
+    assert str(err.value) == message
+
+
+def test_flag_named_in_error() -> None:
+    with pytest.raises(SettingsError, match=r"^--metrics-port is 'no'"):
+        load_settings(["--metrics-port", "no"], {})
+
+
+def test_operator_main_reports_bad_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    from pstrain_operator.main import operator_main
+
+    assert operator_main(["--log-level", "loud"]) == 2
+    assert "--log-level is 'loud'" in capsys.readouterr().err

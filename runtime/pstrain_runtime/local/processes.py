@@ -15,8 +15,10 @@ runner holds is the replica's own.
 from __future__ import annotations
 
 import collections
+import errno
 import os
 import queue
+import shutil
 import signal
 import socket
 import subprocess
@@ -193,6 +195,9 @@ class ProcessTable:
 
     def start(self, name: str, attempt: int) -> ReplicaProcess:
         """Spawn replica `name`; raises OSError when the command cannot be started."""
+        if shutil.which(self.command[0]) is None:
+            raise FileNotFoundError(
+                errno.ENOENT, "not an executable file or a program on PATH")
         popen = subprocess.Popen(
             wrap_command(self.command),
             env=dict(self.environments[name]),

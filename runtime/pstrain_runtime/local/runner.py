@@ -194,6 +194,9 @@ def run_job(job: TrainingJob, options: RunOptions = RunOptions(),
                                                      f"{exc.strerror or exc}", clock()))
                             continue
                         pids[action.name].append(proc.pid)
+                        again = f", attempt {action.attempt}" if action.attempt > 1 else ""
+                        reporter.notice("info", f"started {action.name} (pid {proc.pid}"
+                                                f"{again})")
                         if state.replica(action.name).is_ps:
                             proc.probe_health(addresses[action.name])
                     elif isinstance(action, Terminate):

@@ -1,0 +1,114 @@
+"""A fake `pstrain replica` for the local runner's process tests.
+
+It reads its role from PSTRAIN_CLUSTER like the real one, and its behaviour from
+FAKE_PLAN (JSON: replica name -> behaviour, "*" for everyone else). Every start is
+recorded as one JSON line in $FAKE_STATE_DIR/starts.jsonl.
+
+Behaviour keys (all optional):
+  codes:        exit code per attempt, the last one repeating (default [0])
+  serve_delay:  PS only: seconds serving NOT_SERVING before SERVING (default 0.2)
+  serve:        PS only: false = never serve health at all
+  run:          seconds to run before exiting (workers; default 0.1)
+  events:       events to print as PSTRAIN_EVENT lines, [[kind, {fields}], ...]
+  lines:        plain lines to print
+  wait_done:    PS default true: after serving, wait for the chief's done file
+  hang:         never exit by itself
+  ignore_term:  ignore SIGTERM
+The chief writes $FAKE_STATE_DIR/done before it exits 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from pstrain_api.cluster import parse_cluster_env
+from pstrain_api.events import emit
+from pstrain_api.names import replica_name
+
+LIMIT = 60.0  # no fake lives longer than this, whatever happens
+
+
+def health_of(address: str) -> bool:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=2.0)
+        except grpc.RpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def main() -> int:
+    me = parse_cluster_env(os.environ)
+    name = replica_name(me.job_name, me.task.role, me.task.index)
+    plan_all = json.loads(os.environ.get("FAKE_PLAN", "{}"))
+    plan = plan_all.get(name, plan_all.get("*", {}))
+    state = Path(os.environ["FAKE_STATE_DIR"])
+    starts = state / "starts.jsonl"
+    attempt = 1 + sum(1 for line in starts.read_text().splitlines()
+                      if json.loads(line)["name"] == name) if starts.exists() else 1
+    codes = plan.get("codes", [0])
+    code = codes[min(attempt, len(codes)) - 1]
+
+    record = {"name": name, "role": me.task.role, "index": me.task.index,
+              "attempt": attempt, "pid": os.getpid(), "time": time.time(),
+              "is_chief": me.is_chief}
+    if me.task.role != "ps":
+        record["ps_serving"] = [health_of(a) for a in me.addresses("ps")]
+    with starts.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+    if plan.get("ignore_term"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for line in plan.get("lines", []):
+        print(line, flush=True)
+
+    server = None
+    if me.task.role == "ps" and plan.get("serve", True):
+        import grpc
+        from concurrent import futures
+        from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        servicer = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+        server.add_insecure_port(me.addresses("ps")[me.task.index])
+        servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        server.start()
+        time.sleep(plan.get("serve_delay", 0.2))
+        servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        print(f"serving attempt {attempt}", flush=True)
+
+    for kind, fields in plan.get("events", []):
+        emit(kind, **fields)
+
+    start = time.monotonic()
+    if plan.get("hang"):
+        while time.monotonic() - start < LIMIT:
+            time.sleep(0.05)
+        return 3
+    if me.task.role == "ps" and plan.get("wait_done", True):
+        while not (state / "done").exists():
+            if time.monotonic() - start > LIMIT:
+                return 4
+            time.sleep(0.02)
+    else:
+        time.sleep(plan.get("run", 0.1))
+    if me.is_chief and code == 0:
+        (state / "done").touch()
+    if server is not None:
+        server.stop(0)
+    print(f"exiting with {code}", flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -38,7 +38,8 @@ RUN groupadd --system --gid 65532 pstrain \
 # ---------------------------------------------------------------------------------------
 # The operator's virtualenv: pstrain without its dependencies, then exactly the
 # dependencies the operator imports (each spelled as in pyproject.toml; a test checks
-# that). torch, numpy, scikit-learn and grpc are never installed here.
+# that). grpcio and protobuf serve the runtime's torch-free status client, through which
+# the operator reads training progress. torch, numpy and scikit-learn are never installed.
 FROM base AS build-operator
 WORKDIR /src
 COPY pyproject.toml README.md ./
@@ -53,6 +54,8 @@ RUN python -m venv /opt/venv \
         "kopf>=1.37,<2" \
         "kubernetes>=29,<38" \
         "prometheus-client>=0.20,<1" \
+        "grpcio>=1.85.1,<2" \
+        "protobuf>=7.35.1,<8" \
  && if pip show torch >/dev/null 2>&1; then echo "torch must not be in the operator image" >&2; exit 1; fi \
  && pstrain operator --help >/dev/null
 

@@ -238,6 +238,13 @@ import importlib, pkgutil, pstrain_operator
 for info in pkgutil.walk_packages(pstrain_operator.__path__, "pstrain_operator."):
     importlib.import_module(info.name)
     print("IMPORTED", info.name)
+# The operator reads progress through the runtime's torch-free status client.
+try:
+    importlib.import_module("pstrain_runtime.status_client")
+    print("IMPORTED pstrain_runtime.status_client")
+except ModuleNotFoundError as exc:
+    if exc.name != "pstrain_runtime.status_client":
+        raise
 leaked = sorted(m for m in sys.modules if _blocked(m))
 print("LEAKED", leaked)
 sys.exit(code if not leaked else 3)
@@ -257,4 +264,6 @@ def test_pstrain_operator_help_runs_without_torch() -> None:
     assert proc.returncode == 0, output
     assert "usage: pstrain operator" in proc.stdout
     assert "IMPORTED pstrain_operator.main" in proc.stdout
+    if (ROOT / "runtime" / "pstrain_runtime" / "status_client.py").exists():
+        assert "IMPORTED pstrain_runtime.status_client" in proc.stdout
     assert "LEAKED []" in proc.stdout

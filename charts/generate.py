@@ -60,6 +60,26 @@ CLUSTER_SCOPED = frozenset({
     ("zalando.org", "clusterkopfpeerings"),
 })
 
+# Resources that live in a namespace. Every resource in PERMISSIONS must be in one of the
+# two sets, so that a new one is placed deliberately rather than by default.
+NAMESPACED = frozenset({
+    ("pstrain.io", "trainingjobs"),
+    ("pstrain.io", "trainingjobs/status"),
+    ("", "pods"),
+    ("", "pods/log"),
+    ("", "pods/status"),
+    ("", "services"),
+    ("", "endpoints"),
+    ("", "events"),
+    ("events.k8s.io", "events"),
+    ("", "configmaps"),
+    ("", "secrets"),
+    ("", "persistentvolumeclaims"),
+    ("coordination.k8s.io", "leases"),
+    ("kopf.dev", "kopfpeerings"),
+    ("zalando.org", "kopfpeerings"),
+})
+
 # Verbs in the order Kubernetes documents them; rules list them in this order.
 VERB_ORDER = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
 
@@ -68,21 +88,43 @@ VERB_ORDER = ("get", "list", "watch", "create", "update", "patch", "delete", "de
 # RBAC
 
 
-def load_permissions() -> list[tuple[str, str, tuple[str, ...]]]:
-    """The operator's PERMISSIONS table as (apiGroup, resource, verbs), normalised."""
+def _rbac_module() -> Any:
     sys.path.insert(0, str(ROOT / "operator"))
     try:
-        module = importlib.import_module("pstrain_operator.rbac")
+        return importlib.import_module("pstrain_operator.rbac")
     except ModuleNotFoundError as exc:
         raise SystemExit(
             f"cannot generate the chart's RBAC: {exc}. The operator's PERMISSIONS table "
             "(operator/pstrain_operator/rbac.py) is its source."
         ) from exc
+
+
+def load_permissions() -> list[tuple[str, str, tuple[str, ...]]]:
+    """The operator's PERMISSIONS table as (apiGroup, resource, verbs), normalised."""
     out = []
-    for entry in module.PERMISSIONS:
+    for entry in _rbac_module().PERMISSIONS:
         group, resource, verbs = _permission_fields(entry)
         out.append((group, resource, tuple(sorted(set(verbs), key=_verb_rank))))
     return sorted(out)
+
+
+def cluster_scoped() -> frozenset[tuple[str, str]]:
+    """Which resources are cluster-scoped: the operator's own CLUSTER_SCOPED when it
+    declares one (checked against ours), else ours."""
+    declared = getattr(_rbac_module(), "CLUSTER_SCOPED", None)
+    if declared is None:
+        return CLUSTER_SCOPED
+    declared = frozenset((str(g), str(r)) for g, r in declared)
+    wrong = sorted(declared & NAMESPACED) + sorted(
+        (g, r) for g, r, _ in load_permissions()
+        if (g, r) in CLUSTER_SCOPED and (g, r) not in declared
+    )
+    if wrong:
+        raise SystemExit(
+            f"rbac.CLUSTER_SCOPED disagrees with Kubernetes about {wrong}; fix the scope "
+            "there (or NAMESPACED/CLUSTER_SCOPED in charts/generate.py)."
+        )
+    return declared
 
 
 def _permission_fields(entry: Any) -> tuple[str, str, list[str]]:
@@ -105,8 +147,16 @@ def split_permissions(
     permissions: list[tuple[str, str, tuple[str, ...]]],
 ) -> tuple[list[tuple[str, str, tuple[str, ...]]], list[tuple[str, str, tuple[str, ...]]]]:
     """(namespaced, cluster-scoped) permissions."""
-    namespaced = [p for p in permissions if (p[0], p[1]) not in CLUSTER_SCOPED]
-    cluster = [p for p in permissions if (p[0], p[1]) in CLUSTER_SCOPED]
+    scoped = cluster_scoped()
+    unknown = [f"{g or 'core'}/{r}" for g, r, _ in permissions
+               if (g, r) not in scoped | NAMESPACED]
+    if unknown:
+        raise SystemExit(
+            f"charts/generate.py does not know whether {', '.join(unknown)} is namespaced or "
+            "cluster-scoped; add it to NAMESPACED or CLUSTER_SCOPED."
+        )
+    namespaced = [p for p in permissions if (p[0], p[1]) not in scoped]
+    cluster = [p for p in permissions if (p[0], p[1]) in scoped]
     return namespaced, cluster
 
 
@@ -351,6 +401,10 @@ def expected_files() -> dict[Path, bytes]:
     }
 
 
+def _shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def drifted() -> list[Path]:
     return [
         path for path, data in expected_files().items()
@@ -365,14 +419,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         stale = drifted()
         for path in stale:
-            print(f"{path.relative_to(ROOT)} is out of date; run `python charts/generate.py`.",
+            print(f"{_shown(path)} is out of date; run `python charts/generate.py`.",
                   file=sys.stderr)
         return 1 if stale else 0
     for path, data in expected_files().items():
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists() or path.read_bytes() != data:
             path.write_bytes(data)
-            print(f"wrote {path.relative_to(ROOT)}")
+            print(f"wrote {_shown(path)}")
     return 0
 
 

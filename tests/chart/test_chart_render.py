@@ -190,9 +190,17 @@ def _helm() -> None:
     require_helm()
 
 
+# The oldest supported minor version (the one the values schema is generated from) and the
+# newest whose schemas kubernetes-validate ships.
+VERSIONS = sorted({K8S_VERSION, kubernetes_validate.utils.major_minor(
+    kubernetes_validate.utils.latest_version())})
+
+
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize(("values", "include_crds"),
                          [pytest.param(v, crds, id=i) for i, v, crds in CASES])
-def test_every_rendered_object_is_valid(values: dict[str, Any], include_crds: bool) -> None:
+def test_every_rendered_object_is_valid(values: dict[str, Any], include_crds: bool,
+                                        version: str) -> None:
     objs = render(values, include_crds)
     assert objs
     for obj in objs:
@@ -204,9 +212,9 @@ def test_every_rendered_object_is_valid(values: dict[str, Any], include_crds: bo
             NON_CORE_KINDS[kind][1](obj)
             continue
         try:
-            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+            kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as exc:
-            pytest.fail(f"{name} is not a valid Kubernetes {K8S_VERSION} object: {exc}")
+            pytest.fail(f"{name} is not a valid Kubernetes {version} object: {exc}")
 
 
 @pytest.mark.parametrize(("values", "include_crds"),

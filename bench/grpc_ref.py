@@ -1,5 +1,7 @@
-"""A reference point for the transport: a bare grpcio client stream of raw `bytes`
-messages (no protobuf, no tensors) from one process to another, timed like a push.
+"""A reference point for the transport: bare grpcio streams of raw `bytes` messages (no
+protobuf, no tensors) between two processes, one shaped like a push (client stream,
+timed until the reply) and one like a pull (server stream, timed until the last
+message is in the client's buffer).
 
 It answers "is the limit in our code or in grpcio?": whatever pstrain's transport does
 on top of gRPC, it cannot beat a bare stream of the same chunk size by much. The
@@ -22,13 +24,18 @@ GRPC_LIMITS = (
 )
 
 
-def _grpc_peer(rank: int, port: int, total: int, chunk: int, reps: int) -> list[float] | None:
+def _grpc_peer(rank: int, port: int, total: int, chunk: int, reps: int) -> dict | None:
     import grpc
 
     if rank == 0:
         buf = memoryview(bytearray(total))
+        src = memoryview(bytes(total))
         finished = threading.Event()
         count = [0]
+
+        def pull(request, context):  # noqa: ANN001 - grpc handler signature
+            for off in range(0, total, chunk):
+                yield bytes(src[off:off + chunk])
 
         def push(request_iterator, context):  # noqa: ANN001 - grpc handler signature
             off = 0
@@ -41,7 +48,8 @@ def _grpc_peer(rank: int, port: int, total: int, chunk: int, reps: int) -> list[
             return b"ok"
 
         handler = grpc.method_handlers_generic_handler(
-            "bench.Raw", {"Push": grpc.stream_unary_rpc_method_handler(push)})
+            "bench.Raw", {"Push": grpc.stream_unary_rpc_method_handler(push),
+                          "Pull": grpc.unary_stream_rpc_method_handler(pull)})
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), options=GRPC_LIMITS)
         server.add_generic_rpc_handlers((handler,))
         server.add_insecure_port(f"{LOOPBACK}:{port}")
@@ -51,28 +59,40 @@ def _grpc_peer(rank: int, port: int, total: int, chunk: int, reps: int) -> list[
         return None
     channel = grpc.insecure_channel(f"{LOOPBACK}:{port}", options=GRPC_LIMITS)
     grpc.channel_ready_future(channel).result(timeout=60)
-    call = channel.stream_unary("/bench.Raw/Push")
+    push = channel.stream_unary("/bench.Raw/Push")
+    pull = channel.unary_stream("/bench.Raw/Pull")
     data = memoryview(bytes(total))
+    dst = memoryview(bytearray(total))
 
     def messages():
         for off in range(0, total, chunk):
             yield bytes(data[off:off + chunk])
 
-    secs = []
+    out: dict[str, list[float]] = {"pull": [], "push": []}
     for _ in range(reps):
         t0 = time.perf_counter()
-        call(messages(), timeout=120)
-        secs.append(time.perf_counter() - t0)
+        off = 0
+        for msg in pull(b"", timeout=120):
+            dst[off:off + len(msg)] = msg
+            off += len(msg)
+        out["pull"].append(time.perf_counter() - t0)
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        push(messages(), timeout=120)
+        out["push"].append(time.perf_counter() - t0)
     channel.close()
-    return secs
+    return out
 
 
-def bare_grpc_stream(cfg: Config, total_mib: int, chunk_mib: int = 2) -> Figure:
+def bare_grpc_stream(cfg: Config, total_mib: int, chunk_mib: int = 2) -> list[Figure]:
     reps = cfg.warmup + cfg.repeats
     res = run_group(_grpc_peer, 2, args=(free_port(), total_mib * MIB, chunk_mib * MIB, reps),
-                    timeout_s=cfg.item_time_limit_s)
-    secs = res[1][cfg.warmup:]
-    return Figure.of(f"transport.ref_grpc.{total_mib}MiB",
-                     f"reference: bare grpcio bytes stream, {total_mib} MiB in "
-                     f"{chunk_mib} MiB messages", "GB/s", rates(total_mib * MIB / GB, secs),
-                     note="no pstrain code: the grpcio ceiling for this stream shape")
+                    timeout_s=cfg.item_time_limit_s)[1]
+    return [
+        Figure.of(f"transport.ref_grpc_{kind}.{total_mib}MiB",
+                  f"reference: bare grpcio {shape}, {total_mib} MiB in {chunk_mib} MiB "
+                  "bytes messages", "GB/s", rates(total_mib * MIB / GB, res[kind][cfg.warmup:]),
+                  note="no pstrain code: grpcio's ceiling for this stream shape")
+        for kind, shape in (("push", "client stream (push-shaped)"),
+                            ("pull", "server stream (pull-shaped)"))
+    ]

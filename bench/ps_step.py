@@ -1,0 +1,87 @@
+"""Item 3, a parameter-server step against all-reduce.
+
+2 worker processes and 1 (or 2) parameter server processes; one float32 parameter of
+`ps_step_mib` MiB (placement splits it by rows over 2 servers). A step: every worker
+pushes its gradient of that size and then pulls the parameter back. Workers start each
+step together (a barrier); the step time is the slower worker's. The baseline is gloo
+`all_reduce` of the same tensor between 2 processes, measured in the same run.
+
+A PS moves twice the bytes of a 2-process all-reduce (each worker sends and receives
+the whole tensor), so 2.0x is byte parity. The bf16 variant sends gradients as
+bfloat16 (`spec.training.wireDtype`), parameters still come back in float32.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from . import rt
+from .allreduce import gloo_allreduce
+from .core import MIB, Config, Figure
+from .procs import free_port, run_group
+
+WORKERS = 2
+
+
+def _peer(rank: int, num_ps: int, ports: list[int], mib: int, wire_dtype: str, warmup: int,
+          repeats: int, barrier: Any, timeout_s: float) -> list[float] | None:
+    if rank < num_ps:
+        rt.serve_ps(rank, ports[rank], timeout_s)
+        return None
+    import torch
+
+    worker = rank - num_ps
+    numel = mib * MIB // 4
+    shapes = {"w": (numel,)}
+    client = rt.connect(ports, shapes, namespace="ps-step", wire_dtype=wire_dtype)
+    params = {"w": torch.zeros(numel)}
+    grads = {"w": torch.full((numel,), 1e-6)}
+    if worker == 0:
+        rt.init(client, params, num_workers=WORKERS)
+    barrier.wait(timeout=120)
+    secs = []
+    for i in range(warmup + repeats):
+        barrier.wait(timeout=120)
+        t0 = time.perf_counter()
+        client.push(grads, worker=worker)
+        client.pull(params, worker=worker)
+        dt = time.perf_counter() - t0
+        if i >= warmup:
+            secs.append(dt)
+    barrier.wait(timeout=120)
+    if worker == 0:
+        rt.shutdown(client)
+    else:
+        client.close()
+    return secs
+
+
+def ps_step(cfg: Config, num_ps: int, wire_dtype: str = "float32") -> Figure:
+    import multiprocessing as mp
+
+    mib = cfg.ps_step_mib
+    barrier = mp.get_context("spawn").Barrier(WORKERS)
+    ports = [free_port() for _ in range(num_ps)]
+    res = run_group(_peer, num_ps + WORKERS,
+                    args=(num_ps, ports, mib, wire_dtype, cfg.warmup, cfg.repeats, barrier,
+                          cfg.item_time_limit_s),
+                    timeout_s=cfg.item_time_limit_s)
+    workers = [r for r in res[num_ps:]]
+    per_step = [max(w[i] for w in workers) for i in range(len(workers[0]))]
+    tag = "" if wire_dtype == "float32" else f", {wire_dtype} gradients"
+    variant = f"ps{num_ps}" + ("" if wire_dtype == "float32" else wire_dtype.replace("float", "f"))
+    return Figure.of(f"ps_step.{variant}.{mib}MiB",
+                     f"PS step: 2 workers x (push {mib} MiB + pull {mib} MiB), {num_ps} PS{tag}",
+                     "s", per_step)
+
+
+def run(cfg: Config) -> list[Figure]:
+    figs = [gloo_allreduce(cfg, cfg.ps_step_mib), ps_step(cfg, 1), ps_step(cfg, 2)]
+    try:
+        figs.append(ps_step(cfg, 1, "bfloat16"))
+    except RuntimeError as exc:  # GroupError: the runtime may not support it (yet)
+        figs.append(Figure.missing(f"ps_step.ps1bf16.{cfg.ps_step_mib}MiB",
+                                   "PS step, 1 PS, bfloat16 gradients", "s",
+                                   f"failed: {str(exc).strip().splitlines()[-1][:200]}"))
+    return figs

@@ -22,6 +22,7 @@ class Restore:
     step: int
     lost_steps: int
     path: str = ""
+    servers: tuple[int, ...] = ()  # the parameter servers that had lost their state
 
 
 @dataclass(frozen=True)
@@ -77,9 +78,12 @@ def fold(metrics: Metrics, replica: str, event: Mapping[str, Any]) -> Metrics:
         return replace(metrics, checkpoint_step=step,
                        checkpoint_path=str(event.get("path", "")) or None)
     if kind == "restored":
+        servers = event.get("servers")
         restore = Restore(replica=replica, step=step or 0,
                           lost_steps=max(_int(event, "lost_steps") or 0, 0),
-                          path=str(event.get("path", "")))
+                          path=str(event.get("path") or ""),
+                          servers=tuple(int(s) for s in servers if isinstance(s, int))
+                          if isinstance(servers, list) else ())
         # The chief's step counter goes back to the restored step.
         return replace(metrics, restores=(*metrics.restores, restore),
                        step=step if step is not None else metrics.step)
@@ -97,10 +101,14 @@ def fold(metrics: Metrics, replica: str, event: Mapping[str, Any]) -> Metrics:
 
 
 def describe_restore(restore: Restore) -> str:
-    """The loud line a restore deserves."""
-    what = "ps shard" if "-ps-" in restore.replica else "checkpoint"
+    """The loud line a restore deserves: what came back, from which step, what was lost."""
     steps = "step" if restore.lost_steps == 1 else "steps"
-    return (f"{restore.replica}: restored {what} from step {restore.step}; "
+    if restore.servers:
+        shards = ", ".join(str(s) for s in restore.servers)
+        what = f"restored ps shard{'s' if len(restore.servers) > 1 else ''} {shards}"
+    else:
+        what = "restored checkpoint"
+    return (f"{restore.replica}: {what} from step {restore.step}; "
             f"{restore.lost_steps} {steps} lost")
 
 
@@ -128,7 +136,8 @@ def build_summary(state: RunState, metrics: Metrics, wall_seconds: float,
         "restarts": state.restarts,
         "lost_steps": metrics.lost_steps,
         "restores": [
-            {"replica": r.replica, "step": r.step, "lost_steps": r.lost_steps}
+            {"replica": r.replica, "step": r.step, "lost_steps": r.lost_steps,
+             "servers": list(r.servers)}
             for r in metrics.restores
         ],
         "checkpoint_dir": checkpoint_dir,

@@ -37,9 +37,9 @@ M0 = Metrics(total_steps=600)
                      Metrics(600, checkpoint_step=100, checkpoint_path="/c/100"),
                      id="checkpoint"),
         pytest.param([ev("progress", step=130, loss=1.0, samples_per_sec=5.0),
-                      ev("restored", step=100, path="/c/100", lost_steps=30)],
+                      ev("restored", step=100, path="/c/100", lost_steps=30, servers=[1])],
                      Metrics(600, step=100, loss=1.0, samples_per_sec=5.0,
-                             restores=(Restore("r", 100, 30, "/c/100"),)),
+                             restores=(Restore("r", 100, 30, "/c/100", (1,)),)),
                      id="restore-rewinds-step-and-counts-lost"),
         pytest.param([ev("done", step=600, loss=0.1, accuracy=0.97, samples_per_sec=1e4,
                          wall_seconds=12.5)],
@@ -90,8 +90,12 @@ def test_summary_has_the_contract_fields():
 @pytest.mark.parametrize(
     ("replica", "event", "expected"),
     [
-        pytest.param("j-ps-0", ev("restored", step=200, lost_steps=13),
-                     "j-ps-0: restored ps shard from step 200; 13 steps lost", id="ps-restore"),
+        pytest.param("j-worker-0", ev("restored", step=200, lost_steps=13, servers=[0]),
+                     "j-worker-0: restored ps shard 0 from step 200; 13 steps lost",
+                     id="ps-restore"),
+        pytest.param("j-worker-0", ev("restored", step=200, lost_steps=0, servers=[0, 2]),
+                     "j-worker-0: restored ps shards 0, 2 from step 200; 0 steps lost",
+                     id="two-ps-restore"),
         pytest.param("j-worker-0", ev("restored", step=100, lost_steps=1),
                      "j-worker-0: restored checkpoint from step 100; 1 step lost",
                      id="chief-restore"),
@@ -119,13 +123,13 @@ def test_plain_reporter(quiet):
     rep.replica_line("j-ps-0", "serving")
     rep.event("j-worker-0", ev("progress", step=5, loss=1.0), fold(
         M0, "j-worker-0", ev("progress", step=5, loss=1.0)))
-    rep.event("j-worker-0", ev("restored", step=3, lost_steps=2), fold(
-        M0, "j-ps-0", ev("restored", step=3, lost_steps=2)))
+    restored = ev("restored", step=3, lost_steps=2, servers=[0])
+    rep.event("j-worker-0", restored, fold(M0, "j-worker-0", restored))
     rep.notice("error", "boom", ["tb line"])
     lines = out.getvalue().splitlines()
     noisy = ["[j-ps-0]     serving", "pstrain: step 5/600  loss 1.0000  - samples/s"]
     assert lines == [*([] if quiet else noisy),
-                     "pstrain: warning: j-ps-0: restored ps shard from step 3; 2 steps lost",
+                     "pstrain: warning: j-worker-0: restored ps shard 0 from step 3; 2 steps lost",
                      "pstrain: error: boom", "    tb line"]
 
 

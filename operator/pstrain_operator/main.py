@@ -52,7 +52,8 @@ def run(settings: OperatorSettings) -> None:
         clusterwide=settings.clusterwide,
         namespaces=list(settings.namespaces),
         standalone=not settings.leader_election,
-        peering_name=PEERING_NAME,
+        # Naming a peering makes it mandatory in kopf; only with leader election.
+        peering_name=PEERING_NAME if settings.leader_election else None,
         priority=secrets.randbelow(PRIORITY_RANGE) + 1,
         liveness_endpoint=liveness,
         settings=kopf_settings(settings.leader_election),

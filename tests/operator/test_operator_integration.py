@@ -1,0 +1,101 @@
+"""The real operator process (`pstrain operator`) against an HTTP Kubernetes API
+(kmock's KubernetesEmulator): ordered start, success, restart without duplicates, and
+every request covered by the RBAC table."""
+
+from __future__ import annotations
+
+import pytest
+
+from pstrain_api import constants as c
+from pstrain_operator.rbac import allows
+
+from .conftest import NAMESPACE, OperatorProcess
+from .emulator import EmulatorThread, HttpApi, pod_status, rbac_verb, wait_for
+from .op_builders import make_job
+
+pytestmark = pytest.mark.timeout(240)
+
+NS = NAMESPACE
+
+
+def pod_posts(emulator: EmulatorThread) -> list[str]:
+    """Pod creations the operator attempted (successful or not)."""
+    return [r.path for r in emulator.recorded()
+            if r.method == "POST" and r.path.endswith("/pods") and not r.by_test]
+
+
+def test_operator_runs_a_job_in_order_and_survives_a_restart(
+    emulator: EmulatorThread, operator_process: OperatorProcess
+) -> None:
+    api = HttpApi(emulator.url)
+    operator_process.start()
+    api.create_job(make_job("mnist", NS).ps(2).workers(2).body())
+
+    # 1-2. The Service and the PS pods appear; no workers while no PS is Ready.
+    wait_for("the headless Service", lambda: api.service(NS, "mnist"))
+    wait_for("both PS pods", lambda: {"mnist-ps-0", "mnist-ps-1"} <= set(api.pods(NS)))
+    wait_for("phase Starting", lambda: (api.job(NS, "mnist") or {}).get("status", {})
+             .get("phase") == "Starting")
+    pods = api.pods(NS)
+    assert sorted(pods) == ["mnist-ps-0", "mnist-ps-1"]
+    ps0 = pods["mnist-ps-0"]
+    assert ps0["spec"]["containers"][0]["readinessProbe"] == {
+        "grpc": {"port": 2222}, "periodSeconds": 2, "failureThreshold": 3}
+    assert ps0["metadata"]["ownerReferences"][0]["kind"] == c.KIND
+    assert ps0["metadata"]["labels"][c.LABEL_ROLE] == "ps"
+
+    # One PS Ready is not enough.
+    api.set_pod_status(NS, "mnist-ps-0", pod_status("Running", ready=True))
+    wait_for("psReady 1/2", lambda: api.job(NS, "mnist")["status"].get("psReady") == "1/2")
+    assert sorted(api.pods(NS)) == ["mnist-ps-0", "mnist-ps-1"]
+
+    # 3. Every PS Ready: the non-chief worker, then the chief (worker 0).
+    api.set_pod_status(NS, "mnist-ps-1", pod_status("Running", ready=True))
+    wait_for("workers", lambda: {"mnist-worker-0", "mnist-worker-1"} <= set(api.pods(NS)))
+    assert len(pod_posts(emulator)) == 4
+    wait_for("phase Running", lambda: api.job(NS, "mnist")["status"]["phase"] == "Running")
+
+    # 5. Restart the operator mid-job: it picks the job up and creates nothing twice.
+    operator_process.stop()
+    before = len(pod_posts(emulator))
+    operator_process.start()
+    for name in ("mnist-worker-0", "mnist-worker-1"):
+        api.set_pod_status(NS, name, pod_status("Running", ready=True))
+    wait_for("workersReady 2/2 from the new operator",
+             lambda: api.job(NS, "mnist")["status"].get("workersReady") == "2/2")
+    assert len(pod_posts(emulator)) == before
+    assert sorted(api.pods(NS)) == ["mnist-ps-0", "mnist-ps-1", "mnist-worker-0",
+                                    "mnist-worker-1"]
+
+    # 4. The chief completes: Succeeded, and the PS are shut down.
+    api.set_pod_status(NS, "mnist-worker-1", pod_status("Succeeded", exit_code=0))
+    api.set_pod_status(NS, "mnist-worker-0", pod_status("Succeeded", exit_code=0))
+    wait_for("phase Succeeded", lambda: api.job(NS, "mnist")["status"]["phase"] == "Succeeded")
+    wait_for("PS deleted", lambda: not any(n.startswith("mnist-ps") for n in api.pods(NS)))
+    status = api.job(NS, "mnist")["status"]
+    assert status["completionTime"] and status["startTime"]
+    conds = {cond["type"]: cond for cond in status["conditions"]}
+    assert conds["Succeeded"]["status"] == "True"
+    assert conds["Succeeded"]["reason"] == "ChiefSucceeded"
+
+    # Events name the decisions.
+    reasons = wait_for("events", lambda: {e.get("reason") for e in api.events(NS)}
+                       >= {"CreatedPS", "StartedWorkers", "ChiefSucceeded"} and
+                       {e.get("reason") for e in api.events(NS)})
+    assert "WaitingForPS" in reasons
+
+    # Metrics are served.
+    text = operator_process.metrics()
+    assert "pstrain_operator_reconcile_total" in text
+    assert 'pstrain_operator_jobs{phase="Succeeded"} 1.0' in text
+    operator_process.stop()
+
+    # Nothing was created twice, over both operator runs.
+    assert len(pod_posts(emulator)) == 4
+
+    # Every request either operator made is covered by the RBAC table.
+    used = {v for r in emulator.recorded() if not r.by_test
+            for v in [rbac_verb(r)] if v is not None}
+    assert {("", "pods", "create"), ("pstrain.io", "trainingjobs/status", "patch"),
+            ("", "events", "create"), ("", "pods", "delete")} <= used
+    assert sorted(v for v in used if not allows(*v)) == []

@@ -10,7 +10,7 @@ operator/pstrain_operator/rbac.py. Do not edit by hand.
   verbs: [create]
 - apiGroups: ['']
   resources: [pods]
-  verbs: [get, list, watch, create, delete]
+  verbs: [list, watch, create, delete]
 - apiGroups: ['']
   resources: [services]
   verbs: [get, create]
@@ -22,17 +22,17 @@ operator/pstrain_operator/rbac.py. Do not edit by hand.
   verbs: [get, list, watch, patch, delete]
 - apiGroups: [pstrain.io]
   resources: [trainingjobs/status]
-  verbs: [get, patch]
+  verbs: [patch]
 {{- end }}
 
 {{/* Rules on cluster-scoped resources: always in a ClusterRole. */}}
 {{- define "pstrain.rbac.clusterRules" }}
 - apiGroups: ['']
   resources: [namespaces]
-  verbs: [get, list, watch]
+  verbs: [list, watch]
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
-  verbs: [get, list, watch]
+  verbs: [list, watch]
 - apiGroups: [kopf.dev]
   resources: [clusterkopfpeerings]
   verbs: [get, list, watch, patch]

@@ -28,7 +28,12 @@ from pstrain_api.validate import check_manifest
 from .build import job_selector
 from .kube import Kube
 from .metrics import Metrics
-from .progress import FETCH_TIMEOUT_S, FetchStatus, progress_from_status
+from .progress import (
+    FETCH_TIMEOUT_S,
+    FetchStatus,
+    checkpoint_from_status,
+    progress_from_status,
+)
 from .reconcile import (
     CreatePod,
     CreateService,
@@ -135,14 +140,18 @@ class Reconciler:
         pods = [observe_pod(p) for p in self.kube.list_pods(job.namespace, job_selector(job.name))]
         observed_pods = tuple(p for p in pods if p is not None)
         service = self.kube.service_exists(job.namespace, job.name)
-        progress = None
+        progress = checkpoint = None
         if old_status.phase == "Running":
             address = str(kubernetes_cluster_spec(job).addresses[Task(c.ROLE_PS, 0)])
             try:
-                progress = progress_from_status(self.fetch_status(address, FETCH_TIMEOUT_S), now)
+                reply = self.fetch_status(address, FETCH_TIMEOUT_S)
             except Exception as exc:  # a status probe must never break reconciling
                 log.info("progress of %s from %s unavailable: %s", job.name, address, exc)
-        return decide(Observed(job, observed_pods, service, now, progress), self.pod_settings)
+                reply = None
+            progress = progress_from_status(reply, now)
+            checkpoint = checkpoint_from_status(reply)
+        return decide(Observed(job, observed_pods, service, now, progress, checkpoint),
+                      self.pod_settings)
 
     def apply(self, body: Mapping[str, Any], plan: Plan) -> None:
         """Carry out the plan's actions in order, then post its events."""

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from pstrain_api.model import Progress
+from pstrain_api.model import CheckpointStatus, Progress
 
 log = logging.getLogger(__name__)
 
@@ -65,4 +65,19 @@ def progress_from_status(data: Mapping[str, Any] | None, now: datetime) -> Progr
             updated_at=now,
         )
     except (TypeError, ValueError):
+        return None
+
+
+def checkpoint_from_status(data: Mapping[str, Any] | None) -> CheckpointStatus | None:
+    """The last checkpoint in the runtime's status reply, or None when there is none."""
+    if not data or data.get("checkpoint_step") is None or not data.get("checkpoint_path"):
+        return None
+    try:
+        when = data.get("checkpoint_time")
+        return CheckpointStatus(
+            step=max(0, int(data["checkpoint_step"])),
+            path=str(data["checkpoint_path"]),
+            time=datetime.fromtimestamp(float(when), UTC) if when else None,
+        )
+    except (TypeError, ValueError, OverflowError):
         return None

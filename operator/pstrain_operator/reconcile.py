@@ -22,6 +22,7 @@ from typing import Any, Literal
 from pstrain_api import constants as c
 from pstrain_api.cluster import ClusterSpec, Task, kubernetes_cluster_spec
 from pstrain_api.model import (
+    CheckpointStatus,
     Condition,
     FailureCause,
     Progress,
@@ -163,6 +164,7 @@ class Observed:
     service_exists: bool
     now: datetime
     progress: Progress | None = None
+    checkpoint: CheckpointStatus | None = None
 
 
 # --------------------------------------------------------------------------- plan
@@ -489,6 +491,8 @@ def decide(obs: Observed, settings: PodSettings) -> Plan:
         if obs.progress is not None:
             st.progress = obs.progress
             step = obs.progress.global_step
+        if obs.checkpoint is not None:
+            st.last_checkpoint = obs.checkpoint
         at = f" at global step {step}" if step else ""
         return _finish(job, st, obs, "Succeeded", R_CHIEF_SUCCEEDED,
                        f"the chief {chief.name} completed{at}", None, events, actions)
@@ -544,6 +548,8 @@ def decide(obs: Observed, settings: PodSettings) -> Plan:
         st.phase = "Running"
         if obs.progress is not None:
             st.progress = obs.progress
+        if obs.checkpoint is not None:
+            st.last_checkpoint = obs.checkpoint
         requeue = REQUEUE_RUNNING_S
     else:
         message = f"waiting for parameter servers to be Ready ({ps_ready}/{len(ps_pods)})"

@@ -80,10 +80,13 @@ def test_whole_life_restart_and_success() -> None:
     # Progress is read from PS 0 while Running.
     for name in ("j-worker-0", "j-worker-1"):
         kube.set_pod("ns", name, "Running", ready=True)
-    status.reply = {"global_step": 7, "loss": 1.25}
+    status.reply = {"global_step": 7, "loss": 1.25, "checkpoint_step": 5,
+                    "checkpoint_path": "/ckpt/5.pt", "checkpoint_time": 1.7e9}
     op.reconcile("ns", "j")
     st = kube.jobs[("ns", "j")]["status"]
     assert st["phase"] == "Running" and st["progress"]["globalStep"] == 7
+    assert st["lastCheckpoint"] == {"step": 5, "path": "/ckpt/5.pt",
+                                    "time": "2023-11-14T22:13:20Z"}
     assert status.asked[-1] == "j-ps-0.j.ns.svc:2222"
 
     # A worker is OOM-killed: restarted (deleted, then recreated), counted.

@@ -58,3 +58,77 @@ def init(client, params: Mapping[str, object], num_workers: int,  # noqa: ANN001
 def shutdown(client, grace: float = 1.0) -> None:  # noqa: ANN001
     client.shutdown(grace)
     client.close()
+
+
+# --------------------------------------------------------------------------- training
+
+
+def make_training(spec: Mapping[str, object]):  # noqa: ANN201
+    """`spec.training` (camelCase dict, as in a manifest) as the API model."""
+    from pstrain_api.model import Training
+
+    return Training.model_validate(spec)
+
+
+class Recorder:
+    """The chief's event sink: keeps (time, event) pairs and, when `should_stop` says
+    so, ends the job at the current global step.
+
+    Ending early works by lowering the chief's `training.steps` to the step it has
+    reached: the trainer checks `gstep >= training.steps` after every step, then does
+    its normal finish (final eval, Finish RPC, workers learn the job is done). This is
+    the only way the benchmark reaches into a running trainer.
+    """
+
+    def __init__(self, should_stop) -> None:  # noqa: ANN001
+        import time
+
+        self._clock = time.perf_counter
+        self.events: list[tuple[float, str, dict]] = []
+        self.should_stop = should_stop
+        self.trainer = None
+        self.stopped_at: int | None = None
+
+    def __call__(self, kind: str, stream: object = None, **fields: object) -> None:
+        now = self._clock()
+        self.events.append((now, kind, dict(fields)))
+        if self.trainer is None or self.stopped_at is not None:
+            return
+        step = fields.get("step")
+        if isinstance(step, int) and step >= 1 and self.should_stop(self.events):
+            self.stopped_at = step
+            self.trainer.training.steps = step
+
+
+def run_trainer(training, namespace: str, worker: int, num_workers: int,  # noqa: ANN001
+                ports: Sequence[int], emit=None, progress_interval: float = 1.0):  # noqa: ANN001,ANN201
+    """One trainer of one job: chief when worker == 0. Returns (TrainResult, seconds
+    from the start of `run()` to its end)."""
+    import time
+
+    from pstrain_runtime.client import GrpcTransport
+    from pstrain_runtime.trainer import Trainer, WorkerRole
+
+    role = WorkerRole(namespace=namespace, worker=worker, num_workers=num_workers)
+    trainer = Trainer(training, role, [GrpcTransport(f"{LOOPBACK}:{p}") for p in ports],
+                      emit=emit or (lambda *a, **k: None),
+                      progress_interval=progress_interval, shutdown_grace=5.0)
+    if isinstance(emit, Recorder):
+        emit.trainer = trainer
+    try:
+        t0 = time.perf_counter()
+        result = trainer.run()
+        return result, t0, time.perf_counter()
+    finally:
+        trainer.close()
+
+
+def shutdown_servers(ports: Sequence[int], grace: float = 5.0) -> None:
+    from pstrain_runtime.client import GrpcTransport
+
+    for p in ports:
+        t = GrpcTransport(f"{LOOPBACK}:{p}")
+        try:
+            t.shutdown(grace)
+        finally:
+            t.close()

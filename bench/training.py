@@ -1,0 +1,344 @@
+"""Item 4, training throughput and time to accuracy.
+
+For each model (the digits MLP, a wider MLP of about 17 MB, the >= 50 MB synthetic
+MLP), with the same model, batch size, optimizer and 2 workers:
+
+- pstrain, async and sync: 1 parameter server and 2 trainers (processes), each job run
+  through the runtime's own `Trainer`. samples/s comes from the chief's progress events
+  (global step and time): the first window is the warm-up, then `repeats` windows of
+  about `train_seconds_per_rep` each. Then the chief ends the job (see rt.Recorder).
+- DistributedDataParallel over gloo, 2 processes: calibrate a step time, then windows
+  of a fixed number of steps (DDP ranks must run the same count).
+- a single process, same loop without DDP.
+
+Every process is held to one compute thread (the machine has 2 cores).
+
+Time to 95% accuracy on digits: pstrain async (1 PS, 2 workers) against a single
+process, both evaluating every `EVAL_EVERY` global steps, 5 runs each; the clock starts
+when training starts (the chief's `run()`, the single process's first step).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from . import rt
+from .core import Config, Figure
+from .procs import LOOPBACK, free_port, run_group
+
+WORKERS = 2
+EVAL_EVERY = 10
+SEED = 0
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    label: str
+    entrypoint: str
+    args: dict[str, Any]
+    batch: int
+    optimizer: dict[str, Any] = field(
+        default_factory=lambda: {"name": "momentum", "learningRate": 0.05, "momentum": 0.9})
+
+    def training(self, mode: str, steps: int, eval_every: int | None = None) -> dict[str, Any]:
+        spec: dict[str, Any] = {"entrypoint": self.entrypoint, "args": self.args,
+                                "steps": steps, "batchSize": self.batch, "mode": mode,
+                                "optimizer": self.optimizer, "seed": SEED}
+        if eval_every:
+            spec["evalIntervalSteps"] = eval_every
+        return spec
+
+
+DIGITS = "pstrain_runtime.examples.digits:make_task"
+SYNTH = "pstrain_runtime.examples.synthetic:make_task"
+SGD = {"name": "sgd", "learningRate": 0.01}
+
+FULL_MODELS = (
+    ModelSpec("digits", "digits MLP (hidden 1024, 0.31 MB)", DIGITS, {"hidden": 1024}, 64),
+    ModelSpec("wide", "wide MLP (hidden 1024 x 4, 16.8 MB)", SYNTH,
+              {"hidden": 1024, "layers": 3}, 64, SGD),
+    ModelSpec("large", "synthetic MLP (hidden 2048 x 4, 67 MB)", SYNTH,
+              {"hidden": 2048, "layers": 3}, 32, SGD),
+)
+QUICK_MODELS = (
+    ModelSpec("digits", "digits MLP (hidden 64, quick)", DIGITS, {"hidden": 64}, 64),
+    ModelSpec("wide", "wide MLP (hidden 256 x 2, quick)", SYNTH, {"hidden": 256, "layers": 1},
+              64, SGD),
+    ModelSpec("large", "synthetic MLP (hidden 512 x 2, quick)", SYNTH,
+              {"hidden": 512, "layers": 1}, 32, SGD),
+)
+ACCURACY_MODEL = FULL_MODELS[0]
+MAX_STEPS = 10**7  # the trainers' nominal budget; jobs end by the chief (rt.Recorder)
+
+
+def model_bytes(spec: ModelSpec) -> int:
+    from pstrain_runtime.task import load_task
+
+    return sum(p.numel() * p.element_size() for p in load_task(spec.entrypoint, spec.args)
+               .model.parameters())
+
+
+# --------------------------------------------------------------------------- pure
+
+
+def window_rates(points: Sequence[tuple[float, int]], per_unit: float, window_s: float,
+                 skip: int, count: int) -> list[float]:
+    """Rates (per_unit * units/second) over consecutive windows of at least `window_s`
+    seconds, from (time, cumulative units) points; the first `skip` windows are
+    dropped, at most `count` are returned."""
+    rates: list[float] = []
+    if not points:
+        return rates
+    start_t, start_n = points[0]
+    for t, n in points[1:]:
+        if t - start_t >= window_s and n > start_n:
+            rates.append((n - start_n) * per_unit / (t - start_t))
+            start_t, start_n = t, n
+    return rates[skip:skip + count]
+
+
+def enough_windows(window_s: float, skip: int, count: int) -> Callable[[list], bool]:
+    def check(events: list[tuple[float, str, dict]]) -> bool:
+        points = [(t, f["step"]) for t, k, f in events if k == "progress"]
+        return len(window_rates(points, 1.0, window_s, skip, count)) >= count
+    return check
+
+
+def reached_accuracy(target: float) -> Callable[[list], bool]:
+    def check(events: list[tuple[float, str, dict]]) -> bool:
+        return any(k == "eval" and f.get("accuracy", 0.0) >= target for _, k, f in events)
+    return check
+
+
+# --------------------------------------------------------------------------- pstrain
+
+
+def _ps_job_peer(rank: int, port: int, jobs: list[dict[str, Any]], timeout_s: float) -> Any:
+    """rank 0 serves; rank 1 is the chief; rank 2 the other worker. Runs `jobs` in
+    order, each in its own namespace."""
+    if rank == 0:
+        rt.serve_ps(0, port, timeout_s)
+        return None
+    worker = rank - 1
+    out = []
+    for job in jobs:
+        training = rt.make_training(job["training"])
+        if worker == 0:
+            if job["kind"] == "throughput":
+                stop = enough_windows(job["window_s"], job["skip"], job["count"])
+            else:
+                stop = reached_accuracy(job["target"])
+            rec = rt.Recorder(stop)
+            _, t0, t1 = rt.run_trainer(training, job["namespace"], 0, WORKERS, [port], rec,
+                                       progress_interval=job["progress_s"])
+            out.append({"t0": t0, "t1": t1, "stopped_at": rec.stopped_at,
+                        "events": [(t, k, f) for t, k, f in rec.events
+                                   if k in ("progress", "eval", "done")]})
+        else:
+            training.steps = MAX_STEPS
+            rt.run_trainer(training, job["namespace"], worker, WORKERS, [port])
+    if worker == 0:
+        rt.shutdown_servers([port])
+    return out
+
+
+def ps_throughput(cfg: Config, models: Sequence[ModelSpec]) -> list[Figure]:
+    window = cfg.train_seconds_per_rep
+    jobs = []
+    for spec in models:
+        for mode in ("async", "sync"):
+            jobs.append({"kind": "throughput", "namespace": f"bench/{spec.name}-{mode}",
+                         "training": spec.training(mode, MAX_STEPS), "window_s": window,
+                         "skip": cfg.warmup, "count": cfg.repeats,
+                         "progress_s": min(1.0, window / 4), "model": spec.name,
+                         "mode": mode, "per_step": spec.batch * (WORKERS if mode == "sync" else 1)})
+    res = run_group(_ps_job_peer, 1 + WORKERS, args=(free_port(), jobs, cfg.item_time_limit_s),
+                    timeout_s=cfg.item_time_limit_s)[1]
+    figs = []
+    for job, got in zip(jobs, res, strict=True):
+        points = [(t, f["step"]) for t, k, f in got["events"] if k == "progress"]
+        rates = window_rates(points, job["per_step"], window, cfg.warmup, cfg.repeats)
+        spec = next(m for m in models if m.name == job["model"])
+        key, label = f"training.{spec.name}.{job['mode']}", f"{spec.label}: pstrain {job['mode']}, 1 PS + 2 workers"
+        if rates:
+            figs.append(Figure.of(key, label, "samples/s", rates,
+                                  note=f"batch {spec.batch}/worker"))
+        else:
+            figs.append(Figure.missing(key, label, "samples/s",
+                                       "no complete measurement window"))
+    return figs
+
+
+def ps_time_to_accuracy(cfg: Config) -> Figure:
+    spec = ACCURACY_MODEL
+    jobs = [{"kind": "accuracy", "namespace": f"bench/tta-{i}",
+             "training": spec.training("async", MAX_STEPS, EVAL_EVERY),
+             "target": cfg.accuracy_target, "progress_s": 1.0}
+            for i in range(cfg.warmup + cfg.repeats)]
+    res = run_group(_ps_job_peer, 1 + WORKERS, args=(free_port(), jobs, cfg.item_time_limit_s),
+                    timeout_s=cfg.item_time_limit_s)[1]
+    secs = []
+    for got in res[cfg.warmup:]:
+        hits = [t for t, k, f in got["events"]
+                if k == "eval" and f.get("accuracy", 0.0) >= cfg.accuracy_target]
+        if hits:
+            secs.append(hits[0] - got["t0"])
+    return _tta_figure("training.digits.tta.async",
+                       f"{spec.label}: time to {cfg.accuracy_target:.0%} test accuracy, "
+                       "pstrain async 1 PS + 2 workers", secs, cfg)
+
+
+def _tta_figure(key: str, label: str, secs: list[float], cfg: Config) -> Figure:
+    if not secs:
+        return Figure.missing(key, label, "s", f"never reached {cfg.accuracy_target:.0%}")
+    note = "" if len(secs) == cfg.repeats else (
+        f"{cfg.repeats - len(secs)} of {cfg.repeats} runs never reached the target")
+    return Figure.of(key, label, "s", secs, note=note)
+
+
+# --------------------------------------------------------------------------- baselines
+
+
+def _calibrated_windows(step: Callable[[], None], window_s: float, skip: int, count: int,
+                        sync_steps: Callable[[int], int] = lambda n: n) -> list[tuple[float, int]]:
+    """Run `step` in windows of a fixed step count (sized from a short calibration so
+    that one window lasts about `window_s`); return (time, steps) points."""
+    t0 = time.perf_counter()
+    calib = 0
+    while calib < 3 or (time.perf_counter() - t0 < min(1.0, window_s / 2) and calib < 10_000):
+        step()
+        calib += 1
+    per_step = (time.perf_counter() - t0) / calib
+    n = sync_steps(max(1, math.ceil(window_s / max(per_step, 1e-6))))
+    points = [(time.perf_counter(), 0)]
+    done = 0
+    for _ in range(skip + count):
+        for _ in range(n):
+            step()
+        done += n
+        points.append((time.perf_counter(), done))
+    return points
+
+
+def _baseline_rank(rank: int, world: int, port: int, spec: ModelSpec, window_s: float,
+                   skip: int, count: int) -> list[tuple[float, int]]:
+    import torch
+    import torch.distributed as dist
+    from pstrain_api.model import Optimizer
+    from pstrain_runtime.optim import OptimizerConfig, torch_optimizer
+    from pstrain_runtime.task import load_task
+    from pstrain_runtime.trainer import pick_device
+
+    device = pick_device()
+    task = load_task(spec.entrypoint, spec.args)
+    model = task.model.to(device)
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"tcp://{LOOPBACK}:{port}", rank=rank,
+                                world_size=world, timeout=timedelta(seconds=120))
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    config = OptimizerConfig.from_model(Optimizer.model_validate(spec.optimizer))
+    opt = torch_optimizer(config, list(model.parameters()))
+    batches = task.batches(rank, world, spec.batch, SEED)
+
+    def step() -> None:
+        x, y = next(batches)
+        opt.zero_grad(set_to_none=False)
+        task.loss(model(x.to(device)), y.to(device)).backward()
+        opt.step()
+
+    def agree(n: int) -> int:
+        if world == 1:
+            return n
+        t = torch.tensor([n], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    try:
+        return _calibrated_windows(step, window_s, skip, count, agree)
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+
+
+def baseline_throughput(cfg: Config, spec: ModelSpec, world: int) -> Figure:
+    res = run_group(_baseline_rank, world,
+                    args=(world, free_port(), spec, cfg.train_seconds_per_rep, cfg.warmup,
+                          cfg.repeats), timeout_s=cfg.item_time_limit_s)
+    per_step = spec.batch * world
+    # DDP ranks run in lockstep; the slower rank's windows set the pace.
+    windows = [window_rates(r, per_step, 0.0, cfg.warmup, cfg.repeats) for r in res]
+    rates = [min(w[i] for w in windows) for i in range(len(windows[0]))]
+    if world > 1:
+        return Figure.of(f"training.{spec.name}.ddp",
+                         f"{spec.label}: DDP over gloo, 2 processes", "samples/s", rates,
+                         note=f"batch {spec.batch}/worker")
+    return Figure.of(f"training.{spec.name}.single", f"{spec.label}: single process",
+                     "samples/s", rates, note=f"batch {spec.batch}")
+
+
+def _single_tta(rank: int, spec: ModelSpec, target: float, runs: int,
+                limit_s: float) -> list[float | None]:
+    from pstrain_api.model import Optimizer
+    from pstrain_runtime.optim import OptimizerConfig, torch_optimizer
+    from pstrain_runtime.task import load_task
+    from pstrain_runtime.trainer import pick_device
+
+    device = pick_device()
+    out: list[float | None] = []
+    for _ in range(runs):
+        task = load_task(spec.entrypoint, spec.args)
+        model = task.model.to(device)
+        config = OptimizerConfig.from_model(Optimizer.model_validate(spec.optimizer))
+        opt = torch_optimizer(config, list(model.parameters()))
+        batches = task.batches(0, 1, spec.batch, SEED)
+        t0 = time.perf_counter()
+        found = None
+        step = 0
+        while time.perf_counter() - t0 < limit_s:
+            x, y = next(batches)
+            opt.zero_grad(set_to_none=False)
+            task.loss(model(x.to(device)), y.to(device)).backward()
+            opt.step()
+            step += 1
+            if step % EVAL_EVERY == 0:
+                model.eval()
+                acc = task.evaluate(model).get("accuracy", 0.0)
+                model.train()
+                if acc >= target:
+                    found = time.perf_counter() - t0
+                    break
+        out.append(found)
+    return out
+
+
+def single_time_to_accuracy(cfg: Config) -> Figure:
+    spec = ACCURACY_MODEL
+    got = run_group(_single_tta, 1, args=(spec, cfg.accuracy_target, cfg.warmup + cfg.repeats,
+                                          cfg.accuracy_time_limit_s),
+                    timeout_s=cfg.item_time_limit_s)[0]
+    secs = [s for s in got[cfg.warmup:] if s is not None]
+    return _tta_figure("training.digits.tta.single",
+                       f"{spec.label}: time to {cfg.accuracy_target:.0%} test accuracy, "
+                       "single process", secs, cfg)
+
+
+def run(cfg: Config) -> list[Figure]:
+    models = QUICK_MODELS if cfg.quick else FULL_MODELS
+    figs: list[Figure] = []
+    for spec in models:
+        mb = model_bytes(spec) / 1e6
+        figs.append(Figure(f"training.{spec.name}.model_mb", f"{spec.label}: parameters",
+                           "MB", mb, mb, mb, 1, note=f"{spec.entrypoint} {spec.args}"))
+    figs += ps_throughput(cfg, models)
+    for spec in models:
+        figs.append(baseline_throughput(cfg, spec, WORKERS))
+        figs.append(baseline_throughput(cfg, spec, 1))
+    figs.append(ps_time_to_accuracy(cfg))
+    figs.append(single_time_to_accuracy(cfg))
+    return figs

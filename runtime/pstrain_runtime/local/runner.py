@@ -30,6 +30,7 @@ from pstrain_api.cluster import local_cluster_spec, task_count
 from pstrain_api.events import parse_event
 from pstrain_api.model import TrainingJob
 
+from .devices import ENV_VISIBLE, DeviceRequest, assign_gpus, visible_gpus
 from .metrics import Metrics, build_summary, fold
 from .processes import (DEFAULT_REPLICA_COMMAND, Line, ProcessTable, find_free_ports,
                         replica_environment)
@@ -72,6 +73,11 @@ def with_checkpoint_dir(job: TrainingJob, directory: str) -> TrainingJob:
     data["spec"].setdefault("training", {}).setdefault("checkpoint", {})["directory"] = (
         directory)
     return TrainingJob.model_validate(data)
+
+
+def gpus_requested(job: TrainingJob, role: str) -> int:
+    spec = getattr(job.spec.replicas, role, None)
+    return spec.gpu_count if spec is not None else 0
 
 
 def exit_code_of(finish: Finish, signum: int | None) -> int:
@@ -132,6 +138,10 @@ def run_job(job: TrainingJob, options: RunOptions = RunOptions(),
         spec.replica_name(t): replica_environment(os.environ, spec.env(t), threads)
         for t in tasks
     }
+    gpus = assign_gpus([DeviceRequest(spec.replica_name(t), t.role, gpus_requested(job, t.role))
+                        for t in tasks], visible_gpus())
+    for name, devices in gpus.items():
+        environments[name][ENV_VISIBLE] = devices
     run_policy = job.spec.run_policy
     settings = Settings(
         policy=run_policy,
@@ -151,6 +161,9 @@ def run_job(job: TrainingJob, options: RunOptions = RunOptions(),
 
     reporter.notice("info", f"job {job.name}: " + ", ".join(
         f"{spec.replica_name(t)}@{spec.addresses[t]}" for t in tasks))
+    if gpus:
+        reporter.notice("info", "GPUs: " + ", ".join(
+            f"{n}={d}" for n, d in gpus.items() if d))
     if temp_dir:
         reporter.notice("info", f"checkpoints go to the temporary directory {temp_dir} "
                                 "(removed at exit; pass --checkpoint-dir to keep them)")

@@ -14,6 +14,7 @@ Behaviour keys (all optional):
   wait_done:    PS default true: after serving, wait for the chief's done file
   hang:         never exit by itself
   ignore_term:  ignore SIGTERM
+  wait_exit:    [name, attempt]: run until that replica's attempt has exited (by itself)
 The chief writes $FAKE_STATE_DIR/done before it exits 0.
 """
 
@@ -60,7 +61,9 @@ def main() -> int:
 
     record = {"name": name, "role": me.task.role, "index": me.task.index,
               "attempt": attempt, "pid": os.getpid(), "time": time.time(),
-              "is_chief": me.is_chief}
+              "is_chief": me.is_chief,
+              "env": {k: os.environ.get(k) for k in
+                      ("PSTRAIN_CLUSTER", "TF_CONFIG", "PSTRAIN_TRAINING", "OMP_NUM_THREADS")}}
     if me.task.role != "ps":
         record["ps_serving"] = [health_of(a) for a in me.addresses("ps")]
     with starts.open("a") as f:
@@ -100,6 +103,15 @@ def main() -> int:
             if time.monotonic() - start > LIMIT:
                 return 4
             time.sleep(0.02)
+    elif plan.get("wait_exit"):
+        other, other_attempt = plan["wait_exit"]
+        exits = state / "exits.jsonl"
+        while not (exits.exists() and any(
+                json.loads(line) == [other, other_attempt]
+                for line in exits.read_text().splitlines())):
+            if time.monotonic() - start > LIMIT:
+                return 4
+            time.sleep(0.02)
     else:
         time.sleep(plan.get("run", 0.1))
     if me.is_chief and code == 0:
@@ -107,6 +119,8 @@ def main() -> int:
     if server is not None:
         server.stop(0)
     print(f"exiting with {code}", flush=True)
+    with (state / "exits.jsonl").open("a") as f:
+        f.write(json.dumps([name, attempt]) + "\n")
     return code
 
 

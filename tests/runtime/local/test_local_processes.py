@@ -124,10 +124,13 @@ def test_order_health_gate_prefixes_and_summary(fake):
     ],
 )
 def test_restart_policy(fake, policy, backoff, codes, phase, reason, restarts):
+    # The chief runs until worker 1 has exited its last attempt by itself (or forever,
+    # when the job is expected to fail), so the outcome never depends on timing.
+    chief = {"wait_exit": ["j-worker-1", len(codes)]} if phase == "Succeeded" else {
+        "hang": True}
     result, lines, starts = fake(
         make_job("j").ps(1).workers(2).policy(policy, backoff),
-        {"j-worker-1": {"codes": codes, "run": 0.05},
-         "j-worker-0": {"run": 1.5}, "*": {}})
+        {"j-worker-1": {"codes": codes, "run": 0.05}, "j-worker-0": chief, "*": {}})
     summary = result.summary
     assert (summary["phase"], summary["reason"], summary["restarts"]) == (
         phase, reason, restarts)
@@ -144,15 +147,20 @@ def test_restart_policy(fake, policy, backoff, codes, phase, reason, restarts):
     assert not any(is_alive(p) for p in all_pids(result)), "a replica outlived the run"
 
 
-def test_restarted_replica_keeps_address_and_environment(fake, tmp_path):
-    result, _, starts = fake(make_job("j").ps(1).workers(1),
-                             {"j-ps-0": {"codes": [137, 0], "wait_done": False, "run": 0.1},
-                              "j-worker-0": {"run": 2.0}})
-    # The PS died once after serving; a restart must come back on the same port, which
-    # the chief (started once, never restarted) keeps using.
-    assert [s["name"] for s in starts].count("j-ps-0") >= 2
-    assert result.summary["replicas"]["j-ps-0"]["restarts"] >= 1
+def test_restarted_replica_keeps_address_and_environment(fake):
+    result, lines, starts = fake(
+        make_job("j").ps(1).workers(1),
+        {"j-ps-0": {"codes": [137, 0], "wait_done": False, "run": 0.1},
+         "j-worker-0": {"wait_exit": ["j-ps-0", 2]}})
     assert result.summary["phase"] == "Succeeded"
+    ps_starts = [s for s in starts if s["name"] == "j-ps-0"]
+    assert [s["attempt"] for s in ps_starts] == [1, 2]
+    assert ps_starts[0]["env"] == ps_starts[1]["env"], "a restart must get the same env"
+    assert ps_starts[0]["env"]["OMP_NUM_THREADS"] is not None
+    # Attempt 2 bound the same cluster-spec address (the fake serves on it) and served.
+    assert "[j-ps-0]     serving attempt 2" in lines
+    assert result.summary["replicas"]["j-ps-0"] == {
+        "role": "ps", "index": 0, "exit_code": 0, "restarts": 1}
 
 
 # --------------------------------------------------------------------------- startup failures

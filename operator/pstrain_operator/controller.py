@@ -35,6 +35,7 @@ from .progress import (
     progress_from_status,
 )
 from .reconcile import (
+    REQUEUE_RUNNING_S,
     CreatePod,
     CreateService,
     DeleteJob,
@@ -80,6 +81,7 @@ class Reconciler:
     fetch_status: FetchStatus
     metrics: Metrics = field(default_factory=Metrics)
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    progress_interval: float = REQUEUE_RUNNING_S
     _locks: dict[str, threading.Lock] = field(default_factory=dict, init=False)
     _guard: threading.Lock = field(default_factory=threading.Lock, init=False)
 
@@ -148,10 +150,11 @@ class Reconciler:
             except Exception as exc:  # a status probe must never break reconciling
                 log.info("progress of %s from %s unavailable: %s", job.name, address, exc)
                 reply = None
+            log.debug("job status of %s from %s: %s", job.name, address, reply)
             progress = progress_from_status(reply, now)
             checkpoint = checkpoint_from_status(reply)
         return decide(Observed(job, observed_pods, service, now, progress, checkpoint),
-                      self.pod_settings)
+                      self.pod_settings, self.progress_interval)
 
     def apply(self, body: Mapping[str, Any], plan: Plan) -> None:
         """Carry out the plan's actions in order, then post its events."""

@@ -45,7 +45,7 @@ from .settings import PodSettings
 
 # How soon to look again when nothing else (a pod or job event) wakes the operator.
 REQUEUE_STARTING_S = 5.0
-REQUEUE_RUNNING_S = 15.0  # progress is refreshed at least this often while Running
+REQUEUE_RUNNING_S = 10.0  # progress is refreshed at least this often while Running
 REQUEUE_CLEANUP_S = 5.0
 
 # Reasons (machine-readable, CamelCase) used in conditions and events.
@@ -373,8 +373,11 @@ def decide_invalid(
     return Plan((), st, events, None)
 
 
-def decide(obs: Observed, settings: PodSettings) -> Plan:
-    """The one reconcile decision. Reads as the script the operator follows."""
+def decide(obs: Observed, settings: PodSettings,
+           progress_interval: float = REQUEUE_RUNNING_S) -> Plan:
+    """The one reconcile decision. Reads as the script the operator follows.
+
+    `progress_interval`: how soon to look again while Running (progress refresh)."""
     job, now = obs.job, obs.now
     old = job.status or TrainingJobStatus()
     st = old.model_copy(deep=True, update={"observed_generation": job.metadata.generation})
@@ -514,6 +517,9 @@ def decide(obs: Observed, settings: PodSettings) -> Plan:
     ps_pods = [by_name.get(cluster.replica_name(t)) for t in cluster.ps_tasks()]
     ps_ready = sum(1 for p in ps_pods if p is not None and p.ready and not p.deleting)
     all_ps_ready = ps_ready == len(ps_pods)
+    # A PS exits 0 only once the chief is done: the chief's own completion is about to
+    # be seen, so this is no reason to go back to Starting.
+    ps_finished = any(p is not None and p.phase == "Succeeded" for p in ps_pods)
 
     workers = [t for t in cluster.tasks() if t.role != c.ROLE_PS and not cluster.is_chief(t)]
     chief_created = False
@@ -540,7 +546,7 @@ def decide(obs: Observed, settings: PodSettings) -> Plan:
     chief_up = chief_created or (
         chief is not None and not chief.deleting and chief.name not in restarted
     )
-    if all_ps_ready and chief_up:
+    if (all_ps_ready or ps_finished) and chief_up:
         if old.phase != "Running":
             st.conditions = set_condition(
                 st.conditions, c.COND_RUNNING, "True", R_ALL_STARTED,
@@ -550,7 +556,7 @@ def decide(obs: Observed, settings: PodSettings) -> Plan:
             st.progress = obs.progress
         if obs.checkpoint is not None:
             st.last_checkpoint = obs.checkpoint
-        requeue = REQUEUE_RUNNING_S
+        requeue = REQUEUE_STARTING_S if ps_finished else progress_interval
     else:
         message = f"waiting for parameter servers to be Ready ({ps_ready}/{len(ps_pods)})"
         if not all_ps_ready and old.phase != "Starting":

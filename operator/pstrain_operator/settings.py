@@ -13,6 +13,10 @@ Every setting is an environment variable (what the Helm chart sets) and a flag o
 | PSTRAIN_OPERATOR_LOG_LEVEL           | --log-level           | info                    |
 | PSTRAIN_OPERATOR_LEADER_ELECTION     | --leader-election     | false                   |
 | PSTRAIN_OPERATOR_JOB_POD_SECURITY    | --job-pod-security    | restricted              |
+| PSTRAIN_OPERATOR_PROGRESS_INTERVAL   | --progress-interval   | 10 (seconds, 1 to 30)   |
+
+The last one is optional tuning (how often training progress is refreshed while a job
+runs); the others are the chart's contract.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ ENV_HEALTH_PORT = "PSTRAIN_OPERATOR_HEALTH_PORT"
 ENV_LOG_LEVEL = "PSTRAIN_OPERATOR_LOG_LEVEL"
 ENV_LEADER_ELECTION = "PSTRAIN_OPERATOR_LEADER_ELECTION"
 ENV_JOB_POD_SECURITY = "PSTRAIN_OPERATOR_JOB_POD_SECURITY"
+ENV_PROGRESS_INTERVAL = "PSTRAIN_OPERATOR_PROGRESS_INTERVAL"
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 PodSecurity = Literal["restricted", "none"]
@@ -60,6 +65,7 @@ class OperatorSettings:
     log_level: LogLevel = "info"
     leader_election: bool = False
     job_pod_security: PodSecurity = "restricted"
+    progress_interval: float = 10.0
 
     @property
     def clusterwide(self) -> bool:
@@ -126,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--job-pod-security", help=f"restricted: job pods get a restrictive "
                         f"securityContext unless their template sets one; none: no default. "
                         f"[{ENV_JOB_POD_SECURITY}]")
+    parser.add_argument("--progress-interval", help=f"Seconds between training-progress "
+                        f"refreshes while a job runs, 1 to 30. [{ENV_PROGRESS_INTERVAL}]")
     return parser
 
 
@@ -159,8 +167,18 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> OperatorSe
     leader = _bool(name, raw)
     name, raw = pick(args.job_pod_security, ENV_JOB_POD_SECURITY, defaults.job_pod_security)
     security = _choice(name, raw, POD_SECURITY)
+    name, raw = pick(args.progress_interval, ENV_PROGRESS_INTERVAL,
+                     str(defaults.progress_interval))
+    try:
+        interval = float(raw)
+    except ValueError as exc:
+        raise SettingsError(f"{name} is {raw!r}; it must be a number of seconds.") from exc
+    if not 1 <= interval <= 30:
+        raise SettingsError(f"{name} is {raw}; it must be between 1 and 30 seconds (progress "
+                            "is refreshed at least every 30 s).")
     return OperatorSettings(
         namespaces=namespaces,
+        progress_interval=interval,
         runtime_image=image,
         metrics_port=metrics_port,
         health_port=health_port,

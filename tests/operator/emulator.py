@@ -6,7 +6,8 @@ Every emulator workaround lives here, never in the operator:
 - the emulator ignores `labelSelector` on list; `SelectingEmulator` applies it;
 - it assigns no uid/creationTimestamp/generation; the test client sets them when it
   creates a TrainingJob, as the API server would;
-- it ignores `metadata.generateName` (kopf names Events that way); names are made up;
+- it ignores `metadata.generateName` (kopf names Events that way); names are made up,
+  and created objects get a uid and creationTimestamp as on a real server;
 - it cannot parse `/api/v1/namespaces` (kopf lists and watches it); served here.
 """
 
@@ -117,6 +118,8 @@ class SelectingEmulator(kmock.KubernetesEmulator):
             meta = request.data.setdefault("metadata", {})
             if not meta.get("name") and meta.get("generateName"):  # kopf's Events use it
                 meta["name"] = meta["generateName"] + uuid.uuid4().hex[:8]
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
         return await super()._handle(request)
 
     async def _serve_list(self, request: rendering.Request) -> Any:

@@ -12,7 +12,7 @@ def test_defaults() -> None:
     assert load_settings([], {}) == OperatorSettings(
         namespaces=(), runtime_image=c.DEFAULT_RUNTIME_IMAGE, metrics_port=8080,
         health_port=8081, log_level="info", leader_election=False,
-        job_pod_security="restricted")
+        job_pod_security="restricted", progress_interval=10.0)
 
 
 def test_environment_and_flags() -> None:
@@ -42,9 +42,12 @@ def test_environment_and_flags() -> None:
     ({"PSTRAIN_OPERATOR_NAMESPACES": "Bad_NS"},
      "PSTRAIN_OPERATOR_NAMESPACES contains 'Bad_NS'; namespaces are DNS labels (lowercase "
      "letters, digits and '-'), comma-separated."),
+    ({"PSTRAIN_OPERATOR_PROGRESS_INTERVAL": "60"},
+     "PSTRAIN_OPERATOR_PROGRESS_INTERVAL is 60; it must be between 1 and 30 seconds "
+     "(progress is refreshed at least every 30 s)."),
     ({"PSTRAIN_OPERATOR_METRICS_PORT": "9000", "PSTRAIN_OPERATOR_HEALTH_PORT": "9000"},
      "the metrics port and the health port are both 9000; they must differ."),
-], ids=["port-not-number", "port-range", "bool", "log-level", "security", "namespace",
+], ids=["port-not-number", "port-range", "bool", "log-level", "security", "namespace", "interval",
         "same-ports"])
 def test_errors_name_the_setting(env: dict[str, str], message: str) -> None:
     with pytest.raises(SettingsError) as err:

@@ -1,0 +1,159 @@
+"""End to end: the digits example trains to completion through the operator.
+
+- On this machine (default): kmock's emulated API, the real `pstrain operator`, and a
+  fake node (tests/operator/fake_node.py) that runs each created pod as a local
+  process at the address the cluster spec gives. Needs root (it maps the pods' DNS
+  names to loopback addresses in /etc/hosts, and restores the file).
+- On a real cluster: `pytest -m e2e tests/operator` runs the same scenario against the
+  cluster in $KUBECONFIG (skipped when none is configured); see docs/operator.md.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pstrain_api import constants as c
+from pstrain_api.cluster import kubernetes_cluster_spec
+from pstrain_api.model import TrainingJob
+
+from .conftest import NAMESPACE, OperatorProcess
+from .emulator import EmulatorThread, HttpApi, wait_for
+from .fake_node import FakeNode, hosts_entries, hosts_writable
+
+STEPS = 3000  # a few seconds of training: several progress refreshes (every 1 s here)
+
+
+def digits_job(namespace: str, name: str = "digits") -> dict[str, Any]:
+    """examples/digits.yaml, shortened to a few dozen steps."""
+    return {
+        "apiVersion": c.API_VERSION, "kind": c.KIND,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": {"ps": {"replicas": 1}, "worker": {"replicas": 2}},
+            "training": {
+                "entrypoint": "pstrain_runtime.examples.digits:make_task",
+                "steps": STEPS, "batchSize": 64, "mode": "async",
+                "optimizer": {"name": "momentum", "learningRate": 0.05, "momentum": 0.9},
+                "evalIntervalSteps": 1000,
+            },
+            "runPolicy": {"restartPolicy": "Never", "activeDeadlineSeconds": 600},
+        },
+    }
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not hosts_writable(),
+                    reason="the fake node maps pod DNS names in /etc/hosts, which needs root")
+def test_digits_trains_to_completion_through_the_operator(
+    emulator: EmulatorThread, operator_process: OperatorProcess, tmp_path: Path
+) -> None:
+    body = digits_job(NAMESPACE)
+    job = TrainingJob.model_validate(body)
+    cluster = kubernetes_cluster_spec(job)
+    tasks = cluster.tasks()
+    pod_ip = {cluster.replica_name(t): f"127.0.0.{100 + i}" for i, t in enumerate(tasks)}
+    hosts = {cluster.addresses[t].host: pod_ip[cluster.replica_name(t)] for t in tasks}
+    env = {"GRPC_DNS_RESOLVER": "native", "PSTRAIN_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    operator_process.extra_env.update({**env, "PSTRAIN_OPERATOR_PROGRESS_INTERVAL": "1"})
+    api = HttpApi(emulator.url)
+
+    with hosts_entries(hosts, tag=f"{os.getpid()}-{tmp_path.name}"):
+        operator_process.start()
+        with FakeNode(api, NAMESPACE, pod_ip, tmp_path, env) as node:
+            started = time.monotonic()
+            api.create_job(body)
+
+            def finished() -> str | None:
+                phase = ((api.job(NAMESPACE, "digits") or {}).get("status") or {}).get("phase")
+                return phase if phase in ("Succeeded", "Failed") else None
+
+            phase = wait_for("the job to finish", finished, timeout=240, interval=0.5)
+            elapsed = time.monotonic() - started
+            logs = {p.name: p.read_text(errors="replace")[-1500:]
+                    for p in tmp_path.glob("digits-*.log")}
+            status = api.job(NAMESPACE, "digits")["status"]
+            assert phase == "Succeeded", (status, logs, operator_process.log_tail())
+            wait_for("the PS process to stop", lambda: "digits-ps-0" not in node.replicas
+                     or node.replicas["digits-ps-0"].proc.poll() is not None)
+
+    # PS first, the non-chief worker, the chief last.
+    assert node.started == ["digits-ps-0", "digits-worker-1", "digits-worker-0"]
+    assert node.exits["digits-worker-0"] == 0, logs
+    # The PS shut down cleanly (exit 0) or were deleted: none is left running.
+    assert node.exits.get("digits-ps-0") in (0, -15), node.exits
+    assert [n for n, p in api.pods(NAMESPACE).items() if n.startswith("digits-ps")
+            and p["status"]["phase"] in ("Pending", "Running")] == []
+    assert status["conditions"] and status["completionTime"]
+    # Progress was read from PS 0 through the runtime's status client while Running.
+    assert status["progress"]["globalStep"] > 0, status
+    print(f"\ndigits ({STEPS} steps) through the operator: Succeeded in {elapsed:.1f}s; "
+          f"progress {status.get('progress')}")
+
+
+# --------------------------------------------------------------------------- real cluster
+
+
+def _kubeconfig() -> str | None:
+    path = os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+    first = path.split(os.pathsep)[0]
+    return first if first and Path(first).is_file() else None
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(_kubeconfig() is None, reason="no cluster: $KUBECONFIG is not configured")
+def test_digits_on_a_real_cluster(tmp_path: Path) -> None:
+    """The same scenario against the cluster in $KUBECONFIG.
+
+    Expects the CRD installed (`kubectl apply -f crds/`) and an operator running, either
+    in the cluster (the Helm chart) or locally (PSTRAIN_E2E_LOCAL_OPERATOR=1 runs
+    `pstrain operator` from this checkout against the cluster). The job's pods use
+    PSTRAIN_E2E_IMAGE (default: the operator's default runtime image).
+    """
+    from kubernetes import client, config
+
+    config.load_kube_config(config_file=_kubeconfig())
+    namespace = os.environ.get("PSTRAIN_E2E_NAMESPACE", "default")
+    name = f"digits-e2e-{int(time.time()) % 100000}"
+    body = digits_job(namespace, name)
+    image = os.environ.get("PSTRAIN_E2E_IMAGE")
+    if image:
+        for role in ("ps", "worker"):
+            body["spec"]["replicas"][role]["template"] = {"image": image,
+                                                         "imagePullPolicy": "IfNotPresent"}
+    custom = client.CustomObjectsApi()
+    core = client.CoreV1Api()
+    local = None
+    if os.environ.get("PSTRAIN_E2E_LOCAL_OPERATOR") == "1":
+        local = OperatorProcess(Path(_kubeconfig() or ""), tmp_path,
+                                {"PSTRAIN_OPERATOR_NAMESPACES": namespace})
+        local.start()
+    try:
+        custom.create_namespaced_custom_object(c.GROUP, c.VERSION, namespace, c.PLURAL, body)
+
+        def finished() -> str | None:
+            obj = custom.get_namespaced_custom_object(c.GROUP, c.VERSION, namespace,
+                                                      c.PLURAL, name)
+            phase = (obj.get("status") or {}).get("phase")
+            return phase if phase in ("Succeeded", "Failed") else None
+
+        phase = wait_for("the job to finish", finished, timeout=840, interval=2)
+        obj = custom.get_namespaced_custom_object(c.GROUP, c.VERSION, namespace, c.PLURAL,
+                                                  name)
+        assert phase == "Succeeded", obj.get("status")
+
+        def ps_gone() -> bool:
+            pods = core.list_namespaced_pod(
+                namespace, label_selector=f"{c.LABEL_JOB}={name},{c.LABEL_ROLE}=ps")
+            return not [p for p in pods.items if p.status.phase in ("Pending", "Running")]
+
+        wait_for("the PS to stop", ps_gone, timeout=120, interval=2)
+    finally:
+        custom.delete_namespaced_custom_object(c.GROUP, c.VERSION, namespace, c.PLURAL, name)
+        if local is not None:
+            local.stop()

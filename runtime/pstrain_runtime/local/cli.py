@@ -76,7 +76,13 @@ def run_main(argv: Sequence[str]) -> int:
         replica_command=command,
         health_timeout=args.health_timeout,
     )
-    result = run_job(job, options)
+    try:
+        result = run_job(job, options)
+    except KeyboardInterrupt:
+        # Ctrl-C before the runner's own handler was installed (or after it was
+        # removed): run_job's clean-up has already killed whatever it had started.
+        print("pstrain run: interrupted.", file=sys.stderr)
+        return 130
     if args.json:
         sys.stdout.write(json.dumps(result.summary, separators=(",", ":")) + "\n")
         sys.stdout.flush()

@@ -24,7 +24,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 
@@ -34,6 +34,7 @@ DEFAULT_REPLICA_COMMAND: tuple[str, ...] = (sys.executable, "-m", "pstrain_api.c
                                             "replica")
 LOG_TAIL_LINES = 20
 EXIT_DRAIN_SECONDS = 2.0
+MAX_LINE_BYTES = 64 * 1024  # longer lines arrive in pieces
 
 # Runs as `python -c SHIM PARENT_PID CMD...`: die with the parent, then become CMD.
 PDEATHSIG_SHIM = """\
@@ -117,7 +118,7 @@ class ReplicaProcess:
         stream = self.popen.stdout
         if stream is None:
             return
-        for raw in iter(stream.readline, b""):
+        for raw in iter(lambda: stream.readline(MAX_LINE_BYTES), b""):
             text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
             self._tail.append(text)
             self._post(Line(self.name, self.attempt, text))
@@ -141,16 +142,15 @@ class ReplicaProcess:
         if wait_serving(address, self.stop, interval):
             self._post(Healthy(self.name, self.attempt, self._now()))
 
-    def signal(self, signum: int) -> None:
-        """Signal the replica's whole process group, while the replica is alive."""
-        if self.popen.poll() is not None:
+    def signal(self, signum: int, leftovers: bool = False) -> None:
+        """Signal the replica's whole process group while the replica is alive; with
+        `leftovers`, also after it exited, for children it left behind in its group."""
+        if self.popen.poll() is not None and not leftovers:
             return
         try:
             os.killpg(self.popen.pid, signum)
-        except ProcessLookupError:
-            pass
-        except PermissionError:  # not our group after all (should not happen)
-            self.popen.send_signal(signum)
+        except (ProcessLookupError, PermissionError):
+            pass  # the group is gone
 
 
 def wait_serving(address: str, stop: threading.Event, interval: float = 0.1) -> bool:
@@ -185,7 +185,8 @@ class ProcessTable:
         self.now = now
         self.cwd = cwd
         self.observations: queue.SimpleQueue[object] = queue.SimpleQueue()
-        self.procs: dict[str, ReplicaProcess] = {}
+        self.procs: dict[str, ReplicaProcess] = {}  # the latest attempt of each replica
+        self.history: list[ReplicaProcess] = []  # every attempt, for the final clean-up
         self.tails: dict[str, collections.deque[str]] = collections.defaultdict(
             lambda: collections.deque(maxlen=LOG_TAIL_LINES))
 
@@ -211,6 +212,7 @@ class ProcessTable:
         tail.clear()  # the tail explains the latest attempt
         proc = ReplicaProcess(name, attempt, popen, self.post, self.now, tail)
         self.procs[name] = proc
+        self.history.append(proc)
         return proc
 
     def signal(self, names: Sequence[str], signum: int) -> None:
@@ -222,18 +224,13 @@ class ProcessTable:
     def tail(self, name: str, lines: int = 10) -> list[str]:
         return list(self.tails[name])[-lines:]
 
-    def pids(self) -> dict[str, int]:
-        return {name: p.pid for name, p in self.procs.items() if p.popen.poll() is None}
-
-    def alive(self) -> Iterator[ReplicaProcess]:
-        return (p for p in self.procs.values() if p.popen.poll() is None)
-
     def kill_all(self, wait: float = 5.0) -> None:
-        """Last-resort cleanup: SIGKILL every live replica group and reap it."""
-        for proc in self.procs.values():
+        """Last-resort clean-up: SIGKILL every replica process group (including what an
+        exited replica left behind in its group) and reap the replicas."""
+        for proc in self.history:
             proc.stop.set()
-            proc.signal(signal.SIGKILL)
-        for proc in self.procs.values():
+            proc.signal(signal.SIGKILL, leftovers=True)
+        for proc in self.history:
             try:
                 proc.popen.wait(timeout=wait)
             except subprocess.TimeoutExpired:

@@ -14,6 +14,7 @@ Behaviour keys (all optional):
   wait_done:    PS default true: after serving, wait for the chief's done file
   hang:         never exit by itself
   ignore_term:  ignore SIGTERM
+  orphan:       leave a child behind that keeps stdout open (pid in orphans.jsonl)
   wait_exit:    [name, attempt]: run until that replica's attempt has exited (by itself)
 The chief writes $FAKE_STATE_DIR/done before it exits 0.
 """
@@ -89,6 +90,12 @@ def main() -> int:
         time.sleep(plan.get("serve_delay", 0.2))
         servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         print(f"serving attempt {attempt}", flush=True)
+
+    if plan.get("orphan"):
+        import subprocess
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        with (state / "orphans.jsonl").open("a") as f:
+            f.write(json.dumps(child.pid) + "\n")
 
     for kind, fields in plan.get("events", []):
         emit(kind, **fields)

@@ -215,6 +215,20 @@ def test_straggler_after_success_is_terminated_then_killed(fake):
     assert any("ignored SIGTERM for 0.5s; sending SIGKILL" in line for line in lines)
 
 
+def test_children_left_behind_are_cleaned_up(fake, tmp_path):
+    # Worker 1 exits but leaves a child holding its stdout pipe open: the runner must
+    # still see the exit, and must not leave the child running after the job.
+    result, _, starts = fake(make_job("j").ps(1).workers(2),
+                             {"j-worker-1": {"orphan": True},
+                              "j-worker-0": {"wait_exit": ["j-worker-1", 1]}})
+    assert result.summary["phase"] == "Succeeded"
+    assert result.summary["replicas"]["j-worker-1"]["exit_code"] == 0
+    orphans = [json.loads(x) for x in
+               (tmp_path / "state" / "orphans.jsonl").read_text().splitlines()]
+    assert len(orphans) == 1
+    wait_until(lambda: not is_alive(orphans[0]), 5, "the left-behind child to be killed")
+
+
 def test_deadline_fails_the_job(fake):
     result, _, _ = fake(make_job("j").ps(1).workers(1), {"j-worker-0": {"hang": True}},
                         timeout=1.5)

@@ -79,8 +79,9 @@ def run_helm(*args: str, values: dict[str, Any] | None = None) -> HelmResult:
 
 
 @functools.lru_cache(maxsize=64)
-def _template(values_json: str, include_crds: bool) -> tuple[dict[str, Any], ...]:
-    args = ["template", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE,
+def _template(values_json: str, include_crds: bool,
+              namespace: str) -> tuple[dict[str, Any], ...]:
+    args = ["template", RELEASE, str(CHART), "--namespace", namespace,
             "--kube-version", f"{K8S_VERSION}.0"]
     if include_crds:
         args.append("--include-crds")
@@ -90,9 +91,10 @@ def _template(values_json: str, include_crds: bool) -> tuple[dict[str, Any], ...
     return tuple(d for d in yaml.safe_load_all(result.stdout) if d)
 
 
-def render(values: dict[str, Any] | None = None, include_crds: bool = False) -> list[dict[str, Any]]:
+def render(values: dict[str, Any] | None = None, include_crds: bool = False,
+           namespace: str = RELEASE_NAMESPACE) -> list[dict[str, Any]]:
     """Every object `helm template` renders with `values`, in order."""
-    return list(_template(json.dumps(values or {}, sort_keys=True), include_crds))
+    return list(_template(json.dumps(values or {}, sort_keys=True), include_crds, namespace))
 
 
 def objects_of(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

@@ -105,3 +105,14 @@ def test_leader_election_peering_is_granted_where_the_peering_object_lives() -> 
         pytest.skip("PERMISSIONS grants no kopf peering (the operator has no leader election)")
     assert ("kopf.dev", "clusterkopfpeerings", "patch") in table
     assert ("kopf.dev", "kopfpeerings", "patch") in table
+
+
+def test_two_namespaced_installs_do_not_collide_on_cluster_scoped_names() -> None:
+    """One operator per team, each in its own namespace, serving only that namespace."""
+    def cluster_scoped_names(objs: list[dict[str, Any]]) -> set[tuple[str, str]]:
+        return {(o["kind"], o["metadata"]["name"]) for o in objs
+                if "namespace" not in o["metadata"]}
+
+    team_a = cluster_scoped_names(render({"watchNamespaces": ["team-a"]}))
+    team_b = cluster_scoped_names(render({"watchNamespaces": ["team-b"]}, namespace="team-b"))
+    assert team_a and team_a.isdisjoint(team_b)

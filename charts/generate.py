@@ -339,6 +339,13 @@ def values_schema() -> dict[str, Any]:
                 "job's template overrides either.",
                 enum=["restricted", "none"],
             ),
+            "progressInterval": {
+                "description": "Seconds between refreshes of a running job's training "
+                "progress (status.progress), 1 to 30.",
+                "type": "number",
+                "minimum": 1,
+                "maximum": 30,
+            },
             "serviceAccount": _obj("The operator's ServiceAccount.", {
                 "create": _bool("Create the ServiceAccount."),
                 "name": _str("Its name; empty means the release's full name."),

@@ -9,6 +9,7 @@ the chart uses; kopf's peering objects against the CRDs the chart ships).
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,7 @@ CUSTOM = (
     .set("runtimeImage.tag", "0.1.0-cu128")
     .set("logLevel", "debug")
     .set("jobPodSecurity", "none")
+    .set("progressInterval", 2.5)
     .set("serviceAccount.annotations", {"iam.gke.io/gcp-service-account": "ml@p.iam"})
     .set("resources", {"requests": {"cpu": "100m", "memory": "200Mi"},
                        "limits": {"cpu": 1, "memory": "400Mi"}})
@@ -262,6 +264,7 @@ def test_default_deployment_env_is_the_operator_contract() -> None:
         {"name": "PSTRAIN_OPERATOR_LOG_LEVEL", "value": "info"},
         {"name": "PSTRAIN_OPERATOR_LEADER_ELECTION", "value": "false"},
         {"name": "PSTRAIN_OPERATOR_JOB_POD_SECURITY", "value": "restricted"},
+        {"name": "PSTRAIN_OPERATOR_PROGRESS_INTERVAL", "value": "10"},
         POD_ID,
     ]
 
@@ -277,6 +280,7 @@ def test_custom_deployment_env_follows_the_values() -> None:
         {"name": "PSTRAIN_OPERATOR_LOG_LEVEL", "value": "debug"},
         {"name": "PSTRAIN_OPERATOR_LEADER_ELECTION", "value": "true"},
         {"name": "PSTRAIN_OPERATOR_JOB_POD_SECURITY", "value": "none"},
+        {"name": "PSTRAIN_OPERATOR_PROGRESS_INTERVAL", "value": "2.5"},
         POD_ID,
         {"name": "HTTPS_PROXY", "value": "http://proxy:3128"},
     ]
@@ -410,3 +414,19 @@ def test_notes_tell_how_to_submit_and_watch_the_example(
     heredoc = notes.split(start, 1)[1].split("\nYAML\n", 1)[0]
     expected = yaml.safe_load((CHART.parents[1] / "examples" / "digits.yaml").read_text())
     assert yaml.safe_load(heredoc) == expected
+
+
+def test_chart_speaks_the_operator_settings_contract() -> None:
+    """The env names, the allowed choices and the peering name are the operator's own."""
+    from pstrain_operator import settings
+
+    declared = {getattr(settings, n) for n in dir(settings) if n.startswith("ENV_")}
+    rendered = {e["name"] for e in _env(one(render(), "Deployment"))
+                if e["name"].startswith("PSTRAIN_OPERATOR_")}
+    assert rendered == declared
+    schema = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
+    assert tuple(schema["properties"]["logLevel"]["enum"]) == settings.LOG_LEVELS
+    assert tuple(schema["properties"]["jobPodSecurity"]["enum"]) == settings.POD_SECURITY
+    peerings = [o for o in render(Values().leader().build())
+                if o["kind"].endswith("KopfPeering")]
+    assert {o["metadata"]["name"] for o in peerings} == {settings.PEERING_NAME}

@@ -131,6 +131,7 @@ TYPOS = [
     ("digest", {"image": {"digest": "latest"}}),
     ("port", {"metrics": {"port": 0}}),
     ("replicas", {"replicaCount": 0}),
+    ("progress-interval", {"progressInterval": 60}),
 ]
 
 

@@ -16,7 +16,8 @@ Behaviour keys (all optional):
   ignore_term:  ignore SIGTERM
   orphan:       leave a child behind that keeps stdout open (pid in orphans.jsonl)
   wait_exit:    [name, attempt]: run until that replica's attempt has exited (by itself)
-The chief writes $FAKE_STATE_DIR/done before it exits 0.
+The chief waits until every other trainer has recorded its start, and writes
+$FAKE_STATE_DIR/done before it exits 0.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def health_of(address: str) -> bool:
 
 
 def main() -> int:
+    begun = time.monotonic()
     me = parse_cluster_env(os.environ)
     name = replica_name(me.job_name, me.task.role, me.task.index)
     plan_all = json.loads(os.environ.get("FAKE_PLAN", "{}"))
@@ -69,6 +71,17 @@ def main() -> int:
         record["ps_serving"] = [health_of(a) for a in me.addresses("ps")]
     with starts.open("a") as f:
         f.write(json.dumps(record) + "\n")
+
+    if me.is_chief:
+        # Like the real chief, do not finish (and so stop the PS) before every other
+        # trainer has come up; their records then see the PS still serving.
+        others = {replica_name(me.job_name, role, i)
+                  for role in ("worker", "chief") for i in range(len(me.addresses(role)))}
+        others.discard(name)
+        while not others <= {json.loads(x)["name"] for x in starts.read_text().splitlines()}:
+            if time.monotonic() - begun > LIMIT:
+                return 4
+            time.sleep(0.02)
 
     if plan.get("ignore_term"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -6,7 +6,7 @@ depends only on that set, never on dict or creation order.
 
 Rules:
 - A tensor larger than `partition_bytes` (default: a fair share, total bytes / number
-  of parameter servers) is split along its first dimension into as many row ranges
+  of parameter servers, but at least MIN_PARTITION_BYTES) is split along its first dimension into as many row ranges
   as it needs, at most one per parameter server; each range is a separate piece.
 - Pieces are placed largest first (ties by name) on the least-loaded server (ties by
   index): greedy longest-processing-time balancing by bytes.
@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 PART_SEPARATOR = "/part"
+MIN_PARTITION_BYTES = 1 << 20  # below this, splitting costs more messages than it saves
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,8 @@ def build_placement(
                 "pstrain reserves for partitions"
             )
     total = sum(s.nbytes for s in specs)
-    limit = partition_bytes if partition_bytes is not None else math.ceil(total / num_ps)
+    limit = (partition_bytes if partition_bytes is not None
+             else max(math.ceil(total / num_ps), MIN_PARTITION_BYTES))
     if limit < 1:
         limit = 1
 

@@ -218,9 +218,8 @@ class Trainer:
     def _install(self, params: Mapping[str, torch.Tensor],
                  states: Mapping[str, OptimizerState] | None, global_step: int,
                  only: Sequence[int] | None = None) -> None:
-        pieces = self.client.split(params)
         self._retry(lambda: self.client.init(
-            pieces, self.optimizer, mode=self.training.mode,
+            params, self.optimizer, mode=self.training.mode,
             num_workers=self.role.num_workers,
             staleness_bound=self.training.staleness_bound,
             fingerprint=self.fingerprint, global_step=global_step, states=states, only=only))
@@ -448,6 +447,7 @@ class Trainer:
         if not role.is_chief:
             if not finished_by_peer:
                 self._wait_done()
+            self.client.info_all(role.worker)  # goodbye: every server may stop now
             return result
         return self._finish(result, start_step)
 

@@ -1,0 +1,57 @@
+"""Job status from parameter server 0, for the operator. Imports no torch.
+
+    fetch_job_status("digits-ps-0.digits.default.svc:2222", timeout=2.0)
+    -> {"namespace": "default/digits", "global_step": 420, "loss": 0.08,
+        "samples_per_sec": 15000.0, "eval_accuracy": 0.97, "checkpoint_step": 400,
+        "checkpoint_path": "/ckpt/ckpt-000000000400.pt", "checkpoint_time": 1.7e9,
+        "done": False, "target_steps": 600, "initialized": True, "updated_time": 1.7e9}
+
+Values not known yet are None (no eval yet, no checkpoint yet, no loss yet).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import grpc
+
+from .proto import ps_pb2, ps_pb2_grpc
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def status_to_dict(status: ps_pb2.JobStatus) -> dict[str, Any]:
+    return {
+        "namespace": status.namespace,
+        "global_step": int(status.global_step),
+        "loss": _finite(status.loss),
+        "samples_per_sec": status.samples_per_sec or None,
+        "eval_accuracy": _finite(status.eval_accuracy) if status.has_eval else None,
+        "checkpoint_step": int(status.checkpoint_step) if status.has_checkpoint else None,
+        "checkpoint_path": status.checkpoint_path if status.has_checkpoint else None,
+        "checkpoint_time": status.checkpoint_time if status.has_checkpoint else None,
+        "done": bool(status.done),
+        "target_steps": int(status.target_steps) or None,
+        "initialized": bool(status.initialized),
+        "updated_time": status.updated_time or None,
+    }
+
+
+def fetch_job_status(address: str, timeout: float, namespace: str = "") -> dict[str, Any] | None:
+    """The job status held by the parameter server at `address` (PS 0), or None when it
+    cannot be reached, holds no job yet, or does not answer within `timeout` seconds.
+
+    `namespace` is "<k8s namespace>/<job name>"; empty means the job that reported last
+    (a parameter server normally serves one job).
+    """
+    try:
+        with grpc.insecure_channel(address) as channel:
+            stub = ps_pb2_grpc.ParameterServerStub(channel)
+            reply = stub.GetJobStatus(ps_pb2.NamespaceRequest(namespace=namespace),
+                                      timeout=timeout)
+    except grpc.RpcError:
+        return None
+    return status_to_dict(reply)

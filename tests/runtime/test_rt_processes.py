@@ -1,0 +1,81 @@
+"""End to end with real processes: `pstrain replica` for every replica on loopback.
+
+The one real path: parameter servers, workers and the chief as separate processes
+talking gRPC, every replica exiting 0; then a worker and a parameter server killed
+mid-training and restarted at the same address, with training still finishing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.api.job_builder import job
+
+from .builders import ProcessJob
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def digits_job(name: str, steps: int, mode: str = "async", ps: int = 1, workers: int = 2,
+               **training: object) -> dict:
+    return (job(name).ps(ps).workers(workers)
+            .training(entrypoint="pstrain_runtime.examples.digits:make_task", steps=steps,
+                      batchSize=64, mode=mode,
+                      optimizer={"name": "momentum", "learningRate": 0.05, "momentum": 0.9},
+                      **training)
+            .build())
+
+
+def test_job_finishes_and_every_replica_exits_0() -> None:
+    run = ProcessJob(digits_job("e2e", steps=300, ps=2, workers=2))
+    try:
+        run.start()
+        done = run.chief.wait_event(lambda e: e["event"] == "done", timeout=150)
+        codes = run.wait_all(timeout=60)
+    finally:
+        run.stop_all()
+    assert codes == {name: 0 for name in codes}
+    assert done["step"] >= 300  # async: a last in-flight push may land after the target
+    assert done["accuracy"] >= 0.9
+    assert any(e for e in [run.ps(0).lines, run.ps(1).lines] if any("ready" in x for x in e))
+
+
+def test_killed_worker_is_restarted_and_training_finishes(tmp_path: Path) -> None:
+    run = ProcessJob(digits_job("wkill", steps=600, mode="sync",
+                                checkpoint={"intervalSteps": 100}), tmp_path)
+    try:
+        run.start()
+        run.chief.wait_event(lambda e: e["event"] == "progress" and e["step"] >= 50,
+                             timeout=150)
+        run.worker(1).kill()
+        run.worker(1).start()  # the runner/operator restarts it, same env
+        done = run.chief.wait_event(lambda e: e["event"] == "done", timeout=180)
+        codes = run.wait_all(timeout=60)
+    finally:
+        run.stop_all()
+    assert done["step"] == 600  # sync: exact
+    assert set(codes.values()) == {0}
+
+
+def test_killed_ps_restores_from_checkpoint_and_reports_lost_steps(tmp_path: Path) -> None:
+    run = ProcessJob(digits_job("pskill", steps=1500, checkpoint={"intervalSteps": 50}),
+                     tmp_path)
+    try:
+        run.start()
+        ckpt = run.chief.wait_event(lambda e: e["event"] == "checkpoint" and e["step"] >= 100,
+                                    timeout=150)
+        run.ps(0).kill()
+        run.ps(0).start()
+        restored = run.chief.wait_event(lambda e: e["event"] == "restored", timeout=120)
+        done = run.chief.wait_event(lambda e: e["event"] == "done", timeout=180)
+        codes = run.wait_all(timeout=60)
+    finally:
+        run.stop_all()
+    assert restored["step"] >= ckpt["step"]
+    assert restored["lost_steps"] >= 0
+    assert restored["path"].endswith(f"ckpt-{restored['step']:012d}.pt")
+    assert done["step"] >= 1500  # async: a last in-flight push may land after the target
+    assert done["accuracy"] >= 0.9
+    assert set(codes.values()) == {0}

@@ -1,0 +1,247 @@
+"""The parameter server's rules, without sockets: bad input is refused with a status
+code and a message and changes nothing; sync aggregation; staleness; namespaces."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from pstrain_runtime import wire
+from pstrain_runtime.client import LocalTransport, ShardedClient
+from pstrain_runtime.optim import OptimizerConfig
+from pstrain_runtime.placement import build_placement, param_specs
+from pstrain_runtime.proto import ps_pb2 as pb
+from pstrain_runtime.store import ParameterStore, PSError
+
+SGD = OptimizerConfig(name="sgd", learning_rate=0.5)
+FP = "ab" * 32
+
+
+def params() -> dict[str, torch.Tensor]:
+    return {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4), "b": torch.ones(4)}
+
+
+def connect(store: ParameterStore, namespace: str = "ns") -> ShardedClient:
+    p = params()
+    placement = build_placement(param_specs({n: t.shape for n, t in p.items()}), 1)
+    return ShardedClient([LocalTransport(store)], placement, namespace, chunk_bytes=16)
+
+
+def ready_store(mode: str = "async", num_workers: int = 1, staleness: int | None = None,
+                config: OptimizerConfig = SGD) -> tuple[ParameterStore, ShardedClient]:
+    store = ParameterStore()
+    client = connect(store)
+    client.init(params(), config, mode=mode, num_workers=num_workers,
+                staleness_bound=staleness, fingerprint=FP)
+    return store, client
+
+
+def snapshot(store: ParameterStore, namespace: str = "ns") -> tuple:
+    ns = store.namespace(namespace)
+    return (ns.global_step, {k: v.clone() for k, v in ns.params.items()},
+            {k: (s.step, {n: t.clone() for n, t in s.slots.items()}) for k, s in ns.states.items()})
+
+
+def same(a: tuple, b: tuple) -> bool:
+    return (a[0] == b[0] and all(torch.equal(a[1][k], b[1][k]) for k in a[1])
+            and a[2].keys() == b[2].keys()
+            and all(a[2][k][0] == b[2][k][0] for k in a[2]))
+
+
+def push_frames(tensors: dict[str, torch.Tensor], namespace: str = "ns", worker: int = 0,
+                step: int = 0, chunk_bytes: int = 16) -> list[bytes]:
+    header = pb.StreamHeader(kind=pb.STREAM_KIND_PUSH, namespace=namespace, worker=worker,
+                             step=step,
+                             tensors=[wire.meta_of(n, t) for n, t in tensors.items()])
+    return list(wire.StreamWriter(chunk_bytes).frames(header, list(tensors.values())))
+
+
+def good_grads() -> dict[str, torch.Tensor]:
+    return {"b": torch.full((4,), 0.1), "w": torch.full((3, 4), 0.2)}
+
+
+def with_value(value: float) -> dict[str, torch.Tensor]:
+    g = good_grads()
+    g["w"][1, 2] = value
+    return g
+
+
+BAD_PUSHES: dict[str, tuple[Callable[[], list[bytes]], str, str]] = {
+    "unknown-tensor": (lambda: push_frames({"nope": torch.zeros(2)}), "NOT_FOUND",
+                       "tensor 'nope' is not on parameter server 0"),
+    "unknown-namespace": (lambda: push_frames(good_grads(), namespace="other"),
+                          "FAILED_PRECONDITION", "namespace 'other' is not initialised"),
+    "wrong-shape": (lambda: push_frames({"w": torch.zeros(4, 3)}), "INVALID_ARGUMENT",
+                    r"gradient 'w' has shape \[4, 3\], the parameter has \[3, 4\]"),
+    "wrong-dtype": (lambda: push_frames({"w": torch.zeros(3, 4, dtype=torch.int64)}),
+                    "INVALID_ARGUMENT", "gradient 'w' has dtype int64"),
+    "nan": (lambda: push_frames(with_value(float("nan"))), "INVALID_ARGUMENT",
+            "gradient 'w' contains NaN or inf; .* rejected and not applied"),
+    "inf": (lambda: push_frames(with_value(float("inf"))), "INVALID_ARGUMENT",
+            "contains NaN or inf"),
+    "out-of-order": (lambda: (lambda f: [f[0], f[2], f[1], *f[3:]])(push_frames(good_grads())),
+                     "INVALID_ARGUMENT", "chunk 1 arrived where chunk 0 was expected"),
+    "truncated": (lambda: push_frames(good_grads())[:-1], "INVALID_ARGUMENT",
+                  "was truncated"),
+    "bad-worker": (lambda: push_frames(good_grads(), worker=5), "INVALID_ARGUMENT",
+                   "worker is 5; this job has workers 0..0"),
+    "duplicate-tensor": (lambda: push_frames(good_grads())[:1] and [
+        wire.encode_header(pb.StreamHeader(kind=pb.STREAM_KIND_PUSH, namespace="ns",
+                                           tensors=[wire.meta_of("b", torch.zeros(4))] * 2))],
+        "INVALID_ARGUMENT", "tensor 'b' appears twice"),
+    "wrong-kind": (lambda: [wire.encode_header(pb.StreamHeader(kind=pb.STREAM_KIND_INIT))],
+                   "INVALID_ARGUMENT", "stream kind is STREAM_KIND_INIT"),
+}
+
+
+@pytest.mark.parametrize(("frames", "code", "message"), BAD_PUSHES.values(), ids=BAD_PUSHES.keys())
+def test_bad_push_is_refused_and_changes_nothing(frames, code, message) -> None:
+    store, _ = ready_store()
+    before = snapshot(store)
+    with pytest.raises(PSError, match=message) as err:
+        store.push(iter(frames()))
+    assert err.value.code == code
+    assert same(snapshot(store), before)
+
+
+def test_nonfinite_pushes_are_counted() -> None:
+    store, client = ready_store()
+    for _ in range(2):
+        with pytest.raises(PSError):
+            store.push(iter(push_frames(with_value(float("nan")))))
+    assert client.info(0).skipped_nonfinite == 2
+
+
+def test_push_before_initialisation_is_refused() -> None:
+    store = ParameterStore()
+    with pytest.raises(PSError, match="namespace 'ns' is not initialised") as err:
+        store.push(iter(push_frames(good_grads())))
+    assert err.value.code == "FAILED_PRECONDITION"
+    with pytest.raises(PSError, match="not initialised"):
+        connect(store).pull(params())
+
+
+def test_async_push_applies_at_once_and_pull_sees_it() -> None:
+    store, client = ready_store()
+    replies = client.push(good_grads(), worker=0)
+    assert replies[0].applied and replies[0].info.global_step == 1
+    out = {k: torch.empty_like(v) for k, v in params().items()}
+    assert client.pull(out) == 1
+    torch.testing.assert_close(out["w"], params()["w"] - 0.5 * 0.2)
+    torch.testing.assert_close(out["b"], params()["b"] - 0.5 * 0.1)
+
+
+def test_sync_mode_waits_for_every_worker_and_applies_the_mean() -> None:
+    store, client = ready_store(mode="sync", num_workers=2)
+    result: dict[int, pb.PushReply] = {}
+    g1 = {"b": torch.full((4,), 1.0), "w": torch.full((3, 4), 1.0)}
+    g2 = {"b": torch.full((4,), 3.0), "w": torch.full((3, 4), -1.0)}
+
+    first = threading.Thread(target=lambda: result.setdefault(0, client.push(g1, 0, 0)[0]))
+    first.start()
+    first.join(0.3)
+    assert first.is_alive(), "worker 0's push must wait for worker 1"
+    assert store.namespace("ns").global_step == 0
+    result[1] = connect(store).push(g2, worker=1, step=0)[0]
+    first.join(5)
+    assert not first.is_alive()
+    assert result[0].info.global_step == result[1].info.global_step == 1
+    ns = store.namespace("ns")
+    torch.testing.assert_close(ns.params["b"], torch.ones(4) - 0.5 * 2.0)
+    torch.testing.assert_close(ns.params["w"], params()["w"])
+
+
+def test_sync_duplicate_and_stale_contributions_are_not_applied() -> None:
+    store, client = ready_store(mode="sync", num_workers=1)
+    assert client.push(good_grads(), 0, step=0)[0].applied
+    stale = client.push(good_grads(), 0, step=0)[0]
+    assert not stale.applied and "already applied" in stale.note
+    assert store.namespace("ns").global_step == 1
+
+
+def test_sync_staleness_bound_lets_a_worker_run_ahead_by_at_most_n() -> None:
+    store, _ = ready_store(mode="sync", num_workers=2, staleness=2)
+    fast = connect(store)
+    for step in range(2):  # steps 0 and 1 return although worker 1 has not pushed
+        reply = fast.push(good_grads(), 0, step=step)[0]
+        assert reply.applied and reply.info.global_step == 0
+    blocked = threading.Thread(target=lambda: fast.push(good_grads(), 0, step=2))
+    blocked.start()
+    blocked.join(0.3)
+    assert blocked.is_alive(), "step 2 must wait: it is 3 ahead of the global step"
+    connect(store).push(good_grads(), 1, step=0)
+    blocked.join(5)
+    assert not blocked.is_alive()
+    assert store.namespace("ns").global_step == 1
+
+
+def test_async_staleness_bound_blocks_the_fast_worker() -> None:
+    # Like sync mode: a worker may start update k while the slowest has done k - N.
+    store, client = ready_store(mode="async", num_workers=2, staleness=1)
+    client.push(good_grads(), 0)
+    client.push(good_grads(), 0)
+    blocked = threading.Thread(target=lambda: client.push(good_grads(), 0))
+    blocked.start()
+    blocked.join(0.3)
+    assert blocked.is_alive()
+    connect(store).push(good_grads(), 1)
+    blocked.join(5)
+    assert not blocked.is_alive()
+    assert store.namespace("ns").global_step == 4
+
+
+def test_namespaces_do_not_clash() -> None:
+    store = ParameterStore()
+    a, b = connect(store, "job-a"), connect(store, "job-b")
+    a.init(params(), SGD, mode="async", num_workers=1, staleness_bound=None, fingerprint=FP)
+    other = {k: v * 10 for k, v in params().items()}
+    b.init(other, SGD, mode="async", num_workers=1, staleness_bound=None, fingerprint="cd" * 32)
+    a.push(good_grads())
+    out = {k: torch.empty_like(v) for k, v in params().items()}
+    assert b.pull(out) == 0
+    torch.testing.assert_close(out["w"], other["w"])
+    assert a.info(0).global_step == 1
+
+
+def test_init_with_another_model_in_the_same_namespace_is_refused() -> None:
+    store, client = ready_store()
+    before = snapshot(store)
+    with pytest.raises(PSError, match="already holds a different model") as err:
+        client.init(params(), SGD, mode="async", num_workers=1, staleness_bound=None,
+                    fingerprint="ef" * 32)
+    assert err.value.code == "FAILED_PRECONDITION"
+    assert same(snapshot(store), before)
+
+
+def test_init_rejects_nan_parameters_and_bad_settings() -> None:
+    store = ParameterStore()
+    client = connect(store)
+    bad = params()
+    bad["b"][0] = float("nan")
+    with pytest.raises(PSError, match="parameter 'b' contains NaN or inf"):
+        client.init(bad, SGD, mode="async", num_workers=1, staleness_bound=None, fingerprint=FP)
+    with pytest.raises(PSError, match="mode is 'nope'"):
+        client.init(params(), SGD, mode="nope", num_workers=1, staleness_bound=None,
+                    fingerprint=FP)
+    assert not client.info(0).initialized
+
+
+def test_finish_tells_workers_the_job_is_done() -> None:
+    store, client = ready_store(num_workers=2)
+    client.finish()
+    reply = connect(store).push(good_grads(), worker=1)[0]
+    assert reply.info.done and not reply.applied
+    assert store.workers_informed()
+
+
+def test_pull_state_returns_parameters_and_optimizer_slots() -> None:
+    store, client = ready_store(config=OptimizerConfig(name="adam", learning_rate=0.1))
+    client.push(good_grads())
+    state = client.pull_state()
+    assert state.global_step == 1
+    assert sorted(state.slots["w"]) == ["exp_avg", "exp_avg_sq"]
+    assert state.slot_steps == {"b": 1, "w": 1}
+    torch.testing.assert_close(state.params["w"], store.namespace("ns").params["w"])

@@ -1,0 +1,106 @@
+"""Tensors on the wire: raw bytes in ~2 MiB chunks, decoded in order, checked for size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pstrain_runtime import wire
+from pstrain_runtime.proto import ps_pb2 as pb
+
+
+def header_for(tensors: dict[str, torch.Tensor]) -> pb.StreamHeader:
+    return pb.StreamHeader(kind=pb.STREAM_KIND_PUSH, namespace="ns",
+                           tensors=[wire.meta_of(n, t) for n, t in tensors.items()])
+
+
+def frames_of(tensors: dict[str, torch.Tensor], chunk_bytes: int = wire.CHUNK_BYTES) -> list[bytes]:
+    return list(wire.StreamWriter(chunk_bytes).frames(header_for(tensors), list(tensors.values())))
+
+
+def read_into(frames: list[bytes], like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {n: torch.empty_like(t) for n, t in like.items()}
+    wire.read_stream(iter(frames), lambda h: [wire.byte_view(out[m.name]) for m in h.tensors])
+    return out
+
+
+def test_large_tensor_is_chunked_and_round_trips() -> None:
+    big = torch.randn(3 * 1024 * 1024 + 7)  # 12 MiB + 28 bytes: more than 8 MiB
+    frames = frames_of({"big": big})
+    chunk_sizes = [len(f) for f in frames[1:]]
+    assert len(chunk_sizes) == 7
+    assert max(chunk_sizes) <= wire.CHUNK_BYTES + 32
+    assert all(size > 1024 * 1024 for size in chunk_sizes[:-1])
+    assert torch.equal(read_into(frames, {"big": big})["big"], big)
+
+
+def test_chunks_span_tensor_boundaries_and_dtypes() -> None:
+    tensors = {
+        "a": torch.randn(1000, 3),
+        "empty": torch.empty(0, 4),
+        "b": torch.randn(77).to(torch.bfloat16),
+        "c": torch.randn(5, 5).half(),
+        "d": torch.arange(10, dtype=torch.int64),
+    }
+    frames = frames_of(tensors, chunk_bytes=1000)
+    out = read_into(frames, tensors)
+    for name, tensor in tensors.items():
+        assert torch.equal(out[name], tensor), name
+
+
+def test_chunk_frames_are_valid_protobuf() -> None:
+    frames = frames_of({"w": torch.arange(6, dtype=torch.float32)}, chunk_bytes=8)
+    parsed = pb.Frame.FromString(frames[2])
+    assert (parsed.seq, parsed.offset, len(parsed.data)) == (1, 8, 8)
+    assert pb.Frame.FromString(frames[0]).header.total_bytes == 24
+
+
+def test_protobuf_encoded_chunks_are_accepted_too() -> None:
+    w = torch.arange(4, dtype=torch.float32)
+    header = header_for({"w": w})
+    header.total_bytes = 16
+    raw = w.numpy().tobytes()
+    frames = [pb.Frame(header=header).SerializeToString(),
+              pb.Frame(seq=0, offset=0, data=raw[:8]).SerializeToString(),
+              pb.Frame(seq=1, offset=8, data=raw[8:]).SerializeToString()]
+    assert torch.equal(read_into(frames, {"w": w})["w"], w)
+
+
+def _swap(frames: list[bytes]) -> list[bytes]:
+    return [frames[0], frames[2], frames[1], *frames[3:]]
+
+
+def _wrong_offset(frames: list[bytes]) -> list[bytes]:
+    return [frames[0], wire.encode_chunk(0, 4, [b"\0" * 8]), *frames[2:]]
+
+
+def _cut_frame(frames: list[bytes]) -> list[bytes]:
+    return [frames[0], frames[1][:-3], *frames[2:]]
+
+
+@pytest.mark.parametrize(
+    ("mangle", "message"),
+    [
+        pytest.param(_swap, "chunk 1 arrived where chunk 0 was expected", id="out-of-order"),
+        pytest.param(lambda f: f[:-1], "ended after 16 of 24 bytes; it was truncated",
+                     id="truncated-stream"),
+        pytest.param(_cut_frame, "declares 8 data bytes but carries 5", id="truncated-frame"),
+        pytest.param(_wrong_offset, "starts at byte 4, expected byte 0", id="gap-or-overlap"),
+        pytest.param(lambda f: [*f, wire.encode_chunk(3, 24, [b"x"])], "overruns the stream",
+                     id="too-many-bytes"),
+        pytest.param(lambda f: [f[0], f[0], *f[1:]], "second header", id="second-header"),
+        pytest.param(lambda f: f[1:], "did not start with a header", id="no-header"),
+        pytest.param(lambda f: [], "stream was empty", id="empty"),
+        pytest.param(lambda f: [f[0], b"\x15garbage"], "could not be decoded", id="garbage"),
+    ],
+)
+def test_broken_streams_are_rejected(mangle, message) -> None:
+    w = torch.arange(6, dtype=torch.float32)
+    frames = frames_of({"w": w}, chunk_bytes=8)
+    with pytest.raises(wire.WireError, match=message):
+        read_into(mangle(frames), {"w": w})
+
+
+def test_unknown_dtype_is_named() -> None:
+    with pytest.raises(wire.WireError, match="dtype 'complex32' is not one of"):
+        wire.parse_dtype("complex32")

@@ -35,7 +35,7 @@ from .metrics import Metrics, build_summary, fold
 from .processes import (DEFAULT_REPLICA_COMMAND, Line, ProcessTable, find_free_ports,
                         replica_environment)
 from .render import PlainReporter, Reporter, RichReporter, format_result
-from .supervisor import (Begin, Finish, Interrupt, Kill, Notify, Settings,
+from .supervisor import (Action, Begin, Finish, Interrupt, Kill, Notify, RunState, Settings,
                          SpawnFailed, Start, Terminate, Tick, decide, effective_deadline,
                          initial_state)
 
@@ -118,18 +118,80 @@ def _make_reporter(options: RunOptions, stream: TextIO, names: Sequence[str],
 def run_job(job: TrainingJob, options: RunOptions = RunOptions(),
             stdout: TextIO | None = None, stderr: TextIO | None = None) -> RunResult:
     """Run `job` as local processes until it succeeds, fails or is interrupted."""
-    out = stdout or sys.stdout
-    log_stream = (stderr or sys.stderr) if options.json else out
-    clock = time.monotonic
-
     temp_dir: str | None = None
     if options.checkpoint_dir:
         job = with_checkpoint_dir(job, str(Path(options.checkpoint_dir).resolve()))
     elif not job.spec.training.checkpoint.directory:
+        # A restarted parameter server can only come back from a checkpoint.
         temp_dir = tempfile.mkdtemp(prefix=f"pstrain-{job.name}-ckpt-")
         job = with_checkpoint_dir(job, temp_dir)
-    checkpoint_dir = job.spec.training.checkpoint.directory
+    try:
+        return _run(job, options, stdout or sys.stdout,
+                    (stderr or sys.stderr) if options.json else (stdout or sys.stdout),
+                    temp_dir)
+    finally:
+        if temp_dir and not options.keep_temp_checkpoints:
+            shutil.rmtree(temp_dir, ignore_errors=True)
 
+
+class _Executor:
+    """Carries out supervisor actions: spawns, signals, prints."""
+
+    def __init__(self, table: ProcessTable, reporter: Reporter, addresses: dict[str, str],
+                 command: Sequence[str], clock: Callable[[], float]):
+        self.table = table
+        self.reporter = reporter
+        self.addresses = addresses
+        self.command = command
+        self.clock = clock
+        self.pids: dict[str, list[int]] = {name: [] for name in addresses}
+        self.inbox: list[object] = []  # observations the executor itself makes
+
+    def apply(self, action: Action, state: RunState) -> Finish | None:
+        if isinstance(action, Start):
+            self._start(action, state.replica(action.name).is_ps)
+        elif isinstance(action, Terminate):
+            self.table.signal(action.names, signal.SIGTERM)
+        elif isinstance(action, Kill):
+            self.table.signal(action.names, signal.SIGKILL)
+        elif isinstance(action, Notify):
+            context: list[str] = []
+            if action.level == "error" and action.replica:
+                context = self.table.tail(action.replica, FAILURE_CONTEXT_LINES)
+                if context:
+                    context = [f"last output of {action.replica}:", *context]
+            self.reporter.notice(action.level, action.text, context)
+        elif isinstance(action, Finish):
+            return action
+        return None
+
+    def _start(self, action: Start, is_ps: bool) -> None:
+        try:
+            proc = self.table.start(action.name, action.attempt)
+        except OSError as exc:
+            self.inbox.append(SpawnFailed(action.name, action.attempt,
+                                          f"{self.command[0]}: {exc.strerror or exc}",
+                                          self.clock()))
+            return
+        self.pids[action.name].append(proc.pid)
+        again = f", attempt {action.attempt}" if action.attempt > 1 else ""
+        self.reporter.notice("info", f"started {action.name} (pid {proc.pid}{again})")
+        if is_ps:
+            proc.probe_health(self.addresses[action.name])
+
+    def line(self, item: Line, metrics: Metrics) -> Metrics:
+        event = parse_event(item.text)
+        if event is None:
+            self.reporter.replica_line(item.name, item.text)
+            return metrics
+        metrics = fold(metrics, item.name, event)
+        self.reporter.event(item.name, event, metrics)
+        return metrics
+
+
+def _run(job: TrainingJob, options: RunOptions, out: TextIO, log_stream: TextIO,
+         temp_dir: str | None) -> RunResult:
+    clock = time.monotonic
     spec = local_cluster_spec(job, find_free_ports(task_count(job)))
     tasks = spec.tasks()
     names = [spec.replica_name(t) for t in tasks]
@@ -153,12 +215,13 @@ def run_job(job: TrainingJob, options: RunOptions = RunOptions(),
         backoff_base=options.backoff_base,
     )
     state = initial_state(spec, settings)
-    addresses = {r.name: r.address for r in state.replicas}
     table = ProcessTable(options.replica_command, environments, clock)
     metrics = Metrics(total_steps=job.spec.training.steps)
     reporter = _make_reporter(options, log_stream, names, job)
-    pids: dict[str, list[int]] = {n: [] for n in names}
+    executor = _Executor(table, reporter, {r.name: r.address for r in state.replicas},
+                         options.replica_command, clock)
 
+    checkpoint_dir = job.spec.training.checkpoint.directory
     reporter.notice("info", f"job {job.name}: " + ", ".join(
         f"{spec.replica_name(t)}@{spec.addresses[t]}" for t in tasks))
     if gpus:
@@ -174,67 +237,39 @@ def run_job(job: TrainingJob, options: RunOptions = RunOptions(),
     finish: Finish | None = None
     with _signals_to(table.post, clock, options.handle_signals) as received:
         try:
-            inbox: list[object] = [Begin(started)]
+            executor.inbox.append(Begin(started))
             last_tick = started
             while finish is None:
-                if not inbox and clock() - last_tick >= TICK_SECONDS:
-                    inbox.append(Tick(clock()))
-                if inbox:
-                    item = inbox.pop(0)
+                # Observe: the executor's own observations first, then the queue; a
+                # tick at least every TICK_SECONDS even while output streams in.
+                if not executor.inbox and clock() - last_tick >= TICK_SECONDS:
+                    executor.inbox.append(Tick(clock()))
+                if executor.inbox:
+                    item = executor.inbox.pop(0)
                 else:
                     try:
                         item = table.observations.get(timeout=TICK_SECONDS)
                     except queue.Empty:
                         item = Tick(clock())
                 if isinstance(item, Line):
-                    event = parse_event(item.text)
-                    if event is None:
-                        reporter.replica_line(item.name, item.text)
-                    else:
-                        metrics = fold(metrics, item.name, event)
-                        reporter.event(item.name, event, metrics)
+                    metrics = executor.line(item, metrics)
                     continue
                 if isinstance(item, Tick):
                     last_tick = item.now
+                # Decide, then apply.
                 state, actions = decide(state, item)  # type: ignore[arg-type]
                 for action in actions:
-                    if isinstance(action, Start):
-                        try:
-                            proc = table.start(action.name, action.attempt)
-                        except OSError as exc:
-                            inbox.append(SpawnFailed(action.name, action.attempt,
-                                                     f"{options.replica_command[0]}: "
-                                                     f"{exc.strerror or exc}", clock()))
-                            continue
-                        pids[action.name].append(proc.pid)
-                        again = f", attempt {action.attempt}" if action.attempt > 1 else ""
-                        reporter.notice("info", f"started {action.name} (pid {proc.pid}"
-                                                f"{again})")
-                        if state.replica(action.name).is_ps:
-                            proc.probe_health(addresses[action.name])
-                    elif isinstance(action, Terminate):
-                        table.signal(action.names, signal.SIGTERM)
-                    elif isinstance(action, Kill):
-                        table.signal(action.names, signal.SIGKILL)
-                    elif isinstance(action, Notify):
-                        context: list[str] = []
-                        if action.level == "error" and action.replica:
-                            context = table.tail(action.replica, FAILURE_CONTEXT_LINES)
-                            if context:
-                                context = [f"last output of {action.replica}:", *context]
-                        reporter.notice(action.level, action.text, context)
-                    elif isinstance(action, Finish):
-                        finish = action
+                    finish = executor.apply(action, state) or finish
         finally:
             table.kill_all()
             reporter.close()
-            if temp_dir and not options.keep_temp_checkpoints:
-                shutil.rmtree(temp_dir, ignore_errors=True)
 
     wall = clock() - started
     summary = build_summary(state, metrics, wall, job.name, checkpoint_dir)
+    if finish is None:  # pragma: no cover - the loop only ends on Finish
+        raise RuntimeError("the local run ended without a Finish decision")
     exit_code = exit_code_of(finish, received[-1] if received else None)
     for line in format_result(summary):
-        (log_stream if options.json else out).write(line + "\n")
-    return RunResult(summary=summary, exit_code=exit_code, pids=pids)
-
+        log_stream.write(line + "\n")
+    log_stream.flush()
+    return RunResult(summary=summary, exit_code=exit_code, pids=executor.pids)

@@ -7,7 +7,8 @@ Every emulator workaround lives here, never in the operator:
 - it assigns no uid/creationTimestamp/generation; the test client sets them when it
   creates a TrainingJob, as the API server would;
 - it ignores `metadata.generateName` (kopf names Events that way); names are made up,
-  and created objects get a uid and creationTimestamp as on a real server;
+  and created objects get a uid and creationTimestamp (pods: phase Pending) as on a
+  real server;
 - it cannot parse `/api/v1/namespaces` (kopf lists and watches it); served here.
 """
 
@@ -119,6 +120,8 @@ class SelectingEmulator(kmock.KubernetesEmulator):
             if not meta.get("name") and meta.get("generateName"):  # kopf's Events use it
                 meta["name"] = meta["generateName"] + uuid.uuid4().hex[:8]
             meta.setdefault("uid", str(uuid.uuid4()))
+            if request.data.get("kind") == "Pod":
+                request.data.setdefault("status", {"phase": "Pending"})
             meta.setdefault("creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
         return await super()._handle(request)
 
@@ -188,6 +191,19 @@ class EmulatorThread:
         emulator.namespaces.append(self.namespace)
         self.emulator, self._server = emulator, server
         self.url = str(server.url).rstrip("/")
+
+    def declare_peering(self, namespace: str, name: str = "pstrain") -> None:
+        """Serve kopf's namespaced peering CRD with the peering object, as the chart
+        creates them when leader election is on."""
+        def declare() -> None:
+            assert self.emulator is not None
+            self.emulator.resources["kopf.dev/v1/kopfpeerings"] = kmock.ResourceInfo(
+                kind="KopfPeering", singular="kopfpeering", namespaced=True,
+                verbs={"get", "list", "watch", "patch", "create"})
+            self.emulator.objects["kopf.dev/v1/kopfpeerings", namespace, name] = {
+                "apiVersion": "kopf.dev/v1", "kind": "KopfPeering",
+                "metadata": {"name": name, "namespace": namespace}}
+        self.call(declare)
 
     def stop(self) -> None:
         async def stop() -> None:

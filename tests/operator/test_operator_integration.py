@@ -4,6 +4,8 @@ every request covered by the RBAC table."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pstrain_api import constants as c
@@ -98,4 +100,85 @@ def test_operator_runs_a_job_in_order_and_survives_a_restart(
             for v in [rbac_verb(r)] if v is not None}
     assert {("", "pods", "create"), ("pstrain.io", "trainingjobs/status", "patch"),
             ("", "events", "create"), ("", "pods", "delete")} <= used
+    assert sorted(v for v in used if not allows(*v)) == []
+
+
+def test_failure_names_the_root_cause_and_ttl_deletes_the_job(
+    emulator: EmulatorThread, operator_process: OperatorProcess
+) -> None:
+    api = HttpApi(emulator.url)
+    operator_process.start()
+    api.create_job(make_job("bad", NS).workers(2)
+                   .policy(restartPolicy="ExitCode", ttlSecondsAfterFinished=3).body())
+    wait_for("PS pod", lambda: "bad-ps-0" in api.pods(NS))
+    api.set_pod_status(NS, "bad-ps-0", pod_status("Running", ready=True))
+    wait_for("workers", lambda: {"bad-worker-0", "bad-worker-1"} <= set(api.pods(NS)))
+
+    # 137 is retryable under ExitCode: the pod is restarted (deleted, recreated), counted.
+    api.set_pod_status(NS, "bad-worker-1", pod_status("Failed", exit_code=137,
+                                                      reason="OOMKilled"))
+    wait_for("one restart", lambda: api.job(NS, "bad")["status"].get("restarts") == 1)
+    wait_for("worker-1 recreated", lambda: (api.pods(NS).get("bad-worker-1") or {})
+             .get("status", {}).get("phase") == "Pending")
+
+    # Exit code 2 is permanent: the job fails, naming the pod and the reason.
+    api.set_pod_status(NS, "bad-worker-1", pod_status("Failed", exit_code=2))
+    wait_for("Failed", lambda: api.job(NS, "bad")["status"]["phase"] == "Failed")
+    status = api.job(NS, "bad")["status"]
+    assert status["failure"] == {
+        "role": "worker", "pod": "bad-worker-1", "exitCode": 2, "reason": "Error",
+        "message": "bad-worker-1 failed with exit code 2, which restartPolicy ExitCode "
+                   "treats as permanent (retryable: [130, 137, 143])."}
+    conds = {cond["type"]: cond for cond in status["conditions"]}
+    assert conds["Failed"]["reason"] == "PermanentExitCode"
+    wait_for("running pods cleaned up", lambda: not any(
+        p["status"]["phase"] in ("Pending", "Running") for p in api.pods(NS).values()))
+    reasons = {e.get("reason") for e in api.events(NS)}
+    assert {"RestartingReplica", "PermanentExitCode"} <= reasons
+
+    # ttlSecondsAfterFinished: the job is deleted (its pods go with it by ownerReference
+    # garbage collection, which the emulator does not do).
+    wait_for("the job deleted after its TTL", lambda: api.job(NS, "bad") is None, timeout=30)
+    operator_process.stop()
+    used = {v for r in emulator.recorded() if not r.by_test
+            for v in [rbac_verb(r)] if v is not None}
+    assert ("pstrain.io", "trainingjobs", "delete") in used
+    assert sorted(v for v in used if not allows(*v)) == []
+
+
+def test_leader_election_only_one_operator_acts(
+    emulator: EmulatorThread, operator_process: OperatorProcess, tmp_path: Path
+) -> None:
+    """With PSTRAIN_OPERATOR_LEADER_ELECTION=true, operators peer through the namespaced
+    KopfPeering "pstrain" (cluster-wide operators use ClusterKopfPeering); the one with
+    the highest priority acts, the others pause."""
+    emulator.declare_peering(NS)
+    operator_process.extra_env["PSTRAIN_OPERATOR_LEADER_ELECTION"] = "true"
+    second = OperatorProcess(operator_process.kubeconfig, tmp_path / "second",
+                             {"PSTRAIN_OPERATOR_LEADER_ELECTION": "true"})
+    (tmp_path / "second").mkdir()
+    operator_process.start()
+    second.start()
+    try:
+        # kopf starts paused and resumes only when no live peer has a higher priority.
+        def acting() -> list[OperatorProcess]:
+            return [op for op in (operator_process, second)
+                    if "Resuming operations after the pause" in op.log_tail(5000)]
+
+        wait_for("one operator to act", acting, timeout=60)
+        api = HttpApi(emulator.url)
+        api.create_job(make_job("le", NS).body())
+        wait_for("PS pod", lambda: "le-ps-0" in api.pods(NS))
+        wait_for("phase Starting", lambda: (api.job(NS, "le") or {}).get("status", {})
+                 .get("phase") == "Starting")
+        assert len(pod_posts(emulator)) == 1
+        leaders = acting()
+        assert len(leaders) == 1
+        follower = second if leaders[0] is operator_process else operator_process
+        assert "pstrain_operator.controller" not in follower.log_tail(5000)
+    finally:
+        second.stop()
+    used = {v for r in emulator.recorded() if not r.by_test
+            for v in [rbac_verb(r)] if v is not None}
+    assert ("kopf.dev", "kopfpeerings", "patch") in used
     assert sorted(v for v in used if not allows(*v)) == []

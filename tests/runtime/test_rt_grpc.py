@@ -1,0 +1,141 @@
+"""Real loopback gRPC: health, chunked transfer of large tensors, status codes for bad
+input, the job-status RPC for the operator, and shutdown that returns."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from pstrain_runtime import wire
+from pstrain_runtime.client import GrpcTransport, ShardedClient
+from pstrain_runtime.optim import OptimizerConfig
+from pstrain_runtime.placement import build_placement, param_specs
+from pstrain_runtime.proto import ps_pb2 as pb
+from pstrain_runtime.server import SERVICE, PSServer
+from pstrain_runtime.status_client import fetch_job_status
+from pstrain_runtime.store import PSError
+
+FP = "12" * 32
+
+
+@pytest.fixture
+def servers() -> Iterator[list[PSServer]]:
+    started = [PSServer("127.0.0.1:0", ps_index=i) for i in range(2)]
+    for s in started:
+        s.start()
+    yield started
+    for s in started:
+        s.stop(0)
+
+
+def client_for(servers: list[PSServer], shapes: dict[str, tuple[int, ...]],
+               namespace: str = "ns", partition_bytes: int | None = None) -> ShardedClient:
+    placement = build_placement(param_specs(shapes), len(servers), partition_bytes)
+    return ShardedClient([GrpcTransport(s.address) for s in servers], placement, namespace)
+
+
+def test_health_service_reports_serving(servers: list[PSServer]) -> None:
+    with grpc.insecure_channel(servers[0].address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        for service in ("", SERVICE):
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_tensors_larger_than_8_mib_round_trip_partitioned_over_two_servers(
+        servers: list[PSServer]) -> None:
+    shapes = {"big": (1536, 2048), "bias": (2048,)}  # 12 MiB, split across both servers
+    client = client_for(servers, shapes)
+    gen = torch.Generator().manual_seed(0)
+    params = {n: torch.randn(s, generator=gen) for n, s in shapes.items()}
+    assert isinstance(client.placement.as_table()["big"], list)
+    client.init(params, OptimizerConfig(name="sgd", learning_rate=1.0), mode="async",
+                num_workers=1, staleness_bound=None, fingerprint=FP)
+    grads = {n: torch.randn(s, generator=gen) for n, s in shapes.items()}
+    client.push(grads)
+    out = {n: torch.zeros(s) for n, s in shapes.items()}
+    assert client.pull(out) == 1
+    for name in shapes:
+        torch.testing.assert_close(out[name], params[name] - grads[name])
+    client.close()
+
+
+def test_bad_input_gets_a_grpc_status_and_message(servers: list[PSServer]) -> None:
+    transport = GrpcTransport(servers[0].address)
+    channel = grpc.insecure_channel(servers[0].address)
+    push = channel.stream_unary(f"/{SERVICE}/Push", request_serializer=None,
+                                response_deserializer=pb.PushReply.FromString)
+    header = pb.StreamHeader(kind=pb.STREAM_KIND_PUSH, namespace="nowhere",
+                             tensors=[wire.meta_of("w", torch.zeros(2))])
+    frames = list(wire.StreamWriter().frames(header, [torch.zeros(2)]))
+    with pytest.raises(grpc.RpcError) as err:
+        push(iter(frames))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "namespace 'nowhere' is not initialised" in err.value.details()
+
+    client = client_for(servers[:1], {"w": (4,)})
+    client.init({"w": torch.zeros(4)}, OptimizerConfig(), mode="async", num_workers=1,
+                staleness_bound=None, fingerprint=FP)
+    header = pb.StreamHeader(kind=pb.STREAM_KIND_PUSH, namespace="ns",
+                             tensors=[wire.meta_of("w", torch.zeros(4))])
+    nan = torch.tensor([0.0, float("nan"), 0.0, 0.0])
+    with pytest.raises(PSError, match="contains NaN or inf") as caught:
+        transport.push(wire.StreamWriter().frames(header, [nan]))
+    assert caught.value.code == "INVALID_ARGUMENT"
+    with pytest.raises(PSError, match="tensor 'x' is not on parameter server 0") as caught:
+        list(transport.pull(pb.PullRequest(namespace="ns", names=["x"])))
+    assert caught.value.code == "NOT_FOUND"
+    out = {"w": torch.ones(4)}
+    client.pull(out)
+    assert torch.equal(out["w"], torch.zeros(4))
+    channel.close()
+    transport.close()
+
+
+def test_job_status_for_the_operator(servers: list[PSServer]) -> None:
+    address = servers[0].address
+    assert fetch_job_status(address, timeout=5) is None  # no job yet
+    client = client_for(servers[:1], {"w": (4,)}, namespace="default/digits")
+    client.init({"w": torch.zeros(4)}, OptimizerConfig(), mode="async", num_workers=1,
+                staleness_bound=None, fingerprint=FP)
+    client.push({"w": torch.ones(4)})
+    client.report(pb.StatusReport(loss=0.5, samples_per_sec=100.0, eval_accuracy=0.9,
+                                  has_eval=True, has_checkpoint=True, checkpoint_step=1,
+                                  checkpoint_path="/c/ckpt-1.pt", checkpoint_time=123.0,
+                                  target_steps=10))
+    status = fetch_job_status(address, timeout=5)
+    assert status is not None
+    status.pop("updated_time")
+    assert status == {
+        "namespace": "default/digits", "global_step": 1, "loss": 0.5,
+        "samples_per_sec": 100.0, "eval_accuracy": 0.9, "checkpoint_step": 1,
+        "checkpoint_path": "/c/ckpt-1.pt", "checkpoint_time": 123.0, "done": False,
+        "target_steps": 10, "initialized": True,
+    }
+    assert fetch_job_status("127.0.0.1:1", timeout=0.5) is None
+
+
+def test_shutdown_rpc_stops_the_server_and_wait_returns(servers: list[PSServer]) -> None:
+    client = client_for(servers, {"w": (4,)})
+    client.shutdown(grace=5)
+    assert all(s.wait(timeout=10) for s in servers)
+    with grpc.insecure_channel(servers[0].address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        with pytest.raises(grpc.RpcError):
+            stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
+
+
+def test_shutdown_waits_for_workers_to_learn_the_job_is_done(servers: list[PSServer]) -> None:
+    server = servers[0]
+    client = client_for([server], {"w": (4,)})
+    client.init({"w": torch.zeros(4)}, OptimizerConfig(), mode="async", num_workers=2,
+                staleness_bound=None, fingerprint=FP)
+    client.finish()
+    client.shutdown(grace=30)
+    assert not server.wait(timeout=0.3), "worker 1 has not been told yet"
+    assert client.info(0, worker=1).done
+    assert server.wait(timeout=10)

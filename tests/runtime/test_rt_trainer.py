@@ -1,0 +1,171 @@
+"""The training loop in one process over in-process transports: equivalence with a
+plain PyTorch loop, accuracy in both modes, checkpoint restore, and recovery from a
+parameter server that restarts empty."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from pstrain_runtime.checkpoint import CheckpointError, CheckpointStore, load_checkpoint
+from pstrain_runtime.client import LocalTransport
+from pstrain_runtime.examples.digits import make_task
+from pstrain_runtime.optim import OptimizerConfig, torch_optimizer
+from pstrain_runtime.store import ParameterStore
+from pstrain_runtime.trainer import Trainer, WorkerRole
+
+from .builders import KillableTransport, digits_training
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+class Events:
+    def __init__(self) -> None:
+        self.items: list[tuple[str, dict[str, Any]]] = []
+        self.hooks: list[Any] = []
+
+    def __call__(self, kind: str, **fields: Any) -> None:
+        self.items.append((kind, fields))
+        for hook in self.hooks:
+            hook(kind, fields)
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [f for k, f in self.items if k == kind]
+
+
+def run_job(training, transports, num_workers: int = 1, emit: Events | None = None) -> Trainer:
+    trainers = {w: Trainer(training, WorkerRole("ns", w, num_workers), transports,
+                           emit=emit if (emit is not None and w == 0) else Events(),
+                           progress_interval=0.2)
+                for w in range(num_workers)}
+    errors: list[BaseException] = []
+
+    def go(w: int) -> None:
+        try:
+            trainers[w].run()
+        except BaseException as exc:  # re-raised in the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=go, args=(w,)) for w in reversed(range(num_workers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(100)
+    if errors:
+        raise errors[0]
+    return trainers[0]
+
+
+def reference_loop(config: OptimizerConfig, steps: int, batch_size: int) -> dict[str, torch.Tensor]:
+    task = make_task()
+    opt = torch_optimizer(config, list(task.model.parameters()))
+    batches = task.batches(0, 1, batch_size, 0)
+    for _ in range(steps):
+        x, y = next(batches)
+        opt.zero_grad()
+        task.loss(task.model(x), y).backward()
+        opt.step()
+    return {n: p.detach() for n, p in task.model.named_parameters()}
+
+
+@pytest.mark.parametrize("optimizer", [
+    {"name": "sgd", "learningRate": 0.1},
+    {"name": "momentum", "learningRate": 0.05, "momentum": 0.9, "nesterov": True},
+    {"name": "adagrad", "learningRate": 0.05},
+    {"name": "adam", "learningRate": 0.01, "weightDecay": 0.001},
+], ids=lambda o: o["name"])
+@pytest.mark.parametrize("num_ps", [1, 2])
+def test_sync_with_one_worker_equals_a_plain_pytorch_loop(optimizer, num_ps) -> None:
+    training = digits_training(steps=25, batchSize=32, mode="sync", optimizer=optimizer)
+    chief = run_job(training, [LocalTransport(ParameterStore(i)) for i in range(num_ps)])
+    expected = reference_loop(OptimizerConfig.from_model(training.optimizer), 25, 32)
+    for name, value in expected.items():
+        torch.testing.assert_close(chief.mirror[name], value, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("mode", "steps"), [("async", 600), ("sync", 400)])
+def test_digits_reaches_95_percent_with_two_workers(mode: str, steps: int) -> None:
+    events = Events()
+    training = digits_training(steps=steps, mode=mode, evalIntervalSteps=200)
+    run_job(training, [LocalTransport(ParameterStore())], num_workers=2, emit=events)
+    done = events.of("done")[0]
+    assert done["accuracy"] >= 0.95
+    assert done["step"] >= steps
+    assert [e["step"] >= 200 for e in events.of("eval")][:1] == [True]
+    assert events.of("progress"), "the chief reports progress"
+
+
+def test_checkpoints_carry_step_and_optimizer_state_and_restore(tmp_path: Path) -> None:
+    training = digits_training(steps=60, mode="sync", checkpoint={"directory": str(tmp_path),
+                                                                  "intervalSteps": 25},
+                               optimizer={"name": "adam", "learningRate": 0.01})
+    first = Events()
+    run_job(training, [LocalTransport(ParameterStore())], emit=first)
+    assert [e["step"] for e in first.of("checkpoint")] == [25, 50, 60]
+    ckpt = load_checkpoint(CheckpointStore(tmp_path).path_for(60))
+    assert ckpt.slot_steps["0.weight"] == 60 and set(ckpt.slots["0.weight"]) == {"exp_avg",
+                                                                               "exp_avg_sq"}
+
+    # A new job on fresh servers resumes from step 60 with the same state.
+    store = ParameterStore()
+    longer = training.model_copy(update={"steps": 80})
+    second = Events()
+    state_at_start: dict[str, Any] = {}
+
+    def capture(kind: str, fields: dict[str, Any]) -> None:
+        if kind == "restored":
+            ns = store.namespace("ns")
+            state_at_start.update(step=ns.global_step, w=ns.params["0.weight"].clone(),
+                                  m=ns.states["0.weight"].slots["exp_avg"].clone())
+
+    second.hooks.append(capture)
+    run_job(longer, [LocalTransport(store)], emit=second)
+    assert second.of("restored")[0]["step"] == 60 and second.of("restored")[0]["lost_steps"] == 0
+    assert state_at_start["step"] == 60
+    assert torch.equal(state_at_start["w"], ckpt.params["0.weight"])
+    assert torch.equal(state_at_start["m"], ckpt.slots["0.weight"]["exp_avg"])
+    assert second.of("done")[0]["step"] == 80
+
+
+def test_restore_refuses_a_checkpoint_of_another_model(tmp_path: Path) -> None:
+    training = digits_training(steps=5, checkpoint={"directory": str(tmp_path)})
+    run_job(training, [LocalTransport(ParameterStore())])
+    other = training.model_copy(update={"args": {"hidden": 32}})
+    with pytest.raises(CheckpointError, match="written for a different model"):
+        run_job(other, [LocalTransport(ParameterStore())])
+
+
+@pytest.mark.parametrize("with_checkpoints", [True, False], ids=["checkpoint", "no-checkpoint"])
+def test_chief_recovers_a_restarted_parameter_server(tmp_path: Path, with_checkpoints) -> None:
+    ckpt = {"directory": str(tmp_path), "intervalSteps": 20} if with_checkpoints else {}
+    training = digits_training(steps=150, mode="async", checkpoint=ckpt)
+    transports = [KillableTransport(0), KillableTransport(1)]
+    events = Events()
+    killed: dict[str, int] = {}
+
+    def kill_ps1(kind: str, fields: dict[str, Any]) -> None:
+        if kind == "progress" and not killed:
+            killed["step"] = transports[0].store.namespace("ns").global_step
+            transports[1].kill()
+            transports[1].restart()  # same address, empty
+
+    events.hooks.append(kill_ps1)
+    run_job(training, transports, emit=events)
+    restored = events.of("restored")
+    assert killed and len(restored) == 1
+    if with_checkpoints:
+        assert restored[0]["step"] <= killed["step"]
+        assert restored[0]["lost_steps"] == killed["step"] - restored[0]["step"]
+        assert restored[0]["path"].endswith(".pt")
+    else:
+        assert restored[0]["lost_steps"] == 0 and restored[0]["path"] is None
+    assert events.of("done")[0]["step"] >= 150

@@ -46,16 +46,17 @@ def run(settings: OperatorSettings) -> None:
         metrics.serve(settings.metrics_port)
     liveness = (f"http://0.0.0.0:{settings.health_port}/healthz"
                 if settings.health_port else None)
-    log.info("serving %s; leader election %s",
+    priority = secrets.randbelow(PRIORITY_RANGE) + 1
+    log.info("serving %s; leader election %s (peering priority %d)",
              ", ".join(settings.namespaces) or "all namespaces",
-             "on" if settings.leader_election else "off")
+             "on" if settings.leader_election else "off", priority)
     kopf.run(
         clusterwide=settings.clusterwide,
         namespaces=list(settings.namespaces),
         standalone=not settings.leader_election,
         # Naming a peering makes it mandatory in kopf; only with leader election.
         peering_name=PEERING_NAME if settings.leader_election else None,
-        priority=secrets.randbelow(PRIORITY_RANGE) + 1,
+        priority=priority,
         liveness_endpoint=liveness,
         settings=kopf_settings(settings.leader_election),
     )

@@ -4,6 +4,7 @@ every request covered by the RBAC table."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -160,21 +161,32 @@ def test_leader_election_only_one_operator_acts(
     operator_process.start()
     second.start()
     try:
-        # kopf starts paused and resumes only when no live peer has a higher priority.
-        def acting() -> list[OperatorProcess]:
-            return [op for op in (operator_process, second)
-                    if "Resuming operations after the pause" in op.log_tail(5000)]
+        # kopf starts paused, resumes when no live peer has a higher priority, and pauses
+        # again when one appears: the last of those messages tells whether it acts.
+        def is_acting(op: OperatorProcess) -> bool:
+            log = op.log_tail(5000)
+            return log.rfind("Resuming operations after the pause") > log.rfind(
+                "Pausing operations in favour of")
 
-        wait_for("one operator to act", acting, timeout=60)
+        def acting() -> list[OperatorProcess]:
+            return [op for op in (operator_process, second) if is_acting(op)]
+
+        def priority(op: OperatorProcess) -> int:
+            found = re.search(r"peering priority (\d+)", op.log_tail(5000))
+            assert found, op.log_tail()
+            return int(found.group(1))
+
+        leader = max((operator_process, second), key=priority)
+        wait_for("the higher-priority operator alone to act", lambda: acting() == [leader],
+                 timeout=60)
         api = HttpApi(emulator.url)
         api.create_job(make_job("le", NS).body())
         wait_for("PS pod", lambda: "le-ps-0" in api.pods(NS))
         wait_for("phase Starting", lambda: (api.job(NS, "le") or {}).get("status", {})
                  .get("phase") == "Starting")
         assert len(pod_posts(emulator)) == 1
-        leaders = acting()
-        assert len(leaders) == 1
-        follower = second if leaders[0] is operator_process else operator_process
+        assert acting() == [leader]
+        follower = second if leader is operator_process else operator_process
         assert "pstrain_operator.controller" not in follower.log_tail(5000)
     finally:
         second.stop()

@@ -39,6 +39,15 @@ GRAD_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
 WAIT_SLICE = 0.5  # seconds between checks of done/stop while blocking
 
 
+def is_all_finite(tensor: torch.Tensor) -> bool:
+    """No NaN or inf in `tensor`. A finite sum proves it (NaN and inf propagate through
+    a sum) at a fraction of the cost of `isfinite`, which only runs when the sum is not
+    finite (NaN/inf present, or an overflow of large finite values)."""
+    if math.isfinite(float(tensor.sum())):
+        return True
+    return bool(torch.isfinite(tensor).all())
+
+
 class PSError(Exception):
     """A request the parameter server refuses. `code` names a grpc.StatusCode."""
 
@@ -269,7 +278,7 @@ class ParameterStore:
                            "parameters; send one per parameter, in header order")
         _read_body(header, messages, targets)
         for key, tensor in params.items():
-            if not bool(torch.isfinite(tensor).all()):
+            if not is_all_finite(tensor):
                 raise _invalid(f"init: parameter {key!r} contains NaN or inf")
 
         states: dict[str, OptimizerState] = {}
@@ -346,7 +355,7 @@ class ParameterStore:
                 grads[key] = ns.take(key, dtype)
                 targets.append(wire.byte_view(grads[key]))
             _read_body(header, messages, targets)
-            bad = [k for k, g in grads.items() if not bool(torch.isfinite(g).all())]
+            bad = [k for k, g in grads.items() if not is_all_finite(g)]
             if bad:
                 with ns.cond:
                     ns.skipped_nonfinite += 1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -13,62 +12,32 @@ from pstrain_api.cluster import ClusterSpec, local_cluster_spec, task_count
 from pstrain_api.model import TrainingJob
 from pstrain_runtime.local.supervisor import (
     Action, Observation, RunState, Settings, Start, decide, initial_state)
+from tests.api.job_builder import JobBuilder
 
 
-class JobBuilder:
-    """`make_job("j").ps(2).workers(3).policy("Never", backoff=1).build()`."""
+class LocalJob(JobBuilder):
+    """The shared manifest builder (tests/api/job_builder.py), preset to 1 PS, 2 workers
+    and 100 steps, plus what the runner's tests need: a validated model and a file.
 
-    def __init__(self, name: str):
-        self.data: dict[str, Any] = {
-            "apiVersion": "pstrain.io/v1alpha1",
-            "kind": "TrainingJob",
-            "metadata": {"name": name},
-            "spec": {
-                "replicas": {"ps": {"replicas": 1}, "worker": {"replicas": 2}},
-                "training": {"steps": 100},
-                "runPolicy": {},
-            },
-        }
+        make_job("j").ps(2).workers(3).policy("Never", backoff=1).model()
+    """
 
-    def ps(self, n: int) -> JobBuilder:
-        self.data["spec"]["replicas"]["ps"]["replicas"] = n
+    def policy(self, restart: str = "OnFailure", backoff: int = 3) -> LocalJob:
+        self.run_policy(restartPolicy=restart, backoffLimit=backoff)
         return self
 
-    def workers(self, n: int) -> JobBuilder:
-        self.data["spec"]["replicas"]["worker"]["replicas"] = n
-        return self
-
-    def chief(self) -> JobBuilder:
-        self.data["spec"]["replicas"]["chief"] = {"replicas": 1}
-        return self
-
-    def steps(self, n: int) -> JobBuilder:
-        self.data["spec"]["training"]["steps"] = n
-        return self
-
-    def policy(self, restart: str = "OnFailure", backoff: int = 3,
-               deadline: int | None = None) -> JobBuilder:
-        run_policy = {"restartPolicy": restart, "backoffLimit": backoff}
-        if deadline is not None:
-            run_policy["activeDeadlineSeconds"] = deadline
-        self.data["spec"]["runPolicy"] = run_policy
-        return self
-
-    def checkpoint(self, directory: str, interval: int = 100) -> JobBuilder:
-        self.data["spec"]["training"]["checkpoint"] = {
-            "directory": directory, "intervalSteps": interval}
-        return self
-
-    def build(self) -> TrainingJob:
-        return TrainingJob.model_validate(copy.deepcopy(self.data))
+    def model(self) -> TrainingJob:
+        return TrainingJob.model_validate(self.build())
 
     def write(self, path: Path) -> Path:
-        path.write_text(yaml.safe_dump(self.data), encoding="utf-8")
+        path.write_text(yaml.safe_dump(self.build()), encoding="utf-8")
         return path
 
 
-def make_job(name: str = "j") -> JobBuilder:
-    return JobBuilder(name)
+def make_job(name: str = "j") -> LocalJob:
+    builder = LocalJob(name)
+    builder.ps(1).workers(2).training(steps=100)
+    return builder
 
 
 def spec_of(job: TrainingJob) -> ClusterSpec:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from local_builders import make_job, play, state_of
+from .local_builders import make_job, play, state_of
 from pstrain_api.events import format_event, parse_event
 from pstrain_runtime.local.metrics import Metrics, Restore, build_summary, fold
 from pstrain_runtime.local.render import (PlainReporter, format_event as format_event_line,
@@ -66,7 +66,7 @@ def test_lost_steps_add_up_over_restores():
 
 
 def test_summary_has_the_contract_fields():
-    job = make_job("j").build()
+    job = make_job("j").model()
     state, _ = play(state_of(job), [Begin(0.0), Healthy("j-ps-0", 1, 0.1),
                                     Exited("j-worker-1", 1, 137, 1.0),
                                     Exited("j-worker-0", 1, 0, 2.0),

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from local_builders import make_job
+from .local_builders import make_job
 from pstrain_runtime.local.runner import RunOptions, run_job
 
 FAKE = str(Path(__file__).with_name("fake_replica.py"))
@@ -38,7 +38,7 @@ def fake(tmp_path, monkeypatch):
         out, err = io.StringIO(), io.StringIO()
         opts = RunOptions(replica_command=FAKE_COMMAND, handle_signals=False,
                           checkpoint_dir=str(tmp_path / "ckpt"), **{**FAST, **options})
-        result = run_job(builder.build(), opts, stdout=out, stderr=err)
+        result = run_job(builder.model(), opts, stdout=out, stderr=err)
         return result, (out.getvalue() + err.getvalue()).splitlines(), read_starts(state)
 
     return run
@@ -191,7 +191,7 @@ def test_ps_exiting_early_fails_with_its_last_lines(fake):
 
 
 def test_missing_replica_command_fails_clearly(tmp_path):
-    result = run_job(make_job("j").build(),
+    result = run_job(make_job("j").model(),
                      RunOptions(replica_command=["/nonexistent/pstrain-replica"],
                                 handle_signals=False, checkpoint_dir=str(tmp_path)),
                      stdout=io.StringIO())

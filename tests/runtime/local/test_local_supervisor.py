@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from local_builders import make_job, play, starts, state_of, without_notices
+from .local_builders import make_job, play, starts, state_of, without_notices
 from pstrain_runtime.local.supervisor import (
     Begin, Exited, Finish, Healthy, Interrupt, Kill, Notify, Settings, SpawnFailed, Start,
     Terminate, Tick, decide, effective_deadline, normalize_exit_code, restart_delay)
@@ -44,12 +44,12 @@ ALL_STARTED = [Begin(0.0), Healthy(PS, 1, 1.0)]
     ],
 )
 def test_start_order(builder, observations, expected):
-    _, actions = play(state_of(builder.build()), observations)
+    _, actions = play(state_of(builder.model()), observations)
     assert starts(actions) == expected
 
 
 def test_phases_follow_the_start():
-    state = state_of(make_job().build())
+    state = state_of(make_job().model())
     assert state.phase == "Pending"
     state, _ = decide(state, Begin(0.0))
     assert (state.phase, state.stage) == ("Starting", "starting_ps")
@@ -62,7 +62,7 @@ def test_phases_follow_the_start():
 
 
 def test_chief_success_waits_for_others_then_finishes():
-    state, _ = play(state_of(make_job().build()), ALL_STARTED)
+    state, _ = play(state_of(make_job().model()), ALL_STARTED)
     state, actions = decide(state, Exited(CHIEF, 1, 0, 5.0))
     assert (state.phase, state.stage, state.drain_until) == ("Succeeded", "draining", 25.0)
     assert without_notices(actions) == []
@@ -74,7 +74,7 @@ def test_chief_success_waits_for_others_then_finishes():
 
 def test_stragglers_after_success_get_sigterm_then_sigkill():
     settings = {"success_grace": 10.0, "kill_grace": 3.0}
-    state, _ = play(state_of(make_job().build(), **settings),
+    state, _ = play(state_of(make_job().model(), **settings),
                     [*ALL_STARTED, Exited(CHIEF, 1, 0, 5.0), Exited(W1, 1, 0, 5.0)])
     state, actions = play(state, [Tick(14.9)])
     assert actions == []
@@ -93,7 +93,7 @@ def test_stragglers_after_success_get_sigterm_then_sigkill():
 
 
 def test_worker_finishing_before_chief_is_not_restarted():
-    state, actions = play(state_of(make_job().build()), [*ALL_STARTED, Exited(W1, 1, 0, 3.0),
+    state, actions = play(state_of(make_job().model()), [*ALL_STARTED, Exited(W1, 1, 0, 3.0),
                                                          Tick(100.0)])
     assert starts(actions) == [(PS, 1), (W1, 1), (CHIEF, 1)]
     assert state.replica(W1).status == "exited"
@@ -101,7 +101,7 @@ def test_worker_finishing_before_chief_is_not_restarted():
 
 
 def test_restart_pending_when_chief_succeeds_is_dropped():
-    state, _ = play(state_of(make_job().build()), [*ALL_STARTED, Exited(W1, 1, 1, 3.0)])
+    state, _ = play(state_of(make_job().model()), [*ALL_STARTED, Exited(W1, 1, 1, 3.0)])
     state, actions = play(state, [Exited(CHIEF, 1, 0, 3.1), Tick(10.0)])
     assert starts(actions) == []
     assert state.replica(W1).status == "stopped"
@@ -130,7 +130,7 @@ def test_restart_pending_when_chief_succeeds_is_dropped():
 )
 def test_restart_policy(restart_policy, backoff, failures, expected_reason,
                         expected_restarts):
-    state, _ = play(state_of(make_job().policy(restart_policy, backoff).build()),
+    state, _ = play(state_of(make_job().policy(restart_policy, backoff).model()),
                     ALL_STARTED)
     actions = []
     for name, code in failures:
@@ -152,7 +152,7 @@ def test_restart_policy(restart_policy, backoff, failures, expected_reason,
 
 
 def test_restart_happens_after_backoff_with_next_attempt():
-    state, _ = play(state_of(make_job().build(), backoff_base=0.5), ALL_STARTED)
+    state, _ = play(state_of(make_job().model(), backoff_base=0.5), ALL_STARTED)
     state, actions = decide(state, Exited(W1, 1, 137, 10.0))
     assert actions == [Notify("warning", "restarting j-worker-1 (exit code 137); restart 1 "
                                          "of 3; in 0.5s.", replica=W1)]
@@ -166,7 +166,7 @@ def test_restart_happens_after_backoff_with_next_attempt():
 
 
 def test_ps_restart_mid_training_keeps_workers_running():
-    state, _ = play(state_of(make_job().build(), backoff_base=0.0), ALL_STARTED)
+    state, _ = play(state_of(make_job().model(), backoff_base=0.0), ALL_STARTED)
     state, actions = play(state, [Exited(PS, 1, 137, 5.0), Tick(5.0)])
     assert starts(actions) == [(PS, 2)]
     assert state.stage == "running"
@@ -174,7 +174,7 @@ def test_ps_restart_mid_training_keeps_workers_running():
 
 
 def test_exit_of_a_stale_attempt_is_ignored():
-    state, _ = play(state_of(make_job().build(), backoff_base=0.0), ALL_STARTED)
+    state, _ = play(state_of(make_job().model(), backoff_base=0.0), ALL_STARTED)
     state, _ = play(state, [Exited(W1, 1, 1, 2.0), Tick(2.0)])
     before = state
     state, actions = decide(state, Exited(W1, 1, 1, 3.0))
@@ -185,7 +185,7 @@ def test_exit_of_a_stale_attempt_is_ignored():
 
 
 def test_ps_exit_zero_before_serving_fails():
-    state, actions = play(state_of(make_job().build()), [Begin(0.0), Exited(PS, 1, 0, 1.0)])
+    state, actions = play(state_of(make_job().model()), [Begin(0.0), Exited(PS, 1, 0, 1.0)])
     assert (state.phase, state.reason, state.culprit) == (
         "Failed", "ParameterServerExitedBeforeServing", PS)
     assert without_notices(actions)[-1] == Finish(
@@ -195,14 +195,14 @@ def test_ps_exit_zero_before_serving_fails():
 
 
 def test_ps_crashing_before_serving_is_restarted_and_waited_for_again():
-    state, actions = play(state_of(make_job().build(), backoff_base=0.0),
+    state, actions = play(state_of(make_job().model(), backoff_base=0.0),
                           [Begin(0.0), Exited(PS, 1, 1, 1.0), Tick(1.0),
                            Healthy(PS, 1, 1.1), Healthy(PS, 2, 2.0)])
     assert starts(actions) == [(PS, 1), (PS, 2), (W1, 1), (CHIEF, 1)]
 
 
 def test_health_timeout_names_the_ps():
-    state, actions = play(state_of(make_job().build(), health_timeout=5.0),
+    state, actions = play(state_of(make_job().model(), health_timeout=5.0),
                           [Begin(0.0), Tick(4.9)])
     assert state.phase == "Starting"
     state, actions = decide(state, Tick(5.0))
@@ -213,7 +213,7 @@ def test_health_timeout_names_the_ps():
 
 
 def test_spawn_failure_fails_the_job():
-    state, actions = play(state_of(make_job().build()),
+    state, actions = play(state_of(make_job().model()),
                           [Begin(0.0), SpawnFailed(PS, 1, "no such file", 0.1)])
     assert (state.phase, state.reason) == ("Failed", "CannotStartReplica")
     assert without_notices(actions)[-1] == Finish("Failed", "CannotStartReplica",
@@ -227,7 +227,7 @@ def test_spawn_failure_fails_the_job():
      pytest.param(None, 1e6, "Running", id="no-deadline")],
 )
 def test_deadline(deadline, tick, phase):
-    state, _ = play(state_of(make_job().build(), deadline_seconds=deadline),
+    state, _ = play(state_of(make_job().model(), deadline_seconds=deadline),
                     [*ALL_STARTED, Tick(tick)])
     assert state.phase == phase
     if phase == "Failed":
@@ -238,7 +238,7 @@ def test_deadline(deadline, tick, phase):
 
 
 def test_interrupt_stops_everything_then_finishes_interrupted():
-    state, _ = play(state_of(make_job().build()), ALL_STARTED)
+    state, _ = play(state_of(make_job().model()), ALL_STARTED)
     state, actions = decide(state, Interrupt(3.0, signal.SIGINT))
     assert without_notices(actions) == [Terminate((PS, W1, CHIEF))]
     assert (state.phase, state.reason, state.interrupted) == ("Failed", "Interrupted", True)
@@ -250,21 +250,21 @@ def test_interrupt_stops_everything_then_finishes_interrupted():
 
 
 def test_interrupt_cancels_pending_restart():
-    state, _ = play(state_of(make_job().build()), [*ALL_STARTED, Exited(W1, 1, 1, 2.0)])
+    state, _ = play(state_of(make_job().model()), [*ALL_STARTED, Exited(W1, 1, 1, 2.0)])
     state, actions = play(state, [Interrupt(2.1), Tick(100.0)])
     assert starts(actions) == []
     assert state.replica(W1).status == "stopped"
 
 
 def test_interrupt_after_chief_success_keeps_phase():
-    state, _ = play(state_of(make_job().build()), [*ALL_STARTED, Exited(CHIEF, 1, 0, 2.0)])
+    state, _ = play(state_of(make_job().model()), [*ALL_STARTED, Exited(CHIEF, 1, 0, 2.0)])
     state, actions = decide(state, Interrupt(2.5, signal.SIGTERM))
     assert (state.phase, state.interrupted) == ("Succeeded", True)
     assert without_notices(actions) == [Terminate((PS, W1))]
 
 
 def test_nothing_happens_after_done():
-    state, _ = play(state_of(make_job().ps(1).workers(1).build()),
+    state, _ = play(state_of(make_job().ps(1).workers(1).model()),
                     [Begin(0.0), Healthy(PS, 1, 0.5), Exited("j-worker-0", 1, 0, 1.0),
                      Exited(PS, 1, 0, 1.1)])
     assert state.stage == "done"

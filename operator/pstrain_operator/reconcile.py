@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -90,6 +90,7 @@ class ObservedPod:
     deleting: bool = False
     spec_hash: str = ""
     applied_spec: str = ""
+    owner_uid: str = ""
 
     @property
     def active(self) -> bool:
@@ -152,6 +153,8 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod | None:
         deleting=bool(meta.get("deletionTimestamp")),
         spec_hash=str(annotations.get(ANNOTATION_SPEC_HASH, "")),
         applied_spec=str(annotations.get(ANNOTATION_APPLIED_SPEC, "")),
+        owner_uid=next((str(ref.get("uid") or "") for ref in meta.get("ownerReferences") or []
+                        if ref.get("controller")), ""),
     )
 
 
@@ -379,6 +382,12 @@ def decide(obs: Observed, settings: PodSettings,
 
     `progress_interval`: how soon to look again while Running (progress refresh)."""
     job, now = obs.job, obs.now
+    # Pods of an earlier job of the same name (deleted, not yet garbage-collected) hold
+    # their names but are not ours: treat them as already going away.
+    uid = job.metadata.uid
+    obs = replace(obs, pods=tuple(
+        replace(p, deleting=True) if uid and p.owner_uid and p.owner_uid != uid else p
+        for p in obs.pods))
     old = job.status or TrainingJobStatus()
     st = old.model_copy(deep=True, update={"observed_generation": job.metadata.generation})
     live = [p for p in obs.pods if not p.deleting]

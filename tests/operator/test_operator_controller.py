@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from pstrain_api import constants as c
 from pstrain_operator.controller import Reconciler, parse_status
 from pstrain_operator.metrics import Metrics
 from pstrain_operator.progress import progress_from_status
@@ -164,4 +163,3 @@ def test_progress_from_status() -> None:
     assert progress_from_status({"loss": 1.0}, now) is None
     assert progress_from_status(None, now) is None
     assert progress_from_status({"global_step": "x"}, now) is None
-    assert c.ROLE_PS == "ps"

@@ -194,3 +194,46 @@ def test_leader_election_only_one_operator_acts(
             for v in [rbac_verb(r)] if v is not None}
     assert ("kopf.dev", "kopfpeerings", "patch") in used
     assert sorted(v for v in used if not allows(*v)) == []
+
+
+def test_refused_spec_change_then_suspend_and_resume(
+    emulator: EmulatorThread, operator_process: OperatorProcess
+) -> None:
+    api = HttpApi(emulator.url)
+    path = f"/apis/{c.API_VERSION}/namespaces/{NS}/{c.PLURAL}/sr"
+
+    def patch_spec(spec: dict[str, object]) -> None:
+        api.request("PATCH", path, {"spec": spec}, "application/merge-patch+json")
+
+    def condition(kind: str) -> dict[str, str]:
+        conds = (api.job(NS, "sr") or {}).get("status", {}).get("conditions", [])
+        return next((cond for cond in conds if cond["type"] == kind), {})
+
+    operator_process.start()
+    api.create_job(make_job("sr", NS).body())
+    wait_for("PS pod", lambda: "sr-ps-0" in api.pods(NS))
+    api.set_pod_status(NS, "sr-ps-0", pod_status("Running", ready=True))
+    wait_for("workers", lambda: {"sr-worker-0", "sr-worker-1"} <= set(api.pods(NS)))
+
+    # A different PS count cannot be applied live: refused, nothing applied.
+    patch_spec({"replicas": {"ps": {"replicas": 2}}})
+    rejected = wait_for("SpecChangeRejected", lambda: condition("SpecChangeRejected")
+                        .get("status") == "True" and condition("SpecChangeRejected"))
+    assert rejected["reason"] == "SpecChangeNotApplicable"
+    assert "spec.replicas" in rejected["message"]
+    assert "sr-ps-1" not in api.pods(NS)
+    patch_spec({"replicas": {"ps": {"replicas": 1}}})
+    wait_for("the refusal lifted", lambda: condition("SpecChangeRejected")
+             .get("status") == "False")
+
+    # Suspend: every pod goes, the job stays.
+    patch_spec({"runPolicy": {"suspend": True}})
+    wait_for("Suspended", lambda: api.job(NS, "sr")["status"]["phase"] == "Suspended")
+    wait_for("no pods", lambda: not api.pods(NS))
+    # Resume: started again in order, PS first.
+    patch_spec({"runPolicy": {"suspend": False}})
+    wait_for("PS recreated", lambda: "sr-ps-0" in api.pods(NS))
+    wait_for("Starting", lambda: api.job(NS, "sr")["status"]["phase"] == "Starting")
+    assert sorted(api.pods(NS)) == ["sr-ps-0"]
+    reasons = {e.get("reason") for e in api.events(NS)}
+    assert {"SpecChangeNotApplicable", "JobSuspended", "JobResumed"} <= reasons

@@ -96,17 +96,20 @@ def test_digits_reaches_95_percent(manifest):
           f"({s['samples_per_sec']} samples/s)")
 
 
-def test_worker_killed_mid_training_is_restarted(tmp_path):
-    run = Run(DIGITS, "--checkpoint-dir", str(tmp_path),
-              on_line=kill_at_first("digits-worker-1", ": checkpoint at step "))
+@pytest.mark.parametrize(("manifest", "job"), [(DIGITS, "digits"), (DIGITS_SYNC, "digits-sync")],
+                         ids=["async", "sync"])
+def test_worker_killed_mid_training_is_restarted(tmp_path, manifest, job):
+    worker = f"{job}-worker-1"
+    run = Run(manifest, "--checkpoint-dir", str(tmp_path),
+              on_line=kill_at_first(worker, ": checkpoint at step "))
     s = run.summary
     assert s["phase"] == "Succeeded", s
-    assert s["replicas"]["digits-worker-1"]["restarts"] == 1
+    assert s["replicas"][worker]["restarts"] == 1
     assert s["restarts"] == 1
     assert s["steps"] >= s["total_steps"]
     assert s["accuracy"] >= 0.9, s
-    assert any("restarting digits-worker-1 (exit code 137)" in line for line in run.lines)
-    assert s["replicas"]["digits-ps-0"]["exit_code"] == 0
+    assert any(f"restarting {worker} (exit code 137)" in line for line in run.lines)
+    assert s["replicas"][f"{job}-ps-0"]["exit_code"] == 0
 
 
 def test_ps_killed_mid_training_restores_its_shard(tmp_path):

@@ -254,7 +254,7 @@ class ShardedClient:
     # ----------------------------------------------------------------- chief
     def init(self, params: Mapping[str, torch.Tensor], optimizer: OptimizerConfig, *,
              mode: str, num_workers: int, staleness_bound: int | None, fingerprint: str,
-             global_step: int = 0,
+             global_step: int = 0, target_steps: int = 0,
              states: Mapping[str, OptimizerState] | None = None,
              only: Iterable[int] | None = None) -> list[pb.StepInfo]:
         """Install `params` (and optimizer `states` keyed by piece key) on the servers
@@ -265,7 +265,8 @@ class ShardedClient:
                 kind=pb.STREAM_KIND_INIT, namespace=self.namespace, global_step=global_step,
                 optimizer=optimizer_to_pb(optimizer), mode=mode, num_workers=num_workers,
                 staleness_bound=-1 if staleness_bound is None else staleness_bound,
-                fingerprint=bytes.fromhex(fingerprint), ps_index=ps)
+                fingerprint=bytes.fromhex(fingerprint), ps_index=ps,
+                target_steps=target_steps)
             tensors: list[torch.Tensor] = []
             for piece in shard:
                 t = _piece_view(params[piece.param], piece).detach().contiguous()

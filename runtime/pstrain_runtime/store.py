@@ -92,6 +92,7 @@ class Namespace:
         self.staleness: int | None = None
         self.fingerprint = b""
         self.global_step = 0
+        self.target_steps = 0  # 0: unbounded
         self.done = False
         self.epoch = 0  # bumped by every init: blocked waits end when it changes
         self.told_done: set[int] = set()
@@ -309,6 +310,7 @@ class ParameterStore:
             ns.staleness = header.staleness_bound if header.staleness_bound >= 0 else None
             ns.fingerprint = header.fingerprint
             ns.global_step = header.global_step
+            ns.target_steps = header.target_steps
             ns.buckets.clear()
             ns.worker_pushes.clear()
             ns._pool.clear()
@@ -388,6 +390,9 @@ class ParameterStore:
                     return pb.PushReply(info=ns.info(worker), applied=False,
                                         note="not applied: the job is done or the wait "
                                         "for slower workers timed out")
+            if ns.target_steps and ns.global_step >= ns.target_steps:
+                return pb.PushReply(info=ns.info(worker), applied=False,
+                                    note=f"the target of {ns.target_steps} steps is reached")
             for key, grad in grads.items():
                 apply_gradient(ns.config, ns.params[key], self._as_f32(grad), ns.states[key])
             ns.global_step += 1
@@ -404,6 +409,9 @@ class ParameterStore:
                 return pb.PushReply(info=ns.info(worker), applied=False,
                                     note=f"step {step} was already applied; the global "
                                     f"step is {ns.global_step}")
+            if ns.target_steps and step >= ns.target_steps:
+                return pb.PushReply(info=ns.info(worker), applied=False,
+                                    note=f"the target of {ns.target_steps} steps is reached")
             if not self._wait(ns, lambda: step <= ns.global_step + bound, timeout):
                 return pb.PushReply(info=ns.info(worker), applied=False,
                                     note=f"step {step} is more than {bound} ahead")

@@ -222,7 +222,8 @@ class Trainer:
             params, self.optimizer, mode=self.training.mode,
             num_workers=self.role.num_workers,
             staleness_bound=self.training.staleness_bound,
-            fingerprint=self.fingerprint, global_step=global_step, states=states, only=only))
+            fingerprint=self.fingerprint, global_step=global_step,
+            target_steps=self.training.steps, states=states, only=only))
 
     def _restore_all(self, ckpt: Checkpoint, path: Path) -> None:
         ckpt.check_matches(self.fingerprint, self.optimizer.name, str(path))

@@ -160,8 +160,9 @@ class RichReporter:
             return
         line = format_event(name, event, metrics)
         if line is not None:
-            style = "bold yellow" if event.get("event") == "restored" else "green"
-            self._print(format_notice("info", line), style)
+            loud = event.get("event") == "restored"
+            self._print(format_notice("warning" if loud else "info", line),
+                        "bold yellow" if loud else "green")
 
     def close(self) -> None:
         self.progress.stop()

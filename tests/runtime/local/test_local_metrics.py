@@ -10,7 +10,8 @@ import pytest
 from .local_builders import make_job, play, state_of
 from pstrain_api.events import format_event, parse_event
 from pstrain_runtime.local.metrics import Metrics, Restore, build_summary, fold
-from pstrain_runtime.local.render import (PlainReporter, format_event as format_event_line,
+from pstrain_runtime.local.render import (PlainReporter, RichReporter,
+                                          format_event as format_event_line,
                                           format_notice, format_progress,
                                           format_replica_line, format_result)
 from pstrain_runtime.local.supervisor import Begin, Exited, Healthy
@@ -144,3 +145,20 @@ def test_result_lines_explain_failure():
         "restarts: 3, steps lost to restores: 0",
         "j-ps-0 failed (exit code 2) after 3 restarts; backoffLimit is 3.",
     ]
+
+
+def test_rich_reporter_prints_prefixed_lines_and_notices():
+    out = io.StringIO()
+    rep = RichReporter(out, ["j-ps-0", "j-worker-0"], total_steps=600, job_name="j")
+    rep.replica_line("j-ps-0", "[not markup] serving")
+    progress = ev("progress", step=5, loss=1.0, samples_per_sec=10.0)
+    rep.event("j-worker-0", progress, fold(M0, "j-worker-0", progress))
+    restored = ev("restored", step=3, lost_steps=2, servers=[0])
+    rep.event("j-worker-0", restored, fold(M0, "j-worker-0", restored))
+    rep.notice("error", "boom", ["tb line"])
+    rep.close()
+    text = out.getvalue()
+    for expected in ("[j-ps-0]     [not markup] serving",
+                     "pstrain: warning: j-worker-0: restored ps shard 0 from step 3; 2 steps "
+                     "lost", "pstrain: error: boom", "    tb line"):
+        assert expected in text

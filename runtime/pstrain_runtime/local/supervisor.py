@@ -20,7 +20,7 @@ Invariants:
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -154,10 +154,6 @@ class RunState:
     @property
     def ps(self) -> list[Replica]:
         return [r for r in self.replicas if r.is_ps]
-
-    @property
-    def restarts_by_replica(self) -> Mapping[str, int]:
-        return {r.name: max(r.attempt - 1, 0) for r in self.replicas}
 
 
 def initial_state(spec: ClusterSpec, settings: Settings) -> RunState:

@@ -89,7 +89,8 @@ def wire_torch_dtype(name: str) -> torch.dtype:
 class Trainer:
     def __init__(self, training: Training, role: WorkerRole, transports: Sequence[Transport],
                  *, emit: EmitFn = events.emit, device: torch.device | None = None,
-                 connect_timeout: float = 120.0, overlap: bool = False,
+                 connect_timeout: float = 120.0, init_timeout: float = 600.0,
+                 overlap: bool = False,
                  progress_interval: float = 1.0, shutdown_grace: float = 30.0,
                  task: Task | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.training = training
@@ -97,6 +98,7 @@ class Trainer:
         self.emit = emit
         self.device = device or pick_device()
         self.connect_timeout = connect_timeout
+        self.init_timeout = init_timeout
         self.overlap = overlap
         self.progress_interval = progress_interval
         self.shutdown_grace = shutdown_grace
@@ -113,6 +115,7 @@ class Trainer:
                 self.mirror[name] = p.data
             else:
                 self.mirror[name] = torch.empty(p.shape, dtype=p.dtype, pin_memory=not on_cpu)
+                self.mirror[name].copy_(p.detach())  # the chief installs these values
         self.grad_mirror: dict[str, torch.Tensor] = {}
         self.fingerprint = model_fingerprint(self.mirror)
         self.optimizer = OptimizerConfig.from_model(training.optimizer)
@@ -164,7 +167,7 @@ class Trainer:
         return buf
 
     def _wait_initialised(self) -> None:
-        deadline = self.clock() + self.connect_timeout
+        deadline = self.clock() + self.init_timeout
         delay = 0.05
         while True:
             infos = self._infos()
@@ -174,7 +177,7 @@ class Trainer:
             if self.clock() > deadline:
                 raise TimeoutError(
                     f"parameter servers {[i for i, x in enumerate(infos) if not x.initialized]}"
-                    f" were not initialised within {self.connect_timeout:.0f} s; the chief "
+                    f" were not initialised within {self.init_timeout:.0f} s; the chief "
                     "initialises them")
             time.sleep(delay)  # backoff between polls of a remote flag
             delay = min(delay * 2, 1.0)
@@ -403,7 +406,13 @@ class Trainer:
                 local_step = result.local_steps
             self._copy_in()
             try:
-                loss, replies = self._backward_and_push(next(batches), local_step)
+                batch = next(batches)
+            except StopIteration:
+                raise ValueError(
+                    f"{training.entrypoint}: batches() ran out after {result.local_steps} "
+                    "batches; it must be endless or long enough for the job") from None
+            try:
+                loss, replies = self._backward_and_push(batch, local_step)
             except PSError as exc:
                 self._handle(exc)
                 continue

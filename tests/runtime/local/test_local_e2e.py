@@ -130,7 +130,11 @@ def test_ps_killed_mid_training_restores_its_shard(tmp_path):
     restored = [m for m in map(RESTORED.search, run.lines) if m]
     assert restored, "the output must report the restore:\n" + "\n".join(run.lines[-30:])
     step, lost = int(restored[0].group(1)), sum(int(m.group(2)) for m in restored)
-    assert step < 200 and lost > 0, (step, lost)
+    # The PS died at global step >= 200. Restored from the checkpoint before that (~150),
+    # at least the steps in between are lost. (Should the machine lag so much that the
+    # kill lands after the next checkpoint, only consistency can be checked.)
+    if step < 200:
+        assert lost >= 200 - step, (step, lost)
     assert s["lost_steps"] == lost
     assert [r["servers"] for r in s["restores"]] == [[0]] * len(restored)
     assert s["steps"] >= s["total_steps"]

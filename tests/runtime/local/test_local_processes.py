@@ -21,7 +21,7 @@ from pstrain_runtime.local.runner import RunOptions, run_job
 FAKE = str(Path(__file__).with_name("fake_replica.py"))
 FAKE_COMMAND = (sys.executable, FAKE)
 FAST = {"backoff_base": 0.05, "success_grace": 5.0, "kill_grace": 2.0,
-        "health_timeout": 20.0}
+        "health_timeout": 60.0}
 
 pytestmark = pytest.mark.timeout(120)
 

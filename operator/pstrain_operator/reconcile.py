@@ -58,6 +58,7 @@ R_STARTED_WORKERS = "StartedWorkers"
 R_STARTED_CHIEF = "StartedChief"
 R_ALL_STARTED = "AllReplicasStarted"
 R_RESTARTING = "RestartingReplica"
+R_WAITING_FOR_RESTART = "WaitingForRestartedReplicas"
 R_CHIEF_SUCCEEDED = "ChiefSucceeded"
 R_DEADLINE = "DeadlineExceeded"
 R_SUSPENDED = "JobSuspended"
@@ -571,7 +572,8 @@ def decide(obs: Observed, settings: PodSettings,
         if not all_ps_ready and old.phase != "Starting":
             events.append(Event("Normal", R_WAITING_FOR_PS, message))
         st.conditions = set_condition(st.conditions, c.COND_RUNNING, "False",
-                                      R_WAITING_FOR_PS if not all_ps_ready else "Restarting",
+                                      R_WAITING_FOR_PS if not all_ps_ready
+                                      else R_WAITING_FOR_RESTART,
                                       message if not all_ps_ready
                                       else "waiting for restarted replicas", now)
         st.phase = "Starting"

@@ -224,6 +224,9 @@ def _run(job: TrainingJob, options: RunOptions, out: TextIO, log_stream: TextIO,
     checkpoint_dir = job.spec.training.checkpoint.directory
     reporter.notice("info", f"job {job.name}: " + ", ".join(
         f"{spec.replica_name(t)}@{spec.addresses[t]}" for t in tasks))
+    if run_policy.suspend:
+        reporter.notice("warning", "spec.runPolicy.suspend is true; pstrain run ignores it "
+                                   "and runs the job now.")
     if gpus:
         reporter.notice("info", "GPUs: " + ", ".join(
             f"{n}={d}" for n, d in gpus.items() if d))

@@ -2,10 +2,13 @@
 
 Imports neither kopf nor the kubernetes client; both come in through seams (`Kube`,
 an event sink, a progress fetcher, a clock), so the whole loop is tested with fakes.
-Reconciles of one job are serialised by a per-job lock, because pod events and job
-events reach the operator on different workers; with leader election only one
-operator process acts, so a process-local lock is enough. The lock coordinates work
-only: what exists is always read from the API server.
+Reconciles of one job never run concurrently, because pod events and job events reach
+the operator on different workers: a request that arrives while the job is being
+reconciled marks it dirty and returns at once, and the running reconcile goes round
+once more (a work queue that coalesces bursts of pod events, and never parks kopf's
+worker threads on a lock). With leader election only one operator process acts, so
+process-local bookkeeping is enough. It coordinates work only: what exists is always
+read from the API server.
 """
 
 from __future__ import annotations
@@ -53,11 +56,17 @@ from .settings import PodSettings
 log = logging.getLogger(__name__)
 
 EventSink = Callable[[Mapping[str, Any], Event], None]
-LOCK_TIMEOUT_S = 60.0
+MAX_RERUNS = 10
+COALESCED_REQUEUE_S = 2.0
 
 
-class Busy(RuntimeError):
-    """Another reconcile of the same job held its lock too long; try again shortly."""
+@dataclass
+class _JobState:
+    """Work-queue bookkeeping of one job: is a reconcile running, and did a request
+    arrive meanwhile (then the running one goes round once more)."""
+
+    running: bool = False
+    dirty: bool = False
 
 
 def parse_status(raw: Any) -> TrainingJobStatus:
@@ -82,26 +91,49 @@ class Reconciler:
     metrics: Metrics = field(default_factory=Metrics)
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     progress_interval: float = REQUEUE_RUNNING_S
-    _locks: dict[str, threading.Lock] = field(default_factory=dict, init=False)
+    monotonic: Callable[[], float] = time.monotonic
+    _jobs: dict[str, _JobState] = field(default_factory=dict, init=False)
+    # When progress was last asked for, per job: only to rate-limit the probe (a PS that
+    # cannot be reached costs up to the fetch timeout), never to decide anything.
+    _asked: dict[str, float] = field(default_factory=dict, init=False)
     _guard: threading.Lock = field(default_factory=threading.Lock, init=False)
-
-    def _lock_for(self, key: str) -> threading.Lock:
-        with self._guard:
-            return self._locks.setdefault(key, threading.Lock())
 
     def forget(self, namespace: str, name: str) -> None:
         """The job was deleted: drop its metrics entry and lock."""
         key = f"{namespace}/{name}"
         self.metrics.job_phase(key, None)
         with self._guard:
-            self._locks.pop(key, None)
+            state = self._jobs.get(key)
+            if state is not None and not state.running:
+                del self._jobs[key]
+            self._asked.pop(key, None)
 
     def reconcile(self, namespace: str, name: str) -> float | None:
-        """One pass over job `namespace/name`; returns seconds until the next look, or
-        None when only a new event should wake it."""
-        lock = self._lock_for(f"{namespace}/{name}")
-        if not lock.acquire(timeout=LOCK_TIMEOUT_S):
-            raise Busy(f"another reconcile of {namespace}/{name} is still running")
+        """Reconcile job `namespace/name`; returns seconds until the next look, or None
+        when only a new event should wake it. When another reconcile of the job is
+        running, it is asked to go round again and this call returns at once with a
+        short re-look delay."""
+        key = f"{namespace}/{name}"
+        with self._guard:
+            state = self._jobs.setdefault(key, _JobState())
+            if state.running:
+                state.dirty = True
+                return COALESCED_REQUEUE_S
+            state.running = True
+        try:
+            for _ in range(MAX_RERUNS):
+                with self._guard:
+                    state.dirty = False
+                delay = self._timed(namespace, name)
+                with self._guard:
+                    if not state.dirty:
+                        return delay
+            return COALESCED_REQUEUE_S  # still busy: the re-queue comes back soon
+        finally:
+            with self._guard:
+                state.running = False
+
+    def _timed(self, namespace: str, name: str) -> float | None:
         started = time.perf_counter()
         try:
             delay = self._reconcile(namespace, name)
@@ -109,12 +141,10 @@ class Reconciler:
             self.metrics.reconciles.labels("error").inc()
             self.metrics.errors.inc()
             raise
-        else:
-            self.metrics.reconciles.labels("ok").inc()
-            return delay
         finally:
             self.metrics.latency.observe(time.perf_counter() - started)
-            lock.release()
+        self.metrics.reconciles.labels("ok").inc()
+        return delay
 
     def _reconcile(self, namespace: str, name: str) -> float | None:
         body = self.kube.get_job(namespace, name)
@@ -143,7 +173,7 @@ class Reconciler:
         observed_pods = tuple(p for p in pods if p is not None)
         service = self.kube.service_exists(job.namespace, job.name)
         progress = checkpoint = None
-        if old_status.phase == "Running":
+        if old_status.phase == "Running" and self._may_ask(f"{job.namespace}/{job.name}"):
             address = str(kubernetes_cluster_spec(job).addresses[Task(c.ROLE_PS, 0)])
             try:
                 reply = self.fetch_status(address, FETCH_TIMEOUT_S)
@@ -155,6 +185,15 @@ class Reconciler:
             checkpoint = checkpoint_from_status(reply)
         return decide(Observed(job, observed_pods, service, now, progress, checkpoint),
                       self.pod_settings, self.progress_interval)
+
+    def _may_ask(self, key: str) -> bool:
+        """At most one progress probe per job per progress interval."""
+        now = self.monotonic()
+        with self._guard:
+            if now - self._asked.get(key, -1e9) < self.progress_interval * 0.9:
+                return False
+            self._asked[key] = now
+            return True
 
     def apply(self, body: Mapping[str, Any], plan: Plan) -> None:
         """Carry out the plan's actions in order, then post its events."""

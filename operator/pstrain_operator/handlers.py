@@ -27,13 +27,15 @@ import kopf
 
 from pstrain_api import constants as c
 
-from .controller import Busy, Reconciler
+from .controller import Reconciler
 from .reconcile import Event
 
 log = logging.getLogger(__name__)
 
 REQUEUE_MARK = "pstrain-requeue:"
-BUSY_RETRY_S = 2.0
+# Sync handlers run in kopf's thread pool; reconciles block on API calls, so allow a few
+# more threads than kopf's CPU-based default.
+EXECUTOR_THREADS = 16
 
 _reconciler: Reconciler | None = None
 
@@ -64,10 +66,7 @@ def post_event(body: Mapping[str, Any], event: Event) -> None:
 @kopf.on.create(c.GROUP, c.VERSION, c.PLURAL)
 @kopf.on.update(c.GROUP, c.VERSION, c.PLURAL)
 def reconcile_job(name: str, namespace: str, **_: Any) -> None:
-    try:
-        delay = _get().reconcile(namespace, name)
-    except Busy as exc:
-        raise kopf.TemporaryError(str(exc), delay=BUSY_RETRY_S) from exc
+    delay = _get().reconcile(namespace, name)
     if delay is not None:
         raise kopf.TemporaryError(f"{REQUEUE_MARK} look again in {delay:.1f}s", delay=delay)
 
@@ -77,18 +76,12 @@ def job_event(name: str, namespace: str, type: str | None, **_: Any) -> None:
     if type == "DELETED":
         _get().forget(namespace, name)
         return
-    try:
-        _get().reconcile(namespace, name)
-    except Busy:
-        log.debug("job %s/%s is being reconciled already", namespace, name)
+    _get().reconcile(namespace, name)
 
 
 @kopf.on.event("", "v1", "pods", labels={c.LABEL_MANAGED_BY: c.MANAGED_BY, c.LABEL_JOB: kopf.PRESENT})
 def pod_event(labels: Mapping[str, str], namespace: str, **_: Any) -> None:
-    try:
-        _get().reconcile(namespace, labels[c.LABEL_JOB])
-    except Busy:
-        log.debug("job %s/%s is being reconciled already", namespace, labels[c.LABEL_JOB])
+    _get().reconcile(namespace, labels[c.LABEL_JOB])
 
 
 class RequeueIsNotAnError(logging.Filter):
@@ -118,4 +111,5 @@ def kopf_settings(leader_election: bool) -> kopf.OperatorSettings:
     settings.peering.mandatory = leader_election
     settings.peering.standalone = not leader_election
     settings.watching.server_timeout = 300
+    settings.execution.max_workers = EXECUTOR_THREADS
     return settings

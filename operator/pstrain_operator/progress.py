@@ -17,7 +17,7 @@ from pstrain_api.model import CheckpointStatus, Progress
 log = logging.getLogger(__name__)
 
 FetchStatus = Callable[[str, float], Mapping[str, Any] | None]
-FETCH_TIMEOUT_S = 2.0
+FETCH_TIMEOUT_S = 1.0
 
 # Keys the runtime may use for each Progress field, first match wins.
 _KEYS = {

@@ -43,8 +43,10 @@ class FakeStatus:
 
 def make_reconciler(kube: FakeKube, events: Recorder, status: FakeStatus,
                     now: datetime = T0) -> Reconciler:
+    ticks = iter(range(0, 10**9, 100))  # every look is 100 s after the previous one
     return Reconciler(kube=kube, pod_settings=PodSettings(), emit=events,
-                      fetch_status=status, metrics=Metrics(), clock=lambda: now)
+                      fetch_status=status, metrics=Metrics(), clock=lambda: now,
+                      monotonic=lambda: float(next(ticks)))
 
 
 def test_whole_life_restart_and_success() -> None:
@@ -163,3 +165,41 @@ def test_progress_from_status() -> None:
     assert progress_from_status({"loss": 1.0}, now) is None
     assert progress_from_status(None, now) is None
     assert progress_from_status({"global_step": "x"}, now) is None
+
+
+def test_concurrent_requests_coalesce_into_one_more_pass() -> None:
+    """A request that arrives while the job is being reconciled returns at once and the
+    running reconcile goes round again, so no event is lost and no worker waits."""
+    kube, events = FakeKube(), Recorder()
+    kube.add_job(make_job().body())
+    op = make_reconciler(kube, events, FakeStatus())
+    nested: list[float | None] = []
+    original = kube.list_pods
+
+    def list_pods(namespace: str, selector: str) -> list[dict[str, Any]]:
+        if not nested:  # another worker asks while this pass runs
+            nested.append(op.reconcile("ns", "j"))
+        return original(namespace, selector)
+
+    kube.list_pods = list_pods  # type: ignore[method-assign]
+    assert op.reconcile("ns", "j") == 5.0
+    assert nested == [2.0]
+    assert [verb for verb, _ in kube.calls].count("list") == 2
+    assert kube.pod_names() == ["j-ps-0"]
+    reg = op.metrics.registry
+    assert reg.get_sample_value("pstrain_operator_reconcile_total", {"outcome": "ok"}) == 2
+
+
+def test_progress_probe_is_rate_limited_per_job() -> None:
+    kube, events, status = FakeKube(), Recorder(), FakeStatus()
+    kube.add_job(make_job().status(phase="Running").body())
+    op = Reconciler(kube=kube, pod_settings=PodSettings(), emit=events, fetch_status=status,
+                    metrics=Metrics(), clock=lambda: T0, monotonic=lambda: 50.0)
+    for _ in range(3):
+        kube.jobs[("ns", "j")]["status"]["phase"] = "Running"  # as last written
+        op.reconcile("ns", "j")
+    assert status.asked == ["j-ps-0.j.ns.svc:2222"]  # once: the clock stood still
+    op.monotonic = lambda: 50.0 + op.progress_interval
+    kube.jobs[("ns", "j")]["status"]["phase"] = "Running"
+    op.reconcile("ns", "j")
+    assert len(status.asked) == 2

@@ -131,3 +131,31 @@ def test_harness_runs_limits_quick(tmp_path):
     assert keys["limits.memcpy"]["n"] == 5 and keys["limits.memcpy"]["median"] > 0
     assert keys["limits.tcp.4MiB"]["median"] > 0
     assert (tmp_path / "results.md").read_text().startswith("# pstrain benchmark results")
+
+
+@pytest.mark.parametrize(
+    ("points", "window", "skip", "count", "expected"),
+    [
+        pytest.param([(0.0, 0), (1.0, 10), (2.0, 30), (3.0, 60)], 1.0, 0, 5, [10.0, 20.0, 30.0],
+                     id="one-window-per-point"),
+        pytest.param([(0.0, 0), (1.0, 10), (2.0, 30), (3.0, 60)], 1.0, 1, 1, [20.0],
+                     id="warm-up-window-dropped"),
+        pytest.param([(0.0, 0), (0.5, 5), (1.0, 10), (1.5, 20), (2.0, 30)], 1.0, 0, 5,
+                     [10.0, 20.0], id="windows-span-several-points"),
+        pytest.param([(0.0, 0), (1.0, 0), (2.0, 10)], 1.0, 0, 5, [5.0],
+                     id="no-progress-no-window"),
+        pytest.param([], 1.0, 0, 5, [], id="no-points"),
+    ],
+)
+def test_window_rates(points, window, skip, count, expected):
+    from bench.training import window_rates
+
+    assert window_rates(points, 1.0, window, skip, count) == pytest.approx(expected)
+
+
+def test_accuracy_stop_rule():
+    from bench.training import reached_accuracy
+
+    check = reached_accuracy(0.95)
+    assert not check([(1.0, "eval", {"accuracy": 0.94}), (1.5, "progress", {"step": 3})])
+    assert check([(1.0, "eval", {"accuracy": 0.94}), (2.0, "eval", {"accuracy": 0.95})])

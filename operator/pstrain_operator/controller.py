@@ -173,8 +173,13 @@ class Reconciler:
         observed_pods = tuple(p for p in pods if p is not None)
         service = self.kube.service_exists(job.namespace, job.name)
         progress = checkpoint = None
-        if old_status.phase == "Running" and self._may_ask(f"{job.namespace}/{job.name}"):
-            address = str(kubernetes_cluster_spec(job).addresses[Task(c.ROLE_PS, 0)])
+        cluster = kubernetes_cluster_spec(job)
+        chief = next((p for p in observed_pods if p.name == cluster.replica_name(cluster.chief)),
+                     None)
+        chief_ended = chief is not None and chief.phase in ("Succeeded", "Failed")
+        if (old_status.phase == "Running" and not chief_ended
+                and self._may_ask(f"{job.namespace}/{job.name}")):
+            address = str(cluster.addresses[Task(c.ROLE_PS, 0)])
             try:
                 reply = self.fetch_status(address, FETCH_TIMEOUT_S)
             except Exception as exc:  # a status probe must never break reconciling

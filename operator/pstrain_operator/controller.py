@@ -29,7 +29,7 @@ from pstrain_api.model import TrainingJobStatus
 from pstrain_api.validate import check_manifest
 
 from .build import job_selector
-from .kube import Kube
+from .kube import Kube, KubeError
 from .metrics import Metrics
 from .progress import (
     FETCH_TIMEOUT_S,
@@ -56,6 +56,7 @@ from .settings import PodSettings
 log = logging.getLogger(__name__)
 
 EventSink = Callable[[Mapping[str, Any], Event], None]
+R_CREATE_REJECTED = "CreateRejected"
 MAX_RERUNS = 10
 COALESCED_REQUEUE_S = 2.0
 
@@ -205,10 +206,16 @@ class Reconciler:
         meta = body.get("metadata") or {}
         namespace, name = meta.get("namespace", "default"), meta.get("name", "")
         for action in plan.actions:
-            if isinstance(action, CreateService):
-                self.kube.create(action.manifest)
-            elif isinstance(action, CreatePod):
-                if self.kube.create(action.manifest):
+            if isinstance(action, CreateService | CreatePod):
+                try:
+                    created = self.kube.create(action.manifest)
+                except KubeError as exc:
+                    # Quota, admission or an invalid template: say so on the job, then
+                    # let the handler retry (the cause may be fixed meanwhile).
+                    self.emit(body, Event("Warning", R_CREATE_REJECTED,
+                                          f"creating {action.name} failed: {exc}"))
+                    raise
+                if created and isinstance(action, CreatePod):
                     self.metrics.pods_created.labels(action.role).inc()
             elif isinstance(action, DeletePod):
                 log.info("deleting pod %s/%s: %s", namespace, action.name, action.why)

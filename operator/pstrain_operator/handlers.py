@@ -28,11 +28,13 @@ import kopf
 from pstrain_api import constants as c
 
 from .controller import Reconciler
+from .kube import KubeError
 from .reconcile import Event
 
 log = logging.getLogger(__name__)
 
 REQUEUE_MARK = "pstrain-requeue:"
+API_ERROR_RETRY_S = 5.0
 # Sync handlers run in kopf's thread pool; reconciles block on API calls, so allow a few
 # more threads than kopf's CPU-based default.
 EXECUTOR_THREADS = 16
@@ -66,7 +68,11 @@ def post_event(body: Mapping[str, Any], event: Event) -> None:
 @kopf.on.create(c.GROUP, c.VERSION, c.PLURAL)
 @kopf.on.update(c.GROUP, c.VERSION, c.PLURAL)
 def reconcile_job(name: str, namespace: str, **_: Any) -> None:
-    delay = _get().reconcile(namespace, name)
+    try:
+        delay = _get().reconcile(namespace, name)
+    except KubeError as exc:
+        raise kopf.TemporaryError(f"the API server refused a call: {exc}",
+                                  delay=API_ERROR_RETRY_S) from exc
     if delay is not None:
         raise kopf.TemporaryError(f"{REQUEUE_MARK} look again in {delay:.1f}s", delay=delay)
 

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+
 from pstrain_operator.controller import Reconciler, parse_status
 from pstrain_operator.metrics import Metrics
 from pstrain_operator.progress import progress_from_status
@@ -203,3 +205,28 @@ def test_progress_probe_is_rate_limited_per_job() -> None:
     kube.jobs[("ns", "j")]["status"]["phase"] = "Running"
     op.reconcile("ns", "j")
     assert len(status.asked) == 2
+
+
+def test_a_rejected_create_is_reported_on_the_job_and_retried() -> None:
+    from pstrain_operator.kube import KubeError
+
+    kube, events = FakeKube(), Recorder()
+    kube.add_job(make_job().body())
+    original = kube.create
+
+    def create(manifest: Mapping[str, Any]) -> bool:
+        if manifest["kind"] == "Pod":
+            raise KubeError(403, 'POST pods returned 403: exceeded quota: pods')
+        return original(manifest)
+
+    kube.create = create  # type: ignore[method-assign]
+    op = make_reconciler(kube, events, FakeStatus())
+    with pytest.raises(KubeError) as err:  # reaches the handler, which retries
+        op.reconcile("ns", "j")
+    assert err.value.status == 403
+    rejected = [e for e in events.events if e.reason == "CreateRejected"]
+    assert rejected[0].type == "Warning" and "exceeded quota" in rejected[0].message
+    assert "j-ps-0" in rejected[0].message
+    kube.create = original  # type: ignore[method-assign]
+    op.reconcile("ns", "j")
+    assert kube.pod_names() == ["j-ps-0"]

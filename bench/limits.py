@@ -34,17 +34,17 @@ def memcpy(cfg: Config) -> Figure:
                      rates(n / GB, secs))
 
 
-def _recv_exact(sock: socket.socket, view: memoryview) -> None:
+def _recv_exact(sock: socket.socket, view: memoryview, chunk: int = CHUNK) -> None:
     got = 0
     total = len(view)
     while got < total:
-        k = sock.recv_into(view[got:], min(CHUNK, total - got))
+        k = sock.recv_into(view[got:], min(chunk, total - got))
         if k == 0:
             raise ConnectionError(f"peer closed after {got} of {total} bytes")
         got += k
 
 
-def _tcp_peer(rank: int, sizes: list[int], reps: int, port_conn: Any) -> Any:
+def _tcp_peer(rank: int, sizes: list[int], reps: int, recv_chunk: int, port_conn: Any) -> Any:
     """rank 0 receives (and acks), rank 1 sends and times."""
     if rank == 0:
         srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -62,7 +62,7 @@ def _tcp_peer(rank: int, sizes: list[int], reps: int, port_conn: Any) -> Any:
         for _ in range(len(sizes) * reps):
             _recv_exact(conn, memoryview(header))
             (n,) = struct.unpack("!Q", header)
-            _recv_exact(conn, view[:n])
+            _recv_exact(conn, view[:n], recv_chunk)
             conn.sendall(b"k")
         conn.close()
         srv.close()
@@ -87,7 +87,7 @@ def _tcp_peer(rank: int, sizes: list[int], reps: int, port_conn: Any) -> Any:
     return out
 
 
-def tcp_loopback(cfg: Config, sizes_mib: list[int]) -> list[Figure]:
+def tcp_loopback(cfg: Config, sizes_mib: list[int], recv_chunk: int = CHUNK) -> list[Figure]:
     """Loopback TCP GB/s for each size, one connection, 2 processes."""
     import multiprocessing as mp
 
@@ -95,7 +95,7 @@ def tcp_loopback(cfg: Config, sizes_mib: list[int]) -> list[Figure]:
     a, b = ctx.Pipe()
     sizes = [m * MIB for m in sizes_mib]
     reps = cfg.warmup + cfg.repeats
-    res = run_group(_tcp_peer, 2, args=(sizes, reps), rank_args=[(a,), (b,)],
+    res = run_group(_tcp_peer, 2, args=(sizes, reps, recv_chunk), rank_args=[(a,), (b,)],
                     timeout_s=cfg.item_time_limit_s)
     figs = []
     for m, n in zip(sizes_mib, sizes, strict=True):

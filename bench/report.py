@@ -50,10 +50,11 @@ def derive(figures: Iterable[Figure]) -> list[Figure]:
     out: list[Figure] = []
     for direction in ("push", "pull"):
         for m in _sizes(figs, f"transport.{direction}."):
+            # Prefer the TCP figure measured interleaved with the transport itself.
+            tcp = figs.get(f"transport.tcp.{m}MiB") or figs.get(f"limits.tcp.{m}MiB")
             out.append(ratio(f"transport.{direction}.{m}MiB.vs_tcp",
                              f"{direction} {m} MiB / loopback TCP {m} MiB",
-                             figs.get(f"transport.{direction}.{m}MiB"),
-                             figs.get(f"limits.tcp.{m}MiB")))
+                             figs.get(f"transport.{direction}.{m}MiB"), tcp))
     for m in _sizes(figs, "ps_step.allreduce."):
         for variant in sorted({k.split(".")[1] for k in figs
                                if k.startswith("ps_step.") and k.endswith(f".{m}MiB")}):

@@ -3,6 +3,10 @@ and a parameter server process over pstrain's gRPC transport (ShardedClient), fo
 size. A push is timed until its reply, so it includes the server's validation and its
 (SGD) update of the tensor; a pull until the last byte is in the worker's tensor.
 
+The same two processes also run the loopback TCP limit (plain sockets, as in item 1),
+interleaved with the pushes and pulls repetition by repetition, so that the ratio to
+TCP is not skewed by load that changes between items on a shared machine.
+
 The reference figure (a bare grpcio stream of the same bytes) shows how much of the gap
 to loopback TCP is grpcio's own.
 """
@@ -11,21 +15,71 @@ from __future__ import annotations
 
 import time
 
+import socket
+import struct
+import threading
+
 from . import rt
 from .core import GB, MIB, Config, Figure, rates
 from .grpc_ref import bare_grpc_stream
-from .procs import free_port, run_group
+from .limits import _recv_exact
+from .procs import LOOPBACK, free_port, run_group
 
 
-def _peer(rank: int, port: int, sizes_mib: list[int], warmup: int, repeats: int,
-          timeout_s: float) -> dict[str, list[float]] | None:
+def _tcp_sink(port: int, max_bytes: int) -> None:
+    """Receive length-prefixed buffers and acknowledge each (as limits._tcp_peer)."""
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind((LOOPBACK, port))
+    srv.listen(1)
+    srv.settimeout(120)
+    conn, _ = srv.accept()
+    conn.settimeout(300)
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    view = memoryview(bytearray(max_bytes))
+    header = bytearray(8)
+    while True:
+        try:
+            _recv_exact(conn, memoryview(header))
+        except ConnectionError:
+            break
+        (n,) = struct.unpack("!Q", header)
+        if n == 0:
+            break
+        _recv_exact(conn, view[:n])
+        conn.sendall(b"k")
+    conn.close()
+    srv.close()
+
+
+def _tcp_source(port: int) -> socket.socket:
+    sock = socket.create_connection((LOOPBACK, port), timeout=60)
+    sock.settimeout(300)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _tcp_send(sock: socket.socket, payload: memoryview) -> None:
+    sock.sendall(struct.pack("!Q", len(payload)))
+    sock.sendall(payload)
+    _recv_exact(sock, memoryview(bytearray(1)))
+
+
+def _peer(rank: int, port: int, tcp_port: int, sizes_mib: list[int], warmup: int,
+          repeats: int, timeout_s: float) -> dict[str, list[float]] | None:
     if rank == 0:
+        sink = threading.Thread(target=_tcp_sink, args=(tcp_port, max(sizes_mib) * MIB),
+                                daemon=True)
+        sink.start()
         rt.serve_ps(0, port, timeout_s)
+        sink.join(timeout=10)
         return None
     import torch
 
     out: dict[str, list[float]] = {}
     client = None
+    sock = None
+    payload = memoryview(bytearray(b"\x01") * (max(sizes_mib) * MIB))
     for m in sizes_mib:
         numel = m * MIB // 4
         shapes = {"w": (numel,)}
@@ -33,18 +87,24 @@ def _peer(rank: int, port: int, sizes_mib: list[int], warmup: int, repeats: int,
         params = {"w": torch.zeros(numel)}
         grads = {"w": torch.full((numel,), 1e-6)}
         rt.init(client, params, num_workers=1)
-        for kind, fn in (("push", lambda: client.push(grads, worker=0)),
-                         ("pull", lambda: client.pull(params, worker=0))):
-            secs = []
-            for i in range(warmup + repeats):
+        if sock is None:
+            sock = _tcp_source(tcp_port)
+        data = payload[:m * MIB]
+        steps = (("tcp", lambda: _tcp_send(sock, data)),
+                 ("push", lambda: client.push(grads, worker=0)),
+                 ("pull", lambda: client.pull(params, worker=0)))
+        for i in range(warmup + repeats):
+            for kind, fn in steps:  # interleaved: one of each per repetition
                 t0 = time.perf_counter()
                 fn()
                 dt = time.perf_counter() - t0
                 if i >= warmup:
-                    secs.append(dt)
-            out[f"{kind}.{m}"] = secs
+                    out.setdefault(f"{kind}.{m}", []).append(dt)
         if m != sizes_mib[-1]:
             client.close()
+    if sock is not None:
+        sock.sendall(struct.pack("!Q", 0))
+        sock.close()
     if client is not None:
         rt.shutdown(client)
     return out
@@ -52,10 +112,12 @@ def _peer(rank: int, port: int, sizes_mib: list[int], warmup: int, repeats: int,
 
 def run(cfg: Config) -> list[Figure]:
     sizes = list(cfg.transport_mib)
-    res = run_group(_peer, 2, args=(free_port(), sizes, cfg.warmup, cfg.repeats,
-                                    cfg.item_time_limit_s),
+    res = run_group(_peer, 2, args=(free_port(), free_port(), sizes, cfg.warmup,
+                                    cfg.repeats, cfg.item_time_limit_s),
                     timeout_s=cfg.item_time_limit_s)[1]
-    figs = []
+    figs = [Figure.of(f"transport.tcp.{m}MiB",
+                      f"loopback TCP {m} MiB, same processes, interleaved with push/pull",
+                      "GB/s", rates(m * MIB / GB, res[f"tcp.{m}"])) for m in sizes]
     for kind in ("push", "pull"):
         for m in sizes:
             figs.append(Figure.of(f"transport.{kind}.{m}MiB",

@@ -40,6 +40,9 @@ def test_config_rejects_zero_repeats():
     [
         pytest.param([fig("transport.push.64MiB", 3.0), fig("limits.tcp.64MiB", 4.0)],
                      "transport.push.64MiB.vs_tcp", 0.75, id="push-vs-tcp-same-size"),
+        pytest.param([fig("transport.pull.64MiB", 3.0), fig("limits.tcp.64MiB", 4.0),
+                      fig("transport.tcp.64MiB", 3.0)],
+                     "transport.pull.64MiB.vs_tcp", 1.0, id="interleaved-tcp-preferred"),
         pytest.param([fig("ps_step.ps1.64MiB", 0.3, "s"), fig("ps_step.allreduce.64MiB", 0.1, "s")],
                      "ps_step.ps1.64MiB.vs_allreduce", 3.0, id="ps-step-vs-allreduce"),
         pytest.param([fig("training.wide.async", 600, "samples/s"),

@@ -4,7 +4,10 @@
 `ps_step_mib` MiB (placement splits it by rows over 2 servers). A step: every worker
 pushes its gradient of that size and then pulls the parameter back. Workers start each
 step together (a barrier); the step time is the slower worker's. The baseline is gloo
-`all_reduce` of the same tensor between 2 processes, measured in the same run.
+`all_reduce` of the same tensor between 2 processes, measured in the same run: once on
+its own, and once by the two worker processes themselves, interleaved with the PS steps
+repetition by repetition (the ratio uses the interleaved one, so that load shifting on
+a shared machine does not skew it).
 
 A PS moves twice the bytes of a 2-process all-reduce (each worker sends and receives
 the whole tensor), so 2.0x is byte parity. The bf16 variant sends gradients as
@@ -14,22 +17,25 @@ bfloat16 (`spec.training.wireDtype`), parameters still come back in float32.
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from typing import Any
 
 from . import rt
 from .allreduce import gloo_allreduce
 from .core import MIB, Config, Figure
-from .procs import free_port, run_group
+from .procs import LOOPBACK, free_port, run_group
 
 WORKERS = 2
 
 
-def _peer(rank: int, num_ps: int, ports: list[int], mib: int, wire_dtype: str, warmup: int,
-          repeats: int, barrier: Any, timeout_s: float) -> list[float] | None:
+def _peer(rank: int, num_ps: int, ports: list[int], gloo_port: int, mib: int,
+          wire_dtype: str, warmup: int, repeats: int, barrier: Any,
+          timeout_s: float) -> dict[str, list[float]] | None:
     if rank < num_ps:
         rt.serve_ps(rank, ports[rank], timeout_s)
         return None
     import torch
+    import torch.distributed as dist
 
     worker = rank - num_ps
     numel = mib * MIB // 4
@@ -39,47 +45,64 @@ def _peer(rank: int, num_ps: int, ports: list[int], mib: int, wire_dtype: str, w
     grads = {"w": torch.full((numel,), 1e-6)}
     if worker == 0:
         rt.init(client, params, num_workers=WORKERS)
-    barrier.wait(timeout=120)
-    secs = []
-    for i in range(warmup + repeats):
+    dist.init_process_group("gloo", init_method=f"tcp://{LOOPBACK}:{gloo_port}", rank=worker,
+                            world_size=WORKERS, timeout=timedelta(seconds=120))
+    reduced = torch.ones(numel)
+    out: dict[str, list[float]] = {"step": [], "allreduce": []}
+    try:
         barrier.wait(timeout=120)
-        t0 = time.perf_counter()
-        client.push(grads, worker=worker)
-        client.pull(params, worker=worker)
-        dt = time.perf_counter() - t0
-        if i >= warmup:
-            secs.append(dt)
-    barrier.wait(timeout=120)
+        for i in range(warmup + repeats):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(reduced)
+            t_ar = time.perf_counter() - t0
+            barrier.wait(timeout=120)
+            t0 = time.perf_counter()
+            client.push(grads, worker=worker)
+            client.pull(params, worker=worker)
+            t_ps = time.perf_counter() - t0
+            if i >= warmup:
+                out["allreduce"].append(t_ar)
+                out["step"].append(t_ps)
+        barrier.wait(timeout=120)
+    finally:
+        dist.destroy_process_group()
     if worker == 0:
         rt.shutdown(client)
     else:
         client.close()
-    return secs
+    return out
 
 
-def ps_step(cfg: Config, num_ps: int, wire_dtype: str = "float32") -> Figure:
+def ps_step(cfg: Config, num_ps: int, wire_dtype: str = "float32") -> list[Figure]:
+    """The PS step and the all-reduce interleaved with it, as two figures."""
     import multiprocessing as mp
 
     mib = cfg.ps_step_mib
     barrier = mp.get_context("spawn").Barrier(WORKERS)
     ports = [free_port() for _ in range(num_ps)]
     res = run_group(_peer, num_ps + WORKERS,
-                    args=(num_ps, ports, mib, wire_dtype, cfg.warmup, cfg.repeats, barrier,
-                          cfg.item_time_limit_s),
+                    args=(num_ps, ports, free_port(), mib, wire_dtype, cfg.warmup, cfg.repeats,
+                          barrier, cfg.item_time_limit_s),
                     timeout_s=cfg.item_time_limit_s)
-    workers = [r for r in res[num_ps:]]
-    per_step = [max(w[i] for w in workers) for i in range(len(workers[0]))]
+    workers = res[num_ps:]
+    n = len(workers[0]["step"])
+    per_step = [max(w["step"][i] for w in workers) for i in range(n)]
+    per_ar = [max(w["allreduce"][i] for w in workers) for i in range(n)]
     tag = "" if wire_dtype == "float32" else f", {wire_dtype} gradients"
     variant = f"ps{num_ps}" + ("" if wire_dtype == "float32" else wire_dtype.replace("float", "f"))
-    return Figure.of(f"ps_step.{variant}.{mib}MiB",
-                     f"PS step: 2 workers x (push {mib} MiB + pull {mib} MiB), {num_ps} PS{tag}",
-                     "s", per_step)
+    return [Figure.of(f"ps_step.{variant}.{mib}MiB",
+                      f"PS step: 2 workers x (push {mib} MiB + pull {mib} MiB), {num_ps} PS{tag}",
+                      "s", per_step),
+            Figure.of(f"ps_step.allreduce_{variant}.{mib}MiB",
+                      f"gloo all_reduce {mib} MiB by the same 2 workers, interleaved with the "
+                      f"{variant} steps", "s", per_ar)]
 
 
 def run(cfg: Config) -> list[Figure]:
-    figs = [gloo_allreduce(cfg, cfg.ps_step_mib), ps_step(cfg, 1), ps_step(cfg, 2)]
+    figs = [gloo_allreduce(cfg, cfg.ps_step_mib), *ps_step(cfg, 1), *ps_step(cfg, 2)]
     try:
-        figs.append(ps_step(cfg, 1, "bfloat16"))
+        figs += ps_step(cfg, 1, "bfloat16")
     except RuntimeError as exc:  # GroupError: the runtime may not support it (yet)
         figs.append(Figure.missing(f"ps_step.ps1bf16.{cfg.ps_step_mib}MiB",
                                    "PS step, 1 PS, bfloat16 gradients", "s",

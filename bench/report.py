@@ -58,12 +58,14 @@ def derive(figures: Iterable[Figure]) -> list[Figure]:
     for m in _sizes(figs, "ps_step.allreduce."):
         for variant in sorted({k.split(".")[1] for k in figs
                                if k.startswith("ps_step.") and k.endswith(f".{m}MiB")}):
-            if variant == "allreduce":
+            if variant.startswith("allreduce"):
                 continue
+            # Prefer the all-reduce measured interleaved with this variant's steps.
+            base = (figs.get(f"ps_step.allreduce_{variant}.{m}MiB")
+                    or figs.get(f"ps_step.allreduce.{m}MiB"))
             out.append(ratio(f"ps_step.{variant}.{m}MiB.vs_allreduce",
                              f"PS step ({variant}) / gloo all_reduce, {m} MiB",
-                             figs.get(f"ps_step.{variant}.{m}MiB"),
-                             figs.get(f"ps_step.allreduce.{m}MiB")))
+                             figs.get(f"ps_step.{variant}.{m}MiB"), base))
     for model in TRAINING_MODELS:
         for mode in ("async", "sync"):
             ps = figs.get(f"training.{model}.{mode}")

@@ -16,6 +16,10 @@ Every process is held to one compute thread (the machine has 2 cores).
 Time to 95% accuracy on digits: pstrain async (1 PS, 2 workers) against a single
 process, both evaluating every `EVAL_EVERY` global steps, 5 runs each; the clock starts
 when training starts (the chief's `run()`, the single process's first step).
+
+Reduced-precision wire (`wireDtype`): final test accuracy on digits after
+`WIRE_STEPS` async global steps with float32, bfloat16 and float16 gradients on the
+wire, 5 runs each (async runs differ run to run by arrival order).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from .procs import LOOPBACK, free_port, run_group
 
 WORKERS = 2
 EVAL_EVERY = 10
+WIRE_STEPS = 600  # as examples/digits.yaml
+WIRE_DTYPES = ("float32", "bfloat16", "float16")
 SEED = 0
 
 
@@ -46,10 +52,12 @@ class ModelSpec:
     optimizer: dict[str, Any] = field(
         default_factory=lambda: {"name": "momentum", "learningRate": 0.05, "momentum": 0.9})
 
-    def training(self, mode: str, steps: int, eval_every: int | None = None) -> dict[str, Any]:
+    def training(self, mode: str, steps: int, eval_every: int | None = None,
+                 wire_dtype: str = "float32") -> dict[str, Any]:
         spec: dict[str, Any] = {"entrypoint": self.entrypoint, "args": self.args,
                                 "steps": steps, "batchSize": self.batch, "mode": mode,
-                                "optimizer": self.optimizer, "seed": SEED}
+                                "optimizer": self.optimizer, "seed": SEED,
+                                "wireDtype": wire_dtype}
         if eval_every:
             spec["evalIntervalSteps"] = eval_every
         return spec
@@ -132,8 +140,10 @@ def _ps_job_peer(rank: int, port: int, jobs: list[dict[str, Any]], timeout_s: fl
         if worker == 0:
             if job["kind"] == "throughput":
                 stop = enough_windows(job["window_s"], job["skip"], job["count"])
-            else:
+            elif job["kind"] == "accuracy":
                 stop = reached_accuracy(job["target"])
+            else:  # "fixed": run the job's own number of steps
+                stop = lambda events: False  # noqa: E731
             rec = rt.Recorder(stop)
             _, t0, t1 = rt.run_trainer(training, job["namespace"], 0, WORKERS, [port], rec,
                                        progress_interval=job["progress_s"])
@@ -192,6 +202,27 @@ def ps_time_to_accuracy(cfg: Config) -> Figure:
     return _tta_figure("training.digits.tta.async",
                        f"{spec.label}: time to {cfg.accuracy_target:.0%} test accuracy, "
                        "pstrain async 1 PS + 2 workers", secs, cfg)
+
+
+def wire_dtype_accuracy(cfg: Config) -> list[Figure]:
+    """Final digits test accuracy after WIRE_STEPS async steps, per wire dtype."""
+    spec = ACCURACY_MODEL
+    steps = WIRE_STEPS if not cfg.quick else 100
+    jobs = [{"kind": "fixed", "namespace": f"bench/wire-{dtype}-{i}", "dtype": dtype,
+             "training": spec.training("async", steps, wire_dtype=dtype), "progress_s": 1.0}
+            for dtype in WIRE_DTYPES for i in range(cfg.repeats)]
+    res = run_group(_ps_job_peer, 1 + WORKERS, args=(free_port(), jobs, cfg.item_time_limit_s),
+                    timeout_s=cfg.item_time_limit_s)[1]
+    figs = []
+    for dtype in WIRE_DTYPES:
+        accs = [f["accuracy"] for job, got in zip(jobs, res, strict=True) if job["dtype"] == dtype
+                for _, k, f in got["events"] if k == "done" and f.get("accuracy") is not None]
+        key = f"training.digits.wire.{dtype}"
+        label = (f"{spec.label}: final test accuracy after {steps} async steps, "
+                 f"{dtype} gradients on the wire")
+        figs.append(Figure.of(key, label, "acc", accs) if accs else
+                    Figure.missing(key, label, "acc", "no run finished"))
+    return figs
 
 
 def _tta_figure(key: str, label: str, secs: list[float], cfg: Config) -> Figure:
@@ -341,4 +372,5 @@ def run(cfg: Config) -> list[Figure]:
         figs.append(baseline_throughput(cfg, spec, 1))
     figs.append(ps_time_to_accuracy(cfg))
     figs.append(single_time_to_accuracy(cfg))
+    figs += wire_dtype_accuracy(cfg)
     return figs

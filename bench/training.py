@@ -237,16 +237,24 @@ def _tta_figure(key: str, label: str, secs: list[float], cfg: Config) -> Figure:
 
 
 def _calibrated_windows(step: Callable[[], None], window_s: float, skip: int, count: int,
-                        sync_steps: Callable[[int], int] = lambda n: n) -> list[tuple[float, int]]:
+                        agree: Callable[[int], int] = lambda n: n) -> list[tuple[float, int]]:
     """Run `step` in windows of a fixed step count (sized from a short calibration so
-    that one window lasts about `window_s`); return (time, steps) points."""
+    that one window lasts about `window_s`); return (time, steps) points.
+
+    `agree(n)` returns the maximum of `n` over all ranks (DDP): every collective
+    decision (go on calibrating, the window size) is the same on every rank, so the
+    ranks run exactly the same number of steps."""
     t0 = time.perf_counter()
     calib = 0
-    while calib < 3 or (time.perf_counter() - t0 < min(1.0, window_s / 2) and calib < 10_000):
+    while True:
         step()
         calib += 1
+        want_more = calib < 3 or (time.perf_counter() - t0 < min(1.0, window_s / 2)
+                                  and calib < 10_000)
+        if not agree(int(want_more)):
+            break
     per_step = (time.perf_counter() - t0) / calib
-    n = sync_steps(max(1, math.ceil(window_s / max(per_step, 1e-6))))
+    n = agree(max(1, math.ceil(window_s / max(per_step, 1e-6))))
     points = [(time.perf_counter(), 0)]
     done = 0
     for _ in range(skip + count):

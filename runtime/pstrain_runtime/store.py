@@ -422,13 +422,19 @@ class ParameterStore:
                 if missing:
                     raise _invalid(f"push: sync step {step} lacks gradients for "
                                    f"{sorted(missing)[:3]}; send every tensor of the shard")
+                adopted = []
                 for key, grad in grads.items():
                     acc = bucket.sums.get(key)
-                    if acc is None:
-                        acc = bucket.sums[key] = ns.take(key, torch.float32)
-                        acc.copy_(grad)
-                    else:
+                    if acc is not None:
                         acc.add_(grad)
+                    elif grad.dtype == torch.float32:
+                        bucket.sums[key] = grad  # the first gradient becomes the sum: no copy
+                        adopted.append(key)
+                    else:
+                        bucket.sums[key] = ns.take(key, torch.float32)
+                        bucket.sums[key].copy_(grad)
+                for key in adopted:
+                    del grads[key]  # owned by the bucket now; returned to the pool after apply
                 bucket.contributors.add(worker)
             self._apply_ready_buckets(ns)
             self._wait(ns, lambda: ns.global_step >= step + 1 - bound, timeout)

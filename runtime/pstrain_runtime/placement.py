@@ -6,7 +6,8 @@ depends only on that set, never on dict or creation order.
 
 Rules:
 - A tensor larger than `partition_bytes` (default: a fair share, total bytes / number
-  of parameter servers, but at least MIN_PARTITION_BYTES) is split along its first dimension into as many row ranges
+  of parameter servers, but at least MIN_PARTITION_BYTES)
+  is split along its first dimension into as many row ranges
   as it needs, at most one per parameter server; each range is a separate piece.
 - Pieces are placed largest first (ties by name) on the least-loaded server (ties by
   index): greedy longest-processing-time balancing by bytes.

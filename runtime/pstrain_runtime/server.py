@@ -42,7 +42,8 @@ class ParameterServerService:
         self.store = store
         self.server = server
 
-    def push(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> pb.PushReply:
+    def push(self, request_iterator: Iterator[bytes],
+             context: grpc.ServicerContext) -> pb.PushReply:
         try:
             return self.store.push(iter(request_iterator))
         except PSError as exc:
@@ -74,7 +75,8 @@ class ParameterServerService:
             _abort(context, exc)
             raise
 
-    def shutdown(self, request: pb.ShutdownRequest, context: grpc.ServicerContext) -> pb.ShutdownReply:
+    def shutdown(self, request: pb.ShutdownRequest,
+                 context: grpc.ServicerContext) -> pb.ShutdownReply:
         grace = request.grace_seconds if request.grace_seconds > 0 else DEFAULT_SHUTDOWN_GRACE
         self.server.request_stop(grace)
         return pb.ShutdownReply(accepted=True)
@@ -140,7 +142,8 @@ class PSServer:
                                        thread_name_prefix=f"ps{ps_index}"),
             options=list(wire.GRPC_OPTIONS),
         )
-        self._server.add_generic_rpc_handlers((build_handler(ParameterServerService(self.store, self)),))
+        service = ParameterServerService(self.store, self)
+        self._server.add_generic_rpc_handlers((build_handler(service),))
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         self._stopped = threading.Event()

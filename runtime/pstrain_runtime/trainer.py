@@ -385,7 +385,8 @@ class Trainer:
         last_progress = self.clock()
         window_loss: list[float] = []
         local_step: int | None = None
-        samples_per_step = training.batch_size * (role.num_workers if training.mode == "sync" else 1)
+        samples_per_step = training.batch_size * (
+            role.num_workers if training.mode == "sync" else 1)
         finished_by_peer = False
         self.model.train()
 
@@ -443,7 +444,7 @@ class Trainer:
             if self.ckpt_store is not None and gstep >= next_ckpt and gstep < training.steps:
                 self._save_checkpoint()
                 next_ckpt = (gstep // ckpt_every + 1) * ckpt_every
-            if next_eval is not None and eval_every and gstep >= next_eval and gstep < training.steps:
+            if eval_every and next_eval is not None and next_eval <= gstep < training.steps:
                 metrics = self._evaluate()
                 self.emit("eval", step=gstep, **metrics)
                 self._report(accuracy=metrics.get("accuracy"))

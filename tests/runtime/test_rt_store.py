@@ -245,3 +245,16 @@ def test_pull_state_returns_parameters_and_optimizer_slots() -> None:
     assert sorted(state.slots["w"]) == ["exp_avg", "exp_avg_sq"]
     assert state.slot_steps == {"b": 1, "w": 1}
     torch.testing.assert_close(state.params["w"], store.namespace("ns").params["w"])
+
+
+def test_bfloat16_gradients_on_the_wire_update_float32_parameters() -> None:
+    store, _ = ready_store()
+    p = params()
+    placement = build_placement(param_specs({n: t.shape for n, t in p.items()}), 1)
+    client = ShardedClient([LocalTransport(store)], placement, "ns", wire_dtype=torch.bfloat16)
+    grads = {"b": torch.full((4,), 0.1), "w": torch.full((3, 4), 0.3)}
+    client.push(grads)
+    ns = store.namespace("ns")
+    assert ns.params["w"].dtype == torch.float32
+    expected = p["w"] - 0.5 * grads["w"].to(torch.bfloat16).float()
+    torch.testing.assert_close(ns.params["w"], expected)

@@ -5,7 +5,9 @@ size. A push is timed until its reply, so it includes the server's validation an
 
 The same two processes also run the loopback TCP limit (plain sockets, as in item 1),
 interleaved with the pushes and pulls repetition by repetition, so that the ratio to
-TCP is not skewed by load that changes between items on a shared machine.
+TCP is not skewed by load that changes between items on a shared machine, and two
+references without pstrain code: the same bytes as 2 MiB frames over the plain socket
+with one copy per side (pstrain's framing without gRPC), and a bare grpcio stream.
 
 The reference figure (a bare grpcio stream of the same bytes) shows how much of the gap
 to loopback TCP is grpcio's own.
@@ -26,8 +28,19 @@ from .limits import _recv_exact
 from .procs import LOOPBACK, free_port, run_group
 
 
+FRAME = 2 * MIB  # pstrain's chunk size (pstrain_runtime.wire.CHUNK_BYTES)
+RAW, FRAMED = 0, 1
+
+
 def _tcp_sink(port: int, max_bytes: int) -> None:
-    """Receive length-prefixed buffers and acknowledge each (as limits._tcp_peer)."""
+    """Receive buffers and acknowledge each. RAW: one length-prefixed buffer straight
+    into the destination (as limits._tcp_peer). FRAMED: the buffer as length-prefixed
+    frames of FRAME bytes, each received into a fresh buffer and then copied into the
+    destination, i.e. with the one copy per side that pstrain's framing costs (see
+    _framed_send); this is what a plain-socket data plane for pstrain's frames could
+    reach."""
+    import numpy as np
+
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     srv.bind((LOOPBACK, port))
@@ -36,17 +49,29 @@ def _tcp_sink(port: int, max_bytes: int) -> None:
     conn, _ = srv.accept()
     conn.settimeout(300)
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    view = memoryview(bytearray(max_bytes))
-    header = bytearray(8)
+    dest = np.empty(max_bytes, dtype=np.uint8)
+    view = memoryview(dest)
+    header = bytearray(9)
+    frame_len = bytearray(4)
     while True:
         try:
             _recv_exact(conn, memoryview(header))
         except ConnectionError:
             break
-        (n,) = struct.unpack("!Q", header)
+        n, mode = struct.unpack("!QB", header)
         if n == 0:
             break
-        _recv_exact(conn, view[:n])
+        if mode == RAW:
+            _recv_exact(conn, view[:n])
+        else:
+            got = 0
+            while got < n:
+                _recv_exact(conn, memoryview(frame_len))
+                (k,) = struct.unpack("!I", frame_len)
+                frame = bytearray(k)
+                _recv_exact(conn, memoryview(frame))
+                dest[got:got + k] = np.frombuffer(frame, dtype=np.uint8)
+                got += k
         conn.sendall(b"k")
     conn.close()
     srv.close()
@@ -60,8 +85,18 @@ def _tcp_source(port: int) -> socket.socket:
 
 
 def _tcp_send(sock: socket.socket, payload: memoryview) -> None:
-    sock.sendall(struct.pack("!Q", len(payload)))
+    sock.sendall(struct.pack("!QB", len(payload), RAW))
     sock.sendall(payload)
+    _recv_exact(sock, memoryview(bytearray(1)))
+
+
+def _framed_send(sock: socket.socket, payload: memoryview) -> None:
+    """The payload as FRAME-sized frames, each built by one join (the sender's copy in
+    pstrain_runtime.wire.encode_chunk)."""
+    sock.sendall(struct.pack("!QB", len(payload), FRAMED))
+    for off in range(0, len(payload), FRAME):
+        part = payload[off:off + FRAME]
+        sock.sendall(b"".join((struct.pack("!I", len(part)), part)))
     _recv_exact(sock, memoryview(bytearray(1)))
 
 
@@ -91,6 +126,7 @@ def _peer(rank: int, port: int, tcp_port: int, sizes_mib: list[int], warmup: int
             sock = _tcp_source(tcp_port)
         data = payload[:m * MIB]
         steps = (("tcp", lambda: _tcp_send(sock, data)),
+                 ("framed", lambda: _framed_send(sock, data)),
                  ("push", lambda: client.push(grads, worker=0)),
                  ("pull", lambda: client.pull(params, worker=0)))
         for i in range(warmup + repeats):
@@ -103,7 +139,7 @@ def _peer(rank: int, port: int, tcp_port: int, sizes_mib: list[int], warmup: int
         if m != sizes_mib[-1]:
             client.close()
     if sock is not None:
-        sock.sendall(struct.pack("!Q", 0))
+        sock.sendall(struct.pack("!QB", 0, RAW))
         sock.close()
     if client is not None:
         rt.shutdown(client)
@@ -123,6 +159,12 @@ def run(cfg: Config) -> list[Figure]:
             figs.append(Figure.of(f"transport.{kind}.{m}MiB",
                                   f"{kind} one {m} MiB fp32 tensor, worker <-> PS", "GB/s",
                                   rates(m * MIB / GB, res[f"{kind}.{m}"])))
+    figs += [Figure.of(f"transport.ref_socket_frames.{m}MiB",
+                       f"reference: plain socket, {m} MiB as 2 MiB frames with one copy per "
+                       "side (pstrain's framing without gRPC)", "GB/s",
+                       rates(m * MIB / GB, res[f"framed.{m}"]),
+                       note="no pstrain code: what a socket data plane could reach")
+             for m in sizes]
     ref_size = next((m for m in sizes if m >= 16), sizes[-1])
     figs += bare_grpc_stream(cfg, ref_size)
     return figs

@@ -133,9 +133,11 @@ class PSServer:
         server.wait()                  # returns once stopped
     """
 
-    def __init__(self, bind: str, ps_index: int = 0, max_workers: int = 32,
+    def __init__(self, bind: str, ps_index: int = 0, max_workers: int = 256,
                  store: ParameterStore | None = None) -> None:
         self.bind = bind
+        # A sync push holds its handler thread until the step is applied, so the pool
+        # must exceed the number of workers; threads are created only when needed.
         self.store = store or ParameterStore(ps_index)
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers,

@@ -157,7 +157,6 @@ class ProcessJob:
             manifest["spec"]["training"].setdefault("checkpoint", {})["directory"] = str(
                 checkpoint_dir)
         self.job = TrainingJob.model_validate(manifest)
-        tasks = list(self.job.spec.replicas.ps.replicas * [0])
         spec = local_cluster_spec(self.job, free_ports(8))
         self.spec = spec
         self.replicas: dict[Task, Replica] = {}
@@ -166,7 +165,6 @@ class ProcessJob:
         base.setdefault("OMP_NUM_THREADS", "1")
         for task in spec.tasks():
             self.replicas[task] = Replica(spec.replica_name(task), {**base, **spec.env(task)})
-        del tasks
 
     @property
     def chief(self) -> Replica:

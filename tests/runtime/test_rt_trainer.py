@@ -180,3 +180,32 @@ def test_overlapped_pushes_give_the_same_result() -> None:
     expected = reference_loop(OptimizerConfig.from_model(training.optimizer), 20, 32)
     for name, value in expected.items():
         torch.testing.assert_close(chief.mirror[name], value, rtol=1e-5, atol=1e-6)
+
+
+class Crash(Exception):
+    pass
+
+
+def test_restarted_chief_joins_the_running_servers_without_resetting_them() -> None:
+    training = digits_training(steps=120, mode="async")
+    transports = [LocalTransport(ParameterStore())]
+    events = Events()
+
+    def crash(kind: str, fields: dict[str, Any]) -> None:
+        if kind == "progress":
+            raise Crash
+
+    events.hooks.append(crash)
+    with pytest.raises(Crash):
+        Trainer(training, WorkerRole("ns", 0, 1), transports, emit=events,
+                progress_interval=0.0).run()
+    step_at_crash = transports[0].store.namespace("ns").global_step
+    assert 0 < step_at_crash < 120
+
+    again = Events()
+    Trainer(training, WorkerRole("ns", 0, 1), transports, emit=again).run()
+    assert again.of("restored") == []
+    done = again.of("done")[0]
+    assert done["step"] == 120
+    # The second chief did only the remaining steps: nothing was re-initialised.
+    assert transports[0].store.namespace("ns").epoch == 1

@@ -187,14 +187,18 @@ def render_markdown(result: Mapping[str, Any]) -> str:
                   "| --- | ---: | ---: | ---: | ---: | --- |"]
         for f in rows:
             note = f.note
-            if f.median is not None and f.unit != "x" and f.n < MIN_REPEATS:
+            if f.median is not None and f.n and f.unit not in ("x", "CPU-ms") and f.n < MIN_REPEATS:
                 note = f"fewer than {MIN_REPEATS} runs. {note}".strip()
             lines.append(f"| {f.label} | {_fmt(f.median, f.unit)} | {_fmt(f.min, f.unit)} | "
                          f"{_fmt(f.max, f.unit)} | {f.n} | {note} |")
         if err:
             lines += ["", f"Error in this item: `{err.strip().splitlines()[-1]}`"]
         lines.append("")
-    lines += ["## Targets", "", "| target | status | numbers |", "| --- | --- | --- |"]
+    lines += ["## Targets", ""]
+    if result.get("quick"):
+        lines += ["Quick mode: sizes differ from those the targets name; these statuses only "
+                  "show that the checks run.", ""]
+    lines += ["| target | status | numbers |", "| --- | --- | --- |"]
     for t in result.get("targets", []):
         lines.append(f"| {t['name']} | **{t['status']}** | {t['detail']} |")
     lines.append("")

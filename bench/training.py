@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from . import rt
@@ -95,20 +96,45 @@ def model_bytes(spec: ModelSpec) -> int:
 # --------------------------------------------------------------------------- pure
 
 
+def window_bounds(points: Sequence[tuple[float, int]], window_s: float) -> list[int]:
+    """Indices of `points` ((time, cumulative units), time-ordered) that close
+    consecutive windows of at least `window_s` seconds with progress; index 0 opens the
+    first window."""
+    bounds = [0] if points else []
+    for i in range(1, len(points)):
+        t0, n0 = points[bounds[-1]]
+        t, n = points[i]
+        if t - t0 >= window_s and n > n0:
+            bounds.append(i)
+    return bounds
+
+
 def window_rates(points: Sequence[tuple[float, int]], per_unit: float, window_s: float,
                  skip: int, count: int) -> list[float]:
     """Rates (per_unit * units/second) over consecutive windows of at least `window_s`
     seconds, from (time, cumulative units) points; the first `skip` windows are
     dropped, at most `count` are returned."""
-    rates: list[float] = []
-    if not points:
-        return rates
-    start_t, start_n = points[0]
-    for t, n in points[1:]:
-        if t - start_t >= window_s and n > start_n:
-            rates.append((n - start_n) * per_unit / (t - start_t))
-            start_t, start_n = t, n
+    b = window_bounds(points, window_s)
+    rates = [(points[j][1] - points[i][1]) * per_unit / (points[j][0] - points[i][0])
+             for i, j in zip(b, b[1:])]
     return rates[skip:skip + count]
+
+
+def measured_span(points: Sequence[tuple[float, int]], window_s: float, skip: int,
+                  count: int) -> tuple[int, int] | None:
+    """(first, last) point indices of the measured windows (warm-up excluded)."""
+    b = window_bounds(points, window_s)
+    if len(b) <= skip + 1:
+        return None
+    return b[skip], b[min(skip + count, len(b) - 1)]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def enough_windows(window_s: float, skip: int, count: int) -> Callable[[list], bool]:
@@ -127,9 +153,16 @@ def reached_accuracy(target: float) -> Callable[[list], bool]:
 # --------------------------------------------------------------------------- pstrain
 
 
-def _ps_job_peer(rank: int, port: int, jobs: list[dict[str, Any]], timeout_s: float) -> Any:
+def _ps_job_peer(rank: int, port: int, jobs: list[dict[str, Any]], timeout_s: float,
+                 pids: Any = None) -> Any:
     """rank 0 serves; rank 1 is the chief; rank 2 the other worker. Runs `jobs` in
-    order, each in its own namespace."""
+    order, each in its own namespace. With `pids` (a shared array), every rank writes
+    its pid there and the chief samples every process's CPU time at each progress
+    event."""
+    import os
+
+    if pids is not None:
+        pids[rank] = os.getpid()
     if rank == 0:
         rt.serve_ps(0, port, timeout_s)
         return None
@@ -139,7 +172,12 @@ def _ps_job_peer(rank: int, port: int, jobs: list[dict[str, Any]], timeout_s: fl
         training = rt.make_training(job["training"])
         if worker == 0:
             if job["kind"] == "throughput":
-                stop = enough_windows(job["window_s"], job["skip"], job["count"])
+                enough = enough_windows(job["window_s"], job["skip"], job["count"])
+
+                def stop(events: list, enough: Callable[[list], bool] = enough) -> bool:
+                    if pids is not None and events[-1][1] == "progress":
+                        events[-1][2]["cpu"] = [cpu_seconds(p) for p in pids[:]]
+                    return enough(events)
             elif job["kind"] == "accuracy":
                 stop = reached_accuracy(job["target"])
             else:  # "fixed": run the job's own number of steps
@@ -168,21 +206,45 @@ def ps_throughput(cfg: Config, models: Sequence[ModelSpec]) -> list[Figure]:
                          "skip": cfg.warmup, "count": cfg.repeats,
                          "progress_s": min(1.0, window / 4), "model": spec.name,
                          "mode": mode, "per_step": spec.batch * (WORKERS if mode == "sync" else 1)})
-    res = run_group(_ps_job_peer, 1 + WORKERS, args=(free_port(), jobs, cfg.item_time_limit_s),
+    import multiprocessing as mp
+
+    pids = mp.get_context("spawn").Array("i", 1 + WORKERS)
+    res = run_group(_ps_job_peer, 1 + WORKERS,
+                    args=(free_port(), jobs, cfg.item_time_limit_s, pids),
                     timeout_s=cfg.item_time_limit_s)[1]
     figs = []
     for job, got in zip(jobs, res, strict=True):
+        progress = [f for _, k, f in got["events"] if k == "progress"]
         points = [(t, f["step"]) for t, k, f in got["events"] if k == "progress"]
         rates = window_rates(points, job["per_step"], window, cfg.warmup, cfg.repeats)
         spec = next(m for m in models if m.name == job["model"])
-        key, label = f"training.{spec.name}.{job['mode']}", f"{spec.label}: pstrain {job['mode']}, 1 PS + 2 workers"
-        if rates:
-            figs.append(Figure.of(key, label, "samples/s", rates,
-                                  note=f"batch {spec.batch}/worker"))
-        else:
+        key = f"training.{spec.name}.{job['mode']}"
+        label = f"{spec.label}: pstrain {job['mode']}, 1 PS + 2 workers"
+        if not rates:
             figs.append(Figure.missing(key, label, "samples/s",
                                        "no complete measurement window"))
+            continue
+        figs.append(Figure.of(key, label, "samples/s", rates,
+                              note=f"batch {spec.batch}/worker"))
+        span = measured_span(points, window, cfg.warmup, cfg.repeats)
+        if span is not None and "cpu" in progress[span[0]] and "cpu" in progress[span[1]]:
+            i, j = span
+            samples = (points[j][1] - points[i][1]) * job["per_step"]
+            cpu = [b - a for a, b in zip(progress[i]["cpu"], progress[j]["cpu"], strict=True)]
+            figs.append(_cpu_figure(f"{key}.cpu", f"{spec.label}: pstrain {job['mode']}",
+                                    sum(cpu), samples,
+                                    f"PS {1e3 * cpu[0] / samples * 1000:.0f}, workers "
+                                    f"{1e3 * (cpu[1] + cpu[2]) / samples * 1000:.0f}; "
+                                    f"{sum(cpu) / (points[j][0] - points[i][0]):.2f} "
+                                    "cores busy"))
     return figs
+
+
+def _cpu_figure(key: str, label: str, cpu_s: float, samples: float, note: str) -> Figure:
+    """CPU milliseconds per 1000 samples over the measured windows, all processes."""
+    value = 1e3 * cpu_s / samples * 1000
+    return Figure(key, f"{label}: CPU time per 1000 samples, all processes", "CPU-ms",
+                  value, value, value, 1, note=note)
 
 
 def ps_time_to_accuracy(cfg: Config) -> Figure:
@@ -215,13 +277,13 @@ def wire_dtype_accuracy(cfg: Config) -> list[Figure]:
                     timeout_s=cfg.item_time_limit_s)[1]
     figs = []
     for dtype in WIRE_DTYPES:
-        accs = [f["accuracy"] for job, got in zip(jobs, res, strict=True) if job["dtype"] == dtype
+        accs = [100 * f["accuracy"] for job, got in zip(jobs, res, strict=True) if job["dtype"] == dtype
                 for _, k, f in got["events"] if k == "done" and f.get("accuracy") is not None]
         key = f"training.digits.wire.{dtype}"
         label = (f"{spec.label}: final test accuracy after {steps} async steps, "
                  f"{dtype} gradients on the wire")
-        figs.append(Figure.of(key, label, "acc", accs) if accs else
-                    Figure.missing(key, label, "acc", "no run finished"))
+        figs.append(Figure.of(key, label, "%", accs) if accs else
+                    Figure.missing(key, label, "%", "no run finished"))
     return figs
 
 
@@ -237,9 +299,10 @@ def _tta_figure(key: str, label: str, secs: list[float], cfg: Config) -> Figure:
 
 
 def _calibrated_windows(step: Callable[[], None], window_s: float, skip: int, count: int,
-                        agree: Callable[[int], int] = lambda n: n) -> list[tuple[float, int]]:
+                        agree: Callable[[int], int] = lambda n: n) -> list[tuple[float, int, float]]:
     """Run `step` in windows of a fixed step count (sized from a short calibration so
-    that one window lasts about `window_s`); return (time, steps) points.
+    that one window lasts about `window_s`); return (time, steps, process CPU seconds)
+    points.
 
     `agree(n)` returns the maximum of `n` over all ranks (DDP): every collective
     decision (go on calibrating, the window size) is the same on every rank, so the
@@ -255,18 +318,18 @@ def _calibrated_windows(step: Callable[[], None], window_s: float, skip: int, co
             break
     per_step = (time.perf_counter() - t0) / calib
     n = agree(max(1, math.ceil(window_s / max(per_step, 1e-6))))
-    points = [(time.perf_counter(), 0)]
+    points = [(time.perf_counter(), 0, time.process_time())]
     done = 0
     for _ in range(skip + count):
         for _ in range(n):
             step()
         done += n
-        points.append((time.perf_counter(), done))
+        points.append((time.perf_counter(), done, time.process_time()))
     return points
 
 
 def _baseline_rank(rank: int, world: int, port: int, spec: ModelSpec, window_s: float,
-                   skip: int, count: int) -> list[tuple[float, int]]:
+                   skip: int, count: int) -> list[tuple[float, int, float]]:
     import torch
     import torch.distributed as dist
     from pstrain_api.model import Optimizer
@@ -305,20 +368,27 @@ def _baseline_rank(rank: int, world: int, port: int, spec: ModelSpec, window_s: 
             dist.destroy_process_group()
 
 
-def baseline_throughput(cfg: Config, spec: ModelSpec, world: int) -> Figure:
+def baseline_throughput(cfg: Config, spec: ModelSpec, world: int) -> list[Figure]:
     res = run_group(_baseline_rank, world,
                     args=(world, free_port(), spec, cfg.train_seconds_per_rep, cfg.warmup,
                           cfg.repeats), timeout_s=cfg.item_time_limit_s)
     per_step = spec.batch * world
     # DDP ranks run in lockstep; the slower rank's windows set the pace.
-    windows = [window_rates(r, per_step, 0.0, cfg.warmup, cfg.repeats) for r in res]
+    windows = [window_rates([(t, n) for t, n, _ in r], per_step, 0.0, cfg.warmup,
+                            cfg.repeats) for r in res]
     rates = [min(w[i] for w in windows) for i in range(len(windows[0]))]
+    first, last = cfg.warmup, len(res[0]) - 1
+    cpu = sum(r[last][2] - r[first][2] for r in res)
+    samples = (res[0][last][1] - res[0][first][1]) * per_step
+    busy = f"{cpu / (res[0][last][0] - res[0][first][0]):.2f} cores busy"
     if world > 1:
-        return Figure.of(f"training.{spec.name}.ddp",
-                         f"{spec.label}: DDP over gloo, 2 processes", "samples/s", rates,
-                         note=f"batch {spec.batch}/worker")
-    return Figure.of(f"training.{spec.name}.single", f"{spec.label}: single process",
-                     "samples/s", rates, note=f"batch {spec.batch}")
+        key, label = f"training.{spec.name}.ddp", f"{spec.label}: DDP over gloo, 2 processes"
+        note = f"batch {spec.batch}/worker"
+    else:
+        key, label = f"training.{spec.name}.single", f"{spec.label}: single process"
+        note = f"batch {spec.batch}"
+    return [Figure.of(key, label, "samples/s", rates, note=note),
+            _cpu_figure(f"{key}.cpu", label, cpu, samples, busy)]
 
 
 def _single_tta(rank: int, spec: ModelSpec, target: float, runs: int,
@@ -373,11 +443,11 @@ def run(cfg: Config) -> list[Figure]:
     for spec in models:
         mb = model_bytes(spec) / 1e6
         figs.append(Figure(f"training.{spec.name}.model_mb", f"{spec.label}: parameters",
-                           "MB", mb, mb, mb, 1, note=f"{spec.entrypoint} {spec.args}"))
+                           "MB", mb, note=f"{spec.entrypoint} {spec.args}"))
     figs += ps_throughput(cfg, models)
     for spec in models:
-        figs.append(baseline_throughput(cfg, spec, WORKERS))
-        figs.append(baseline_throughput(cfg, spec, 1))
+        figs += baseline_throughput(cfg, spec, WORKERS)
+        figs += baseline_throughput(cfg, spec, 1)
     figs.append(ps_time_to_accuracy(cfg))
     figs.append(single_time_to_accuracy(cfg))
     figs += wire_dtype_accuracy(cfg)

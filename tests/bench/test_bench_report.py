@@ -165,3 +165,11 @@ def test_accuracy_stop_rule():
     check = reached_accuracy(0.95)
     assert not check([(1.0, "eval", {"accuracy": 0.94}), (1.5, "progress", {"step": 3})])
     assert check([(1.0, "eval", {"accuracy": 0.94}), (2.0, "eval", {"accuracy": 0.95})])
+
+
+def test_measured_span_skips_warm_up_window():
+    from bench.training import measured_span
+
+    points = [(0.0, 0), (1.0, 10), (2.0, 30), (3.0, 60), (3.5, 70)]
+    assert measured_span(points, 1.0, skip=1, count=2) == (1, 3)
+    assert measured_span(points, 1.0, skip=5, count=2) is None

@@ -154,11 +154,15 @@ def reached_accuracy(target: float) -> Callable[[list], bool]:
 
 
 def _ps_job_peer(rank: int, port: int, jobs: list[dict[str, Any]], timeout_s: float,
-                 pids: Any = None) -> Any:
+                 pids: Any, barrier: Any) -> Any:
     """rank 0 serves; rank 1 is the chief; rank 2 the other worker. Runs `jobs` in
-    order, each in its own namespace. With `pids` (a shared array), every rank writes
-    its pid there and the chief samples every process's CPU time at each progress
-    event."""
+    order, each in its own namespace. Every rank writes its pid into `pids` (a shared
+    array) and the chief samples every process's CPU time at each progress event.
+
+    The trainers meet at `barrier` before and after every job: both start a job
+    together (the time-to-accuracy clock is fair), and the chief never runs ahead into
+    the next job or shuts the server down while the other worker is still in a job
+    (it would then wait for a server that is gone)."""
     import os
 
     if pids is not None:
@@ -170,12 +174,13 @@ def _ps_job_peer(rank: int, port: int, jobs: list[dict[str, Any]], timeout_s: fl
     out = []
     for job in jobs:
         training = rt.make_training(job["training"])
+        barrier.wait(timeout=timeout_s)
         if worker == 0:
             if job["kind"] == "throughput":
                 enough = enough_windows(job["window_s"], job["skip"], job["count"])
 
                 def stop(events: list, enough: Callable[[list], bool] = enough) -> bool:
-                    if pids is not None and events[-1][1] == "progress":
+                    if events[-1][1] == "progress":
                         events[-1][2]["cpu"] = [cpu_seconds(p) for p in pids[:]]
                     return enough(events)
             elif job["kind"] == "accuracy":
@@ -191,9 +196,21 @@ def _ps_job_peer(rank: int, port: int, jobs: list[dict[str, Any]], timeout_s: fl
         else:
             training.steps = MAX_STEPS
             rt.run_trainer(training, job["namespace"], worker, WORKERS, [port])
+        barrier.wait(timeout=timeout_s)
     if worker == 0:
         rt.shutdown_servers([port])
     return out
+
+
+def _run_ps_jobs(cfg: Config, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Run `jobs` in one PS + 2 trainer process group; the chief's record of each."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    return run_group(_ps_job_peer, 1 + WORKERS,
+                     args=(free_port(), jobs, cfg.item_time_limit_s,
+                           ctx.Array("i", 1 + WORKERS), ctx.Barrier(WORKERS)),
+                     timeout_s=cfg.item_time_limit_s)[1]
 
 
 def ps_throughput(cfg: Config, models: Sequence[ModelSpec]) -> list[Figure]:
@@ -206,12 +223,7 @@ def ps_throughput(cfg: Config, models: Sequence[ModelSpec]) -> list[Figure]:
                          "skip": cfg.warmup, "count": cfg.repeats,
                          "progress_s": min(1.0, window / 4), "model": spec.name,
                          "mode": mode, "per_step": spec.batch * (WORKERS if mode == "sync" else 1)})
-    import multiprocessing as mp
-
-    pids = mp.get_context("spawn").Array("i", 1 + WORKERS)
-    res = run_group(_ps_job_peer, 1 + WORKERS,
-                    args=(free_port(), jobs, cfg.item_time_limit_s, pids),
-                    timeout_s=cfg.item_time_limit_s)[1]
+    res = _run_ps_jobs(cfg, jobs)
     figs = []
     for job, got in zip(jobs, res, strict=True):
         progress = [f for _, k, f in got["events"] if k == "progress"]
@@ -253,8 +265,7 @@ def ps_time_to_accuracy(cfg: Config) -> Figure:
              "training": spec.training("async", MAX_STEPS, EVAL_EVERY),
              "target": cfg.accuracy_target, "progress_s": 1.0}
             for i in range(cfg.warmup + cfg.repeats)]
-    res = run_group(_ps_job_peer, 1 + WORKERS, args=(free_port(), jobs, cfg.item_time_limit_s),
-                    timeout_s=cfg.item_time_limit_s)[1]
+    res = _run_ps_jobs(cfg, jobs)
     secs = []
     for got in res[cfg.warmup:]:
         hits = [t for t, k, f in got["events"]
@@ -273,8 +284,7 @@ def wire_dtype_accuracy(cfg: Config) -> list[Figure]:
     jobs = [{"kind": "fixed", "namespace": f"bench/wire-{dtype}-{i}", "dtype": dtype,
              "training": spec.training("async", steps, wire_dtype=dtype), "progress_s": 1.0}
             for dtype in WIRE_DTYPES for i in range(cfg.repeats)]
-    res = run_group(_ps_job_peer, 1 + WORKERS, args=(free_port(), jobs, cfg.item_time_limit_s),
-                    timeout_s=cfg.item_time_limit_s)[1]
+    res = _run_ps_jobs(cfg, jobs)
     figs = []
     for dtype in WIRE_DTYPES:
         accs = [100 * f["accuracy"] for job, got in zip(jobs, res, strict=True) if job["dtype"] == dtype
@@ -444,11 +454,21 @@ def run(cfg: Config) -> list[Figure]:
         mb = model_bytes(spec) / 1e6
         figs.append(Figure(f"training.{spec.name}.model_mb", f"{spec.label}: parameters",
                            "MB", mb, note=f"{spec.entrypoint} {spec.args}"))
-    figs += ps_throughput(cfg, models)
+    parts: list[tuple[str, Callable[[], Any]]] = [
+        ("pstrain throughput", lambda: ps_throughput(cfg, models))]
     for spec in models:
-        figs += baseline_throughput(cfg, spec, WORKERS)
-        figs += baseline_throughput(cfg, spec, 1)
-    figs.append(ps_time_to_accuracy(cfg))
-    figs.append(single_time_to_accuracy(cfg))
-    figs += wire_dtype_accuracy(cfg)
+        parts.append((f"{spec.name} DDP",
+                      lambda spec=spec: baseline_throughput(cfg, spec, WORKERS)))
+        parts.append((f"{spec.name} single",
+                      lambda spec=spec: baseline_throughput(cfg, spec, 1)))
+    parts += [("pstrain time to accuracy", lambda: [ps_time_to_accuracy(cfg)]),
+              ("single time to accuracy", lambda: [single_time_to_accuracy(cfg)]),
+              ("wire dtype accuracy", lambda: wire_dtype_accuracy(cfg))]
+    for name, part in parts:
+        try:
+            figs += part()
+        except RuntimeError as exc:  # GroupError: keep the other parts' figures
+            last = str(exc).strip().splitlines()[-1][:300]
+            figs.append(Figure.missing(f"training.failed.{name.replace(' ', '_')}",
+                                       f"{name}: failed", "", last))
     return figs

@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 
 import socket
+import statistics
 import struct
 import threading
 
@@ -29,6 +30,8 @@ from .procs import LOOPBACK, free_port, run_group
 
 
 FRAME = 2 * MIB  # pstrain's chunk size (pstrain_runtime.wire.CHUNK_BYTES)
+SMALL_NUMEL = 76_810  # parameters of the digits MLP with hidden 1024 (0.31 MB)
+SMALL_WARMUP, SMALL_CALLS = 20, 200
 RAW, FRAMED = 0, 1
 
 
@@ -138,6 +141,28 @@ def _peer(rank: int, port: int, tcp_port: int, sizes_mib: list[int], warmup: int
                     out.setdefault(f"{kind}.{m}", []).append(dt)
         if m != sizes_mib[-1]:
             client.close()
+    if client is not None:
+        # Per-call overhead: a control RPC and a push/pull of a digits-MLP-sized tensor
+        # (0.31 MB), the round trips a small model pays on every step.
+        client.close()
+        small = SMALL_NUMEL
+        client = rt.connect([port], {"w": (small,)}, namespace="transport-small")
+        params, grads = {"w": torch.zeros(small)}, {"w": torch.full((small,), 1e-6)}
+        rt.init(client, params, num_workers=1)
+        calls = (("info", lambda: client.info(0)),
+                 ("push_small", lambda: client.push(grads, worker=0)),
+                 ("pull_small", lambda: client.pull(params, worker=0)))
+        for kind, fn in calls:
+            for _ in range(SMALL_WARMUP):
+                fn()
+            secs = []
+            for _ in range(SMALL_CALLS):
+                t0 = time.perf_counter()
+                fn()
+                secs.append(time.perf_counter() - t0)
+            # one figure sample = the median of a batch of consecutive calls
+            k = SMALL_CALLS // repeats
+            out[kind] = [statistics.median(secs[i * k:(i + 1) * k]) for i in range(repeats)]
     if sock is not None:
         sock.sendall(struct.pack("!QB", 0, RAW))
         sock.close()
@@ -165,6 +190,11 @@ def run(cfg: Config) -> list[Figure]:
                        rates(m * MIB / GB, res[f"framed.{m}"]),
                        note="no pstrain code: what a socket data plane could reach")
              for m in sizes]
+    for kind, label in (("info", "Info RPC (control, no tensor) round trip"),
+                        ("push_small", "push of a 0.31 MB tensor (digits MLP size)"),
+                        ("pull_small", "pull of a 0.31 MB tensor (digits MLP size)")):
+        figs.append(Figure.of(f"transport.latency.{kind}", label, "s", res[kind],
+                              note=f"each sample: median of {SMALL_CALLS // cfg.repeats} calls"))
     ref_size = next((m for m in sizes if m >= 16), sizes[-1])
     figs += bare_grpc_stream(cfg, ref_size)
     return figs

@@ -175,6 +175,7 @@ class ShardedClient:
         self.pool = cf.ThreadPoolExecutor(max_workers=max(1, placement.num_ps),
                                           thread_name_prefix="ps-client")
         self._wire_buffers: dict[str, torch.Tensor] = {}
+        self.last_pull_steps: list[int] = [0] * placement.num_ps  # per server, last pull
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -206,7 +207,9 @@ class ShardedClient:
             header = self._read(self.transports[ps].pull(request), shard, targets)
             return header.global_step
 
-        return int(self._all(one)[0])
+        steps = [int(x) for x in self._all(one)]
+        self.last_pull_steps = steps
+        return steps[0]
 
     def _read(self, frames: Iterator[bytes], shard: list[Piece],
               targets: list[np.ndarray]) -> pb.StreamHeader:
@@ -247,9 +250,11 @@ class ShardedClient:
         return self.transports[ps].push(self.push_frames(ps, grads, worker, step))
 
     def push(self, grads: Mapping[str, torch.Tensor], worker: int = 0,
-             step: int = 0) -> list[pb.PushReply]:
-        """Push every shard's gradients concurrently; replies in server order."""
-        return self._all(lambda ps: self.push_one(ps, grads, worker, step))
+             step: int | Sequence[int] = 0) -> list[pb.PushReply]:
+        """Push every shard's gradients concurrently; replies in server order. `step` is
+        the sync step, one for all servers or one per server."""
+        steps = [step] * len(self.transports) if isinstance(step, int) else list(step)
+        return self._all(lambda ps: self.push_one(ps, grads, worker, steps[ps]))
 
     # ----------------------------------------------------------------- chief
     def init(self, params: Mapping[str, torch.Tensor], optimizer: OptimizerConfig, *,

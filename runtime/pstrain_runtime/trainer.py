@@ -332,14 +332,14 @@ class Trainer:
         raise exc
 
     def _backward_and_push(self, batch: tuple[torch.Tensor, torch.Tensor],
-                           step: int) -> tuple[float, list[pb.PushReply]]:
+                           steps: list[int]) -> tuple[float, list[pb.PushReply]]:
         x, y = (t.to(self.device, non_blocking=True) for t in batch)
         self.model.zero_grad(set_to_none=False)
         loss = self.task.loss(self.model(x), y)
         if not self.overlap or self.placement.num_ps == 1:
             loss.backward()
             grads = {n: self._grad_cpu(n) for n in self.params}
-            return float(loss.detach()), self.client.push(grads, self.role.worker, step)
+            return float(loss.detach()), self.client.push(grads, self.role.worker, steps)
         # Overlap: push a shard as soon as backward has produced all its gradients.
         waiting = {ps: {p.param for p in self.client.shards[ps]}
                    for ps in range(self.placement.num_ps)}
@@ -352,7 +352,7 @@ class Trainer:
                 names.discard(name)
                 if not names and ps not in futures:
                     futures[ps] = self.client.pool.submit(
-                        self.client.push_one, ps, grads, self.role.worker, step)
+                        self.client.push_one, ps, grads, self.role.worker, steps[ps])
 
         handles = [p.register_post_accumulate_grad_hook(lambda _p, n=n: ready(n))
                    for n, p in self.params.items()]
@@ -384,83 +384,97 @@ class Trainer:
         next_eval = (self.last_step // eval_every + 1) * eval_every if eval_every else None
         last_progress = self.clock()
         window_loss: list[float] = []
-        local_step: int | None = None
+        local_steps: list[int] | None = None
         samples_per_step = training.batch_size * (
             role.num_workers if training.mode == "sync" else 1)
         finished_by_peer = False
         self.model.train()
 
-        while True:
-            try:
-                gstep = self.client.pull(self.mirror, worker=role.worker)
-            except PSError as exc:
-                self._handle(exc)
-                continue
-            self.last_step = max(self.last_step, gstep) if role.is_chief else gstep
-            if gstep >= training.steps:
-                break
-            if training.mode == "sync":
-                bound = training.staleness_bound or 0
-                if local_step is None or not gstep <= local_step <= gstep + bound:
-                    local_step = gstep
-            else:
-                local_step = result.local_steps
-            self._copy_in()
-            try:
-                batch = next(batches)
-            except StopIteration:
-                raise ValueError(
-                    f"{training.entrypoint}: batches() ran out after {result.local_steps} "
-                    "batches; it must be endless or long enough for the job") from None
-            try:
-                loss, replies = self._backward_and_push(batch, local_step)
-            except PSError as exc:
-                self._handle(exc)
-                continue
-            result.local_steps += 1
-            local_step += 1
-            window_loss.append(loss)
-            result.loss = loss
-            gstep = replies[0].info.global_step
-            self.last_step = gstep
-            if any(r.info.done for r in replies):
-                finished_by_peer = True
-                break
-            if not role.is_chief:
+        while True:  # the chief comes back here when finishing needed a recovery
+            while True:
+                try:
+                    gstep = self.client.pull(self.mirror, worker=role.worker)
+                except PSError as exc:
+                    self._handle(exc)
+                    continue
+                self.last_step = max(self.last_step, gstep) if role.is_chief else gstep
                 if gstep >= training.steps:
                     break
-                continue
-            # chief duties
-            now = self.clock()
-            elapsed = max(now - started, 1e-9)
-            rate = (gstep - start_step) * samples_per_step / elapsed
-            if now - last_progress >= self.progress_interval:
-                avg = sum(window_loss) / len(window_loss)
-                self.emit("progress", step=gstep, loss=round(avg, 6),
-                          samples_per_sec=round(rate, 1))
-                self._report(loss=avg, samples_per_sec=rate)
-                window_loss.clear()
-                last_progress = now
-            if self.ckpt_store is not None and gstep >= next_ckpt and gstep < training.steps:
-                self._save_checkpoint()
-                next_ckpt = (gstep // ckpt_every + 1) * ckpt_every
-            if eval_every and next_eval is not None and next_eval <= gstep < training.steps:
-                metrics = self._evaluate()
-                self.emit("eval", step=gstep, **metrics)
-                self._report(accuracy=metrics.get("accuracy"))
-                next_eval = (gstep // eval_every + 1) * eval_every
-            if gstep >= training.steps:
-                break
+                if training.mode == "sync":
+                    # Each server counts its own steps; they agree except after a server
+                    # restarted without a checkpoint, so a worker follows each one.
+                    bound = training.staleness_bound or 0
+                    pulled = self.client.last_pull_steps
+                    if local_steps is None or len(local_steps) != len(pulled):
+                        local_steps = list(pulled)
+                    local_steps = [mine if g <= mine <= g + bound else g
+                                   for mine, g in zip(local_steps, pulled, strict=True)]
+                else:
+                    local_steps = [result.local_steps] * self.placement.num_ps
+                self._copy_in()
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    raise ValueError(
+                        f"{training.entrypoint}: batches() ran out after {result.local_steps} "
+                        "batches; it must be endless or long enough for the job") from None
+                try:
+                    loss, replies = self._backward_and_push(batch, local_steps)
+                except PSError as exc:
+                    self._handle(exc)
+                    continue
+                result.local_steps += 1
+                local_steps = [x + 1 for x in local_steps]
+                window_loss.append(loss)
+                result.loss = loss
+                gstep = replies[0].info.global_step
+                self.last_step = gstep
+                if any(r.info.done for r in replies):
+                    finished_by_peer = True
+                    break
+                if not role.is_chief:
+                    if gstep >= training.steps:
+                        break
+                    continue
+                # chief duties
+                now = self.clock()
+                elapsed = max(now - started, 1e-9)
+                rate = (gstep - start_step) * samples_per_step / elapsed
+                if now - last_progress >= self.progress_interval:
+                    avg = sum(window_loss) / len(window_loss)
+                    self.emit("progress", step=gstep, loss=round(avg, 6),
+                              samples_per_sec=round(rate, 1))
+                    self._report(loss=avg, samples_per_sec=rate)
+                    window_loss.clear()
+                    last_progress = now
+                if self.ckpt_store is not None and gstep >= next_ckpt and gstep < training.steps:
+                    try:
+                        self._save_checkpoint()
+                    except PSError as exc:  # a server failed under the checkpoint: recover
+                        self._handle(exc)
+                        continue
+                    next_ckpt = (gstep // ckpt_every + 1) * ckpt_every
+                if eval_every and next_eval is not None and next_eval <= gstep < training.steps:
+                    metrics = self._evaluate()
+                    self.emit("eval", step=gstep, **metrics)
+                    self._report(accuracy=metrics.get("accuracy"))
+                    next_eval = (gstep // eval_every + 1) * eval_every
+                if gstep >= training.steps:
+                    break
 
-        result.global_step = self.last_step
-        result.wall_seconds = self.clock() - started
-        result.lost_steps = self.lost_steps
-        if not role.is_chief:
-            if not finished_by_peer:
-                self._wait_done()
-            self.client.info_all(role.worker)  # goodbye: every server may stop now
-            return result
-        return self._finish(result, start_step)
+            result.global_step = self.last_step
+            result.wall_seconds = self.clock() - started
+            result.lost_steps = self.lost_steps
+            if not role.is_chief:
+                if not finished_by_peer:
+                    self._wait_done()
+                self.client.info_all(role.worker)  # goodbye: every server may stop now
+                return result
+            try:
+                return self._finish(result, start_step)
+            except PSError as exc:  # a server failed while finishing: recover, then go on
+                self._handle(exc)
+                continue
 
     def _finish(self, result: TrainResult, start_step: int) -> TrainResult:
         """The chief's end: final pull, eval, checkpoint, report, done, Finish, Shutdown."""

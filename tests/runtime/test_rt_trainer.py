@@ -42,10 +42,11 @@ class Events:
         return [f for k, f in self.items if k == kind]
 
 
-def run_job(training, transports, num_workers: int = 1, emit: Events | None = None) -> Trainer:
+def run_job(training, transports, num_workers: int = 1, emit: Events | None = None,
+            progress_interval: float = 0.2) -> Trainer:
     trainers = {w: Trainer(training, WorkerRole("ns", w, num_workers), transports,
                            emit=emit if (emit is not None and w == 0) else Events(),
-                           progress_interval=0.2)
+                           progress_interval=progress_interval)
                 for w in range(num_workers)}
     errors: list[BaseException] = []
 
@@ -144,27 +145,31 @@ def test_restore_refuses_a_checkpoint_of_another_model(tmp_path: Path) -> None:
         run_job(other, [LocalTransport(ParameterStore())])
 
 
+@pytest.mark.parametrize("mode", ["async", "sync"])
 @pytest.mark.parametrize("with_checkpoints", [True, False], ids=["checkpoint", "no-checkpoint"])
-def test_chief_recovers_a_restarted_parameter_server(tmp_path: Path, with_checkpoints) -> None:
+def test_chief_recovers_a_restarted_parameter_server(tmp_path: Path, with_checkpoints,
+                                                     mode) -> None:
     ckpt = {"directory": str(tmp_path), "intervalSteps": 20} if with_checkpoints else {}
-    training = digits_training(steps=150, mode="async", checkpoint=ckpt)
+    training = digits_training(steps=150, mode=mode, checkpoint=ckpt)
     transports = [KillableTransport(0), KillableTransport(1)]
     events = Events()
     killed: dict[str, int] = {}
 
     def kill_ps1(kind: str, fields: dict[str, Any]) -> None:
-        if kind == "progress" and not killed:
+        if kind == "progress" and fields["step"] >= 40 and not killed:
             killed["step"] = transports[0].store.namespace("ns").global_step
             transports[1].kill()
             transports[1].restart()  # same address, empty
 
     events.hooks.append(kill_ps1)
-    run_job(training, transports, emit=events)
+    run_job(training, transports, num_workers=2, emit=events, progress_interval=0.0)
     restored = events.of("restored")
     assert killed and len(restored) == 1
     if with_checkpoints:
         assert restored[0]["step"] <= killed["step"]
-        assert restored[0]["lost_steps"] == killed["step"] - restored[0]["step"]
+        # The other worker may still update server 0 until the chief notices.
+        assert restored[0]["lost_steps"] >= killed["step"] - restored[0]["step"]
+        assert restored[0]["step"] + restored[0]["lost_steps"] <= 150
         assert restored[0]["path"].endswith(".pt")
     else:
         assert restored[0]["lost_steps"] == 0 and restored[0]["path"] is None

@@ -32,6 +32,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    from pathlib import Path
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def limit_threads(n: int = 1) -> None:
     """Keep one process to `n` compute threads: the benchmark machine is small and
     shared, and every contender (PS, DDP, single process) gets the same budget."""

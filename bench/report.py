@@ -190,7 +190,7 @@ def render_markdown(result: Mapping[str, Any]) -> str:
                   "| --- | ---: | ---: | ---: | ---: | --- |"]
         for f in rows:
             note = f.note
-            if f.median is not None and f.n and f.unit not in ("x", "CPU-ms") and f.n < MIN_REPEATS:
+            if f.median is not None and 0 < f.n < MIN_REPEATS and f.unit != "x":
                 note = f"fewer than {MIN_REPEATS} runs. {note}".strip()
             lines.append(f"| {f.label} | {_fmt(f.median, f.unit)} | {_fmt(f.min, f.unit)} | "
                          f"{_fmt(f.max, f.unit)} | {f.n} | {note} |")

@@ -29,12 +29,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from . import rt
 from .core import Config, Figure
-from .procs import LOOPBACK, free_port, run_group
+from .procs import LOOPBACK, cpu_seconds, free_port, run_group
 
 WORKERS = 2
 EVAL_EVERY = 10
@@ -116,7 +115,7 @@ def window_rates(points: Sequence[tuple[float, int]], per_unit: float, window_s:
     dropped, at most `count` are returned."""
     b = window_bounds(points, window_s)
     rates = [(points[j][1] - points[i][1]) * per_unit / (points[j][0] - points[i][0])
-             for i, j in zip(b, b[1:])]
+             for i, j in zip(b, b[1:], strict=False)]
     return rates[skip:skip + count]
 
 
@@ -127,14 +126,6 @@ def measured_span(points: Sequence[tuple[float, int]], window_s: float, skip: in
     if len(b) <= skip + 1:
         return None
     return b[skip], b[min(skip + count, len(b) - 1)]
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far (Linux /proc)."""
-    import os
-
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def enough_windows(window_s: float, skip: int, count: int) -> Callable[[list], bool]:
@@ -287,7 +278,8 @@ def wire_dtype_accuracy(cfg: Config) -> list[Figure]:
     res = _run_ps_jobs(cfg, jobs)
     figs = []
     for dtype in WIRE_DTYPES:
-        accs = [100 * f["accuracy"] for job, got in zip(jobs, res, strict=True) if job["dtype"] == dtype
+        accs = [100 * f["accuracy"]
+                for job, got in zip(jobs, res, strict=True) if job["dtype"] == dtype
                 for _, k, f in got["events"] if k == "done" and f.get("accuracy") is not None]
         key = f"training.digits.wire.{dtype}"
         label = (f"{spec.label}: final test accuracy after {steps} async steps, "
@@ -308,8 +300,11 @@ def _tta_figure(key: str, label: str, secs: list[float], cfg: Config) -> Figure:
 # --------------------------------------------------------------------------- baselines
 
 
+Point = tuple[float, int, float]  # (time, steps done, process CPU seconds)
+
+
 def _calibrated_windows(step: Callable[[], None], window_s: float, skip: int, count: int,
-                        agree: Callable[[int], int] = lambda n: n) -> list[tuple[float, int, float]]:
+                        agree: Callable[[int], int] = lambda n: n) -> list[Point]:
     """Run `step` in windows of a fixed step count (sized from a short calibration so
     that one window lasts about `window_s`); return (time, steps, process CPU seconds)
     points.

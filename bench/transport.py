@@ -15,19 +15,18 @@ to loopback TCP is grpcio's own.
 
 from __future__ import annotations
 
-import time
-
 import socket
 import statistics
 import struct
 import threading
+import time
+from typing import Any
 
 from . import rt
 from .core import GB, MIB, Config, Figure, rates
 from .grpc_ref import bare_grpc_stream
 from .limits import _recv_exact
-from .procs import LOOPBACK, free_port, run_group
-
+from .procs import LOOPBACK, cpu_seconds, free_port, run_group
 
 FRAME = 2 * MIB  # pstrain's chunk size (pstrain_runtime.wire.CHUNK_BYTES)
 SMALL_NUMEL = 76_810  # parameters of the digits MLP with hidden 1024 (0.31 MB)
@@ -104,7 +103,10 @@ def _framed_send(sock: socket.socket, payload: memoryview) -> None:
 
 
 def _peer(rank: int, port: int, tcp_port: int, sizes_mib: list[int], warmup: int,
-          repeats: int, timeout_s: float) -> dict[str, list[float]] | None:
+          repeats: int, timeout_s: float, pids: Any) -> dict[str, list[float]] | None:
+    import os
+
+    pids[rank] = os.getpid()
     if rank == 0:
         sink = threading.Thread(target=_tcp_sink, args=(tcp_port, max(sizes_mib) * MIB),
                                 daemon=True)
@@ -128,17 +130,22 @@ def _peer(rank: int, port: int, tcp_port: int, sizes_mib: list[int], warmup: int
         if sock is None:
             sock = _tcp_source(tcp_port)
         data = payload[:m * MIB]
-        steps = (("tcp", lambda: _tcp_send(sock, data)),
-                 ("framed", lambda: _framed_send(sock, data)),
-                 ("push", lambda: client.push(grads, worker=0)),
-                 ("pull", lambda: client.pull(params, worker=0)))
+        steps = (("tcp", lambda s=sock, d=data: _tcp_send(s, d)),
+                 ("framed", lambda s=sock, d=data: _framed_send(s, d)),
+                 ("push", lambda c=client, g=grads: c.push(g, worker=0)),
+                 ("pull", lambda c=client, p=params: c.pull(p, worker=0)))
         for i in range(warmup + repeats):
             for kind, fn in steps:  # interleaved: one of each per repetition
+                c0 = (cpu_seconds(pids[1]), cpu_seconds(pids[0]))
                 t0 = time.perf_counter()
                 fn()
                 dt = time.perf_counter() - t0
+                c1 = (cpu_seconds(pids[1]), cpu_seconds(pids[0]))
                 if i >= warmup:
                     out.setdefault(f"{kind}.{m}", []).append(dt)
+                    cpu = out.setdefault(f"cpu.{kind}.{m}", [0.0, 0.0])
+                    cpu[0] += c1[0] - c0[0]
+                    cpu[1] += c1[1] - c0[1]
         if m != sizes_mib[-1]:
             client.close()
     if client is not None:
@@ -173,8 +180,11 @@ def _peer(rank: int, port: int, tcp_port: int, sizes_mib: list[int], warmup: int
 
 def run(cfg: Config) -> list[Figure]:
     sizes = list(cfg.transport_mib)
+    import multiprocessing as mp
+
     res = run_group(_peer, 2, args=(free_port(), free_port(), sizes, cfg.warmup,
-                                    cfg.repeats, cfg.item_time_limit_s),
+                                    cfg.repeats, cfg.item_time_limit_s,
+                                    mp.get_context("spawn").Array("i", 2)),
                     timeout_s=cfg.item_time_limit_s)[1]
     figs = [Figure.of(f"transport.tcp.{m}MiB",
                       f"loopback TCP {m} MiB, same processes, interleaved with push/pull",
@@ -190,6 +200,16 @@ def run(cfg: Config) -> list[Figure]:
                        rates(m * MIB / GB, res[f"framed.{m}"]),
                        note="no pstrain code: what a socket data plane could reach")
              for m in sizes]
+    for m in sizes:
+        gb = cfg.repeats * m * MIB / GB
+        for kind, what in (("tcp", "loopback TCP"), ("framed", "plain-socket frames"),
+                           ("push", "push"), ("pull", "pull")):
+            worker_s, ps_s = res[f"cpu.{kind}.{m}"]
+            value = (worker_s + ps_s) / gb
+            figs.append(Figure(f"transport.cpu.{kind}.{m}MiB",
+                               f"CPU seconds per GB moved, {what}, {m} MiB", "CPU-s/GB",
+                               value, note=f"worker process {worker_s / gb:.2f}, PS process "
+                               f"{ps_s / gb:.2f} (clock tick 10 ms)"))
     for kind, label in (("info", "Info RPC (control, no tensor) round trip"),
                         ("push_small", "push of a 0.31 MB tensor (digits MLP size)"),
                         ("pull_small", "pull of a 0.31 MB tensor (digits MLP size)")):

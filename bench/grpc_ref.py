@@ -11,6 +11,7 @@ transport must do too).
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from concurrent import futures
@@ -18,6 +19,8 @@ from concurrent import futures
 from .core import GB, MIB, Config, Figure, rates
 from .procs import LOOPBACK, free_port, run_group
 
+SMALL_BYTES = 307_240  # the digits MLP with hidden 1024
+SMALL_WARMUP, SMALL_CALLS = 20, 200
 GRPC_LIMITS = (
     ("grpc.max_send_message_length", 256 * MIB),
     ("grpc.max_receive_message_length", 256 * MIB),
@@ -34,22 +37,28 @@ def _grpc_peer(rank: int, port: int, total: int, chunk: int, reps: int) -> dict 
         count = [0]
 
         def pull(request, context):  # noqa: ANN001 - grpc handler signature
-            for off in range(0, total, chunk):
-                yield bytes(src[off:off + chunk])
+            n = int(request) if request else total
+            for off in range(0, n, chunk):
+                yield bytes(src[off:off + min(chunk, n - off)])
+
+        def echo(request, context):  # noqa: ANN001 - grpc handler signature
+            return bytes(src[:len(request)])
 
         def push(request_iterator, context):  # noqa: ANN001 - grpc handler signature
             off = 0
             for msg in request_iterator:
                 buf[off:off + len(msg)] = msg
                 off += len(msg)
-            count[0] += 1
-            if count[0] >= reps:
-                finished.set()
+            if off == total:  # a full-size push; small ones do not count
+                count[0] += 1
+                if count[0] >= reps:
+                    finished.set()
             return b"ok"
 
         handler = grpc.method_handlers_generic_handler(
             "bench.Raw", {"Push": grpc.stream_unary_rpc_method_handler(push),
-                          "Pull": grpc.unary_stream_rpc_method_handler(pull)})
+                          "Pull": grpc.unary_stream_rpc_method_handler(pull),
+                          "Echo": grpc.unary_unary_rpc_method_handler(echo)})
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), options=GRPC_LIMITS)
         server.add_generic_rpc_handlers((handler,))
         server.add_insecure_port(f"{LOOPBACK}:{port}")
@@ -76,6 +85,26 @@ def _grpc_peer(rank: int, port: int, total: int, chunk: int, reps: int) -> dict 
             dst[off:off + len(msg)] = msg
             off += len(msg)
         out["pull"].append(time.perf_counter() - t0)
+    # Small tensors (the digits MLP, 0.31 MB): a push and a pull as two streams, as
+    # pstrain does them, against one unary call carrying the bytes both ways.
+    small = bytes(SMALL_BYTES)
+    echo = channel.unary_unary("/bench.Raw/Echo")
+    small_calls = {
+        "small_streams": lambda: (push(iter([b"h", small]), timeout=30),
+                                  list(pull(str(SMALL_BYTES).encode(), timeout=30))),
+        "small_unary": lambda: echo(small, timeout=30),
+    }
+    for kind, fn in small_calls.items():
+        for _ in range(SMALL_WARMUP):
+            fn()
+        lat = []
+        for _ in range(SMALL_CALLS):
+            t0 = time.perf_counter()
+            fn()
+            lat.append(time.perf_counter() - t0)
+        k = SMALL_CALLS // reps
+        out[kind] = [statistics.median(lat[i * k:(i + 1) * k]) for i in range(reps)]
+    # The last push-shaped stream ends the server (it counts full-size pushes).
     for _ in range(reps):
         t0 = time.perf_counter()
         push(messages(), timeout=120)
@@ -88,7 +117,15 @@ def bare_grpc_stream(cfg: Config, total_mib: int, chunk_mib: int = 2) -> list[Fi
     reps = cfg.warmup + cfg.repeats
     res = run_group(_grpc_peer, 2, args=(free_port(), total_mib * MIB, chunk_mib * MIB, reps),
                     timeout_s=cfg.item_time_limit_s)[1]
-    return [
+    small = [
+        Figure.of(f"transport.ref_grpc_small_{kind}",
+                  f"reference: bare grpcio, {label}", "s", res[f"small_{kind}"][cfg.warmup:],
+                  note="no pstrain code: per-step round-trip cost for a small model")
+        for kind, label in (("streams", "push stream + pull stream of 0.31 MB each"),
+                            ("unary", "one unary call carrying 0.31 MB each way "
+                             "(a fused push+pull)"))
+    ]
+    return small + [
         Figure.of(f"transport.ref_grpc_{kind}.{total_mib}MiB",
                   f"reference: bare grpcio {shape}, {total_mib} MiB in {chunk_mib} MiB "
                   "bytes messages", "GB/s", rates(total_mib * MIB / GB, res[kind][cfg.warmup:]),

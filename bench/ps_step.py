@@ -9,7 +9,9 @@ its own, and once by the two worker processes themselves, interleaved with the P
 repetition by repetition (the ratio uses the interleaved one, so that load shifting on
 a shared machine does not skew it).
 
-A PS moves twice the bytes of a 2-process all-reduce (each worker sends and receives
+A step is the runtime's own exchange: the fused push_pull (one round trip per server)
+when the runtime has it, else a push then a pull (rt.step). A PS moves twice the bytes
+of a 2-process all-reduce (each worker sends and receives
 the whole tensor), so 2.0x is byte parity. The bf16 variant sends gradients as
 bfloat16 (`spec.training.wireDtype`), parameters still come back in float32.
 """
@@ -30,7 +32,7 @@ WORKERS = 2
 
 def _peer(rank: int, num_ps: int, ports: list[int], gloo_port: int, mib: int,
           wire_dtype: str, warmup: int, repeats: int, barrier: Any,
-          timeout_s: float) -> dict[str, list[float]] | None:
+          timeout_s: float) -> dict[str, Any] | None:
     if rank < num_ps:
         rt.serve_ps(rank, ports[rank], timeout_s)
         return None
@@ -48,7 +50,7 @@ def _peer(rank: int, num_ps: int, ports: list[int], gloo_port: int, mib: int,
     dist.init_process_group("gloo", init_method=f"tcp://{LOOPBACK}:{gloo_port}", rank=worker,
                             world_size=WORKERS, timeout=timedelta(seconds=120))
     reduced = torch.ones(numel)
-    out: dict[str, list[float]] = {"step": [], "allreduce": []}
+    out: dict[str, Any] = {"step": [], "allreduce": [], "fused": rt.has_push_pull(client)}
     try:
         barrier.wait(timeout=120)
         for i in range(warmup + repeats):
@@ -58,8 +60,7 @@ def _peer(rank: int, num_ps: int, ports: list[int], gloo_port: int, mib: int,
             t_ar = time.perf_counter() - t0
             barrier.wait(timeout=120)
             t0 = time.perf_counter()
-            client.push(grads, worker=worker)
-            client.pull(params, worker=worker)
+            rt.step(client, grads, params, worker)
             t_ps = time.perf_counter() - t0
             if i >= warmup:
                 out["allreduce"].append(t_ar)
@@ -90,10 +91,12 @@ def ps_step(cfg: Config, num_ps: int, wire_dtype: str = "float32") -> list[Figur
     per_step = [max(w["step"][i] for w in workers) for i in range(n)]
     per_ar = [max(w["allreduce"][i] for w in workers) for i in range(n)]
     tag = "" if wire_dtype == "float32" else f", {wire_dtype} gradients"
+    how = ("fused push_pull (one round trip per server)" if workers[0]["fused"]
+           else "push, then pull")
     variant = f"ps{num_ps}" + ("" if wire_dtype == "float32" else wire_dtype.replace("float", "f"))
     return [Figure.of(f"ps_step.{variant}.{mib}MiB",
                       f"PS step: 2 workers x (push {mib} MiB + pull {mib} MiB), {num_ps} PS{tag}",
-                      "s", per_step),
+                      "s", per_step, note=how),
             Figure.of(f"ps_step.allreduce_{variant}.{mib}MiB",
                       f"gloo all_reduce {mib} MiB by the same 2 workers, interleaved with the "
                       f"{variant} steps", "s", per_ar)]

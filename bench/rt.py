@@ -55,6 +55,21 @@ def init(client, params: Mapping[str, object], num_workers: int,  # noqa: ANN001
                 fingerprint=fingerprint(shapes))
 
 
+def has_push_pull(client) -> bool:  # noqa: ANN001
+    """Whether this runtime has the fused push-then-pull call (one round trip)."""
+    return callable(getattr(client, "push_pull", None))
+
+
+def step(client, grads, params, worker: int) -> None:  # noqa: ANN001
+    """A worker's exchange with the servers in one training step, the way the runtime
+    does it: the fused push_pull when the runtime has it, else push then pull."""
+    if has_push_pull(client):
+        client.push_pull(grads, params, worker=worker)
+    else:
+        client.push(grads, worker=worker)
+        client.pull(params, worker=worker)
+
+
 def shutdown(client, grace: float = 1.0) -> None:  # noqa: ANN001
     client.shutdown(grace)
     client.close()

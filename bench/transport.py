@@ -156,9 +156,11 @@ def _peer(rank: int, port: int, tcp_port: int, sizes_mib: list[int], warmup: int
         client = rt.connect([port], {"w": (small,)}, namespace="transport-small")
         params, grads = {"w": torch.zeros(small)}, {"w": torch.full((small,), 1e-6)}
         rt.init(client, params, num_workers=1)
-        calls = (("info", lambda: client.info(0)),
+        calls = [("info", lambda: client.info(0)),
                  ("push_small", lambda: client.push(grads, worker=0)),
-                 ("pull_small", lambda: client.pull(params, worker=0)))
+                 ("pull_small", lambda: client.pull(params, worker=0))]
+        if rt.has_push_pull(client):
+            calls.append(("push_pull_small", lambda: client.push_pull(grads, params, worker=0)))
         for kind, fn in calls:
             for _ in range(SMALL_WARMUP):
                 fn()
@@ -212,7 +214,10 @@ def run(cfg: Config) -> list[Figure]:
                                f"{ps_s / gb:.2f} (clock tick 10 ms)"))
     for kind, label in (("info", "Info RPC (control, no tensor) round trip"),
                         ("push_small", "push of a 0.31 MB tensor (digits MLP size)"),
-                        ("pull_small", "pull of a 0.31 MB tensor (digits MLP size)")):
+                        ("pull_small", "pull of a 0.31 MB tensor (digits MLP size)"),
+                        ("push_pull_small", "fused push_pull of a 0.31 MB tensor")):
+        if kind not in res:
+            continue
         figs.append(Figure.of(f"transport.latency.{kind}", label, "s", res[kind],
                               note=f"each sample: median of {SMALL_CALLS // cfg.repeats} calls"))
     ref_size = next((m for m in sizes if m >= 16), sizes[-1])

@@ -39,6 +39,25 @@ ITEMS: dict[str, str] = {
 DEFAULT_OUT = Path(__file__).resolve().parent / "out"
 
 
+def git_state() -> str:
+    """The commit measured, and which tracked files differed from it."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=root, capture_output=True, text=True,
+                               timeout=10).stdout.split("\n")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (git not available)"
+    changed = sorted(line[3:] for line in dirty if line.strip())
+    if not changed:
+        return f"commit {head}"
+    return f"commit {head} plus uncommitted changes to {', '.join(changed)}"
+
+
 def machine_info() -> dict[str, Any]:
     cpu = "unknown"
     try:
@@ -70,6 +89,7 @@ def machine_info() -> dict[str, Any]:
     except ImportError:
         pass
     return {
+        "code": git_state(),
         "host": platform.node(),
         "cpu": f"{cpu}, {os.cpu_count()} logical cores",
         "memory": f"{mem_gib} GiB",

@@ -38,6 +38,8 @@ class Transport(Protocol):
     def push(self, frames: Iterator[bytes]) -> pb.PushReply: ...
     def init(self, frames: Iterator[bytes]) -> pb.StepInfo: ...
     def pull(self, request: pb.PullRequest) -> Iterator[bytes]: ...
+    def push_pull(self, frames: Iterator[bytes]) -> Iterator[bytes]: ...
+    def push_pull_small(self, message: bytes) -> bytes: ...
     def info(self, namespace: str, worker: int = 0) -> pb.StepInfo: ...
     def finish(self, namespace: str) -> pb.StepInfo: ...
     def shutdown(self, grace: float) -> None: ...
@@ -59,6 +61,12 @@ class LocalTransport:
 
     def pull(self, request: pb.PullRequest) -> Iterator[bytes]:
         return self.store.pull(request)
+
+    def push_pull(self, frames: Iterator[bytes]) -> Iterator[bytes]:
+        return self.store.push_pull(frames)
+
+    def push_pull_small(self, message: bytes) -> bytes:
+        return self.store.push_pull_small(message)
 
     def info(self, namespace: str, worker: int = 0) -> pb.StepInfo:
         return self.store.info(namespace, worker)
@@ -96,6 +104,11 @@ class GrpcTransport:
         self._pull = self.channel.unary_stream(m + "Pull",
                                                request_serializer=pb.PullRequest.SerializeToString,
                                                response_deserializer=None)
+        self._push_pull = self.channel.stream_stream(m + "PushPull", request_serializer=None,
+                                                     response_deserializer=None)
+        self._push_pull_small = self.channel.unary_unary(m + "PushPullSmall",
+                                                         request_serializer=None,
+                                                         response_deserializer=None)
         self._info = self.channel.unary_unary(m + "Info", pb.NamespaceRequest.SerializeToString,
                                               pb.StepInfo.FromString)
         self._finish = self.channel.unary_unary(m + "Finish", pb.FinishRequest.SerializeToString,
@@ -124,6 +137,15 @@ class GrpcTransport:
             yield from self._pull(request)
         except grpc.RpcError as exc:
             raise _ps_error(exc, self.address) from exc
+
+    def push_pull(self, frames: Iterator[bytes]) -> Iterator[bytes]:
+        try:
+            yield from self._push_pull(frames)
+        except grpc.RpcError as exc:
+            raise _ps_error(exc, self.address) from exc
+
+    def push_pull_small(self, message: bytes) -> bytes:
+        return self._call(self._push_pull_small, message)  # type: ignore[return-value]
 
     def info(self, namespace: str, worker: int = 0) -> pb.StepInfo:
         return self._call(self._info, pb.NamespaceRequest(namespace=namespace, worker=worker),
@@ -162,7 +184,8 @@ class ShardedClient:
 
     def __init__(self, transports: Sequence[Transport], placement: Placement,
                  namespace: str, wire_dtype: torch.dtype = torch.float32,
-                 chunk_bytes: int = wire.CHUNK_BYTES) -> None:
+                 chunk_bytes: int = wire.CHUNK_BYTES,
+                 small_bytes: int = wire.CHUNK_BYTES) -> None:
         if len(transports) != placement.num_ps:
             raise ValueError(f"placement is for {placement.num_ps} servers, got "
                              f"{len(transports)} transports")
@@ -171,6 +194,7 @@ class ShardedClient:
         self.namespace = namespace
         self.wire_dtype = wire_dtype
         self.writer = wire.StreamWriter(chunk_bytes)
+        self.small_bytes = small_bytes  # push_pull: shards up to this size use one message
         self.shards = [placement.shard(i) for i in range(placement.num_ps)]
         self.pool = cf.ThreadPoolExecutor(max_workers=max(1, placement.num_ps),
                                           thread_name_prefix="ps-client")
@@ -183,11 +207,16 @@ class ShardedClient:
             t.close()
 
     # ----------------------------------------------------------------- fan-out helper
-    def _all(self, fn: Callable[[int], object], indices: Iterable[int] | None = None) -> list:
-        """Run fn(ps) for every server concurrently; raise the first failure at once."""
+    def _all(self, fn: Callable[[int], object], indices: Iterable[int] | None = None,
+             wait_all: bool = False) -> list:
+        """Run fn(ps) for every server concurrently; raise the first failure at once
+        (`wait_all`: once every call has ended, so none is still running)."""
         idx = list(range(len(self.transports)) if indices is None else indices)
+        if len(idx) == 1:  # one server: call it here, no thread hop
+            return [fn(idx[0])]
         futs = {self.pool.submit(fn, i): i for i in idx}
-        done, _ = cf.wait(futs, return_when=cf.FIRST_EXCEPTION)
+        done, _ = cf.wait(futs, return_when=cf.ALL_COMPLETED if wait_all
+                          else cf.FIRST_EXCEPTION)
         for fut in done:
             exc = fut.exception()
             if exc is not None:
@@ -255,6 +284,43 @@ class ShardedClient:
         the sync step, one for all servers or one per server."""
         steps = [step] * len(self.transports) if isinstance(step, int) else list(step)
         return self._all(lambda ps: self.push_one(ps, grads, worker, steps[ps]))
+
+    def push_pull_one(self, ps: int, grads: Mapping[str, torch.Tensor],
+                      params: Mapping[str, torch.Tensor], worker: int,
+                      step: int) -> tuple[pb.PushReply, int]:
+        """Push server `ps`'s gradients and read its parameters back into `params` in
+        one round trip; returns the push's reply and the pulled global step."""
+        shard = self.shards[ps]
+        targets = [wire.byte_view(_piece_view(params[p.param], p)) for p in shard]
+        frames = self.push_frames(ps, grads, worker, step)
+        transport = self.transports[ps]
+        if sum(t.nbytes for t in targets) <= self.small_bytes:
+            # One message each way: a unary call costs far less than two streams.
+            try:
+                reply = wire.decode_batch(transport.push_pull_small(wire.encode_batch(frames)))
+            except wire.WireError as exc:
+                raise PSError("DATA_LOSS", f"push_pull: {exc}") from exc
+            frames = iter(reply)
+        else:
+            frames = transport.push_pull(frames)
+        header = self._read(frames, shard, targets)
+        if not header.HasField("push_reply"):
+            raise PSError("INTERNAL", "the server answered a PushPull without the push's "
+                          "reply")
+        return header.push_reply, int(header.global_step)
+
+    def push_pull(self, grads: Mapping[str, torch.Tensor], params: Mapping[str, torch.Tensor],
+                  worker: int = 0, step: int | Sequence[int] = 0) -> list[pb.PushReply]:
+        """`push`, then `pull` into `params`, with one round trip per server (all
+        concurrently). Each server's parameters are read after its push returned, as a
+        `pull` after `push` would read them; `last_pull_steps` is updated the same way.
+        `params` must not be in use (e.g. by backward) while this runs."""
+        steps = [step] * len(self.transports) if isinstance(step, int) else list(step)
+        # Wait for every server even when one fails: none may write into `params` later.
+        results = self._all(lambda ps: self.push_pull_one(ps, grads, params, worker, steps[ps]),
+                            wait_all=True)
+        self.last_pull_steps = [pulled for _, pulled in results]
+        return [reply for reply, _ in results]
 
     # ----------------------------------------------------------------- chief
     def init(self, params: Mapping[str, torch.Tensor], optimizer: OptimizerConfig, *,

@@ -65,6 +65,22 @@ class ParameterServerService:
             raise
         yield from frames
 
+    def push_pull(self, request_iterator: Iterator[bytes],
+                  context: grpc.ServicerContext) -> Iterator[bytes]:
+        try:
+            frames = self.store.push_pull(iter(request_iterator))
+        except PSError as exc:
+            _abort(context, exc)
+            raise
+        yield from frames
+
+    def push_pull_small(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        try:
+            return self.store.push_pull_small(request)
+        except PSError as exc:
+            _abort(context, exc)
+            raise
+
     def info(self, request: pb.NamespaceRequest, context: grpc.ServicerContext) -> pb.StepInfo:
         return self.store.info(request.namespace, request.worker)
 
@@ -109,6 +125,9 @@ def build_handler(service: ParameterServerService) -> grpc.GenericRpcHandler:
         "Pull": grpc.unary_stream_rpc_method_handler(
             service.pull, request_deserializer=pb.PullRequest.FromString,
             response_serializer=None),
+        "PushPull": grpc.stream_stream_rpc_method_handler(
+            service.push_pull, request_deserializer=None, response_serializer=None),
+        "PushPullSmall": unary(service.push_pull_small, None, None),
         "Info": unary(service.info, pb.NamespaceRequest.FromString,
                       pb.StepInfo.SerializeToString),
         "Finish": unary(service.finish, pb.FinishRequest.FromString,

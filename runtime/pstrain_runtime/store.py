@@ -324,6 +324,37 @@ class ParameterStore:
     # ------------------------------------------------------------------ push
     def push(self, messages: Iterator[bytes], timeout: float | None = None) -> pb.PushReply:
         header = _read_header(messages, pb.STREAM_KIND_PUSH)
+        return self._push(header, messages, timeout)
+
+    def push_pull(self, messages: Iterator[bytes], timeout: float | None = None,
+                  chunk_bytes: int = wire.CHUNK_BYTES) -> Iterator[bytes]:
+        """A push, then a pull of the pushed tensors (one round trip for a worker).
+
+        Validates and applies now (raises PSError like `push`), then returns the PULL
+        frame iterator; its header carries the push's reply in `push_reply`. The pull
+        reads the parameters after the push returned, exactly as a separate Pull issued
+        after the Push would (in sync mode: after the push's step was applied, within
+        the staleness bound)."""
+        header = _read_header(messages, pb.STREAM_KIND_PUSH)
+        reply = self._push(header, messages, timeout)
+        names = [meta.name for meta in header.tensors]
+        if not names:
+            raise _invalid("push_pull: the push lists no tensors; name the tensors to pull "
+                           "back")
+        request = pb.PullRequest(namespace=header.namespace, names=names,
+                                 worker=header.worker)
+        return self.pull(request, timeout, chunk_bytes, push_reply=reply)
+
+    def push_pull_small(self, message: bytes) -> bytes:
+        """`push_pull` with the whole stream batched in one message each way."""
+        try:
+            frames = wire.decode_batch(message)
+        except wire.WireError as exc:
+            raise _invalid(f"push_pull: {exc}") from exc
+        return wire.encode_batch(self.push_pull(iter(frames)))
+
+    def _push(self, header: pb.StreamHeader, messages: Iterator[bytes],
+              timeout: float | None) -> pb.PushReply:
         ns = self._ready(header.namespace)
         if not 0 <= header.worker < ns.num_workers:
             raise _invalid(f"push: worker is {header.worker}; this job has workers "
@@ -456,7 +487,8 @@ class ParameterStore:
 
     # ------------------------------------------------------------------ pull
     def pull(self, request: pb.PullRequest, timeout: float | None = None,
-             chunk_bytes: int = wire.CHUNK_BYTES) -> Iterator[bytes]:
+             chunk_bytes: int = wire.CHUNK_BYTES,
+             push_reply: pb.PushReply | None = None) -> Iterator[bytes]:
         """Validate now (raises PSError), then return the frame iterator."""
         ns = self._ready(request.namespace)
         names = list(request.names) or sorted(ns.params)
@@ -487,6 +519,8 @@ class ParameterStore:
                 tensors = [t.clone() for t in tensors]
             info = ns.info(request.worker)
         header.step = info.global_step
+        if push_reply is not None:
+            header.push_reply.CopyFrom(push_reply)
         return wire.StreamWriter(chunk_bytes).frames(header, tensors)
 
     # ------------------------------------------------------------------ control

@@ -130,6 +130,7 @@ class Trainer:
         self.last_step = 0  # newest global step seen
         self.last_ckpt_step: int | None = None
         self.lost_steps = 0
+        self._fresh = False  # the mirror holds parameters pulled by the last push
 
     # ------------------------------------------------------------------ plumbing
     def _retry(self, fn: Callable[[], Any]) -> Any:
@@ -339,7 +340,13 @@ class Trainer:
         if not self.overlap or self.placement.num_ps == 1:
             loss.backward()
             grads = {n: self._grad_cpu(n) for n in self.params}
-            return float(loss.detach()), self.client.push(grads, self.role.worker, steps)
+            if self.training.mode == "sync":
+                return float(loss.detach()), self.client.push(grads, self.role.worker, steps)
+            # async: one round trip per server: push, and read the parameters back into
+            # the mirror for the next step (backward is over, nothing reads them now).
+            replies = self.client.push_pull(grads, self.mirror, self.role.worker, steps)
+            self._fresh = True
+            return float(loss.detach()), replies
         # Overlap: push a shard as soon as backward has produced all its gradients.
         waiting = {ps: {p.param for p in self.client.shards[ps]}
                    for ps in range(self.placement.num_ps)}
@@ -391,12 +398,17 @@ class Trainer:
         self.model.train()
 
         while True:  # the chief comes back here when finishing needed a recovery
+            self._fresh = False
             while True:
-                try:
-                    gstep = self.client.pull(self.mirror, worker=role.worker)
-                except PSError as exc:
-                    self._handle(exc)
-                    continue
+                if self._fresh:  # the last push brought the parameters back
+                    gstep = self.client.last_pull_steps[0]
+                    self._fresh = False
+                else:
+                    try:
+                        gstep = self.client.pull(self.mirror, worker=role.worker)
+                    except PSError as exc:
+                        self._handle(exc)
+                        continue
                 self.last_step = max(self.last_step, gstep) if role.is_chief else gstep
                 if gstep >= training.steps:
                     break
@@ -421,6 +433,7 @@ class Trainer:
                 try:
                     loss, replies = self._backward_and_push(batch, local_steps)
                 except PSError as exc:
+                    self._fresh = False
                     self._handle(exc)
                     continue
                 result.local_steps += 1
@@ -451,6 +464,7 @@ class Trainer:
                     try:
                         self._save_checkpoint()
                     except PSError as exc:  # a server failed under the checkpoint: recover
+                        self._fresh = False  # a recovery may reinstall the parameters
                         self._handle(exc)
                         continue
                     next_ckpt = (gstep // ckpt_every + 1) * ckpt_every

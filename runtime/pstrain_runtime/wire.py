@@ -153,12 +153,52 @@ def decode_frame(message: bytes) -> pb.StreamHeader | Chunk:
                 )
             return Chunk(seq, offset, memoryview(message)[pos:])
     try:
-        frame = pb.Frame.FromString(message)
+        frame = pb.Frame.FromString(bytes(message))
     except DecodeError as exc:
         raise WireError(f"a frame could not be decoded: {exc}") from exc
     if frame.HasField("header"):
         return frame.header
     return Chunk(frame.seq, frame.offset, memoryview(frame.data))
+
+
+_BATCH_TAG = b"\x0a"  # FrameBatch field 1, length-delimited
+
+
+def encode_batch(frames: Iterator[bytes]) -> bytes:
+    """A `FrameBatch` message holding `frames` (a whole small stream)."""
+    parts: list[bytes] = []
+    for frame in frames:
+        parts += (_BATCH_TAG, _varint(len(frame)), frame)
+    return b"".join(parts)
+
+
+def decode_batch(message: bytes) -> list[memoryview]:
+    """The frames of a `FrameBatch` message, as zero-copy views."""
+    view = memoryview(message)
+    frames: list[memoryview] = []
+    pos = 0
+    while pos < len(view):
+        if view[pos] != _BATCH_TAG[0]:
+            raise WireError(f"a frame batch has an unexpected field tag {view[pos]:#x} at "
+                            f"byte {pos}")
+        pos += 1
+        size = 0
+        shift = 0
+        while True:
+            if pos >= len(view) or shift >= 64:
+                raise WireError("a frame batch ends inside a length; it is truncated")
+            byte = view[pos]
+            pos += 1
+            size |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+        if pos + size > len(view):
+            raise WireError(f"a frame batch declares a {size}-byte frame but holds only "
+                            f"{len(view) - pos} more bytes; it is truncated")
+        frames.append(view[pos:pos + size])
+        pos += size
+    return frames
 
 
 class StreamWriter:

@@ -66,6 +66,14 @@ class KillableTransport(LocalTransport):
         self._check()
         return super().push(frames)
 
+    def push_pull(self, frames: Iterator[bytes]) -> Iterator[bytes]:
+        self._check()
+        return super().push_pull(frames)
+
+    def push_pull_small(self, message: bytes) -> bytes:
+        self._check()
+        return super().push_pull_small(message)
+
     def init(self, frames: Iterator[bytes]) -> pb.StepInfo:
         self._check()
         return super().init(frames)

@@ -139,3 +139,24 @@ def test_shutdown_waits_for_workers_to_learn_the_job_is_done(servers: list[PSSer
     assert not server.wait(timeout=0.3), "worker 1 has not been told yet"
     assert client.info(0, worker=1).done
     assert server.wait(timeout=10)
+
+
+@pytest.mark.parametrize("small_bytes", [0, wire.CHUNK_BYTES], ids=["stream", "small"])
+def test_push_pull_over_grpc(servers: list[PSServer], small_bytes: int) -> None:
+    shapes = {"w": (300, 40), "b": (40,)}
+    client = client_for(servers, shapes, partition_bytes=1024)
+    client.small_bytes = small_bytes
+    start = {n: torch.ones(s) for n, s in shapes.items()}
+    client.init(start, OptimizerConfig(name="sgd", learning_rate=0.5), mode="async",
+                num_workers=1, staleness_bound=None, fingerprint=FP)
+    out = {n: torch.zeros(s) for n, s in shapes.items()}
+    replies = client.push_pull({n: torch.ones(s) for n, s in shapes.items()}, out)
+    assert [r.applied for r in replies] == [True, True]
+    assert client.last_pull_steps == [1, 1]
+    for name in shapes:
+        assert torch.equal(out[name], torch.full(shapes[name], 0.5)), name
+    nan = {n: torch.full(s, float("nan")) for n, s in shapes.items()}
+    with pytest.raises(PSError, match="contains NaN or inf") as caught:
+        client.push_pull(nan, out)
+    assert caught.value.code == "INVALID_ARGUMENT"
+    client.close()

@@ -258,3 +258,68 @@ def test_bfloat16_gradients_on_the_wire_update_float32_parameters() -> None:
     assert ns.params["w"].dtype == torch.float32
     expected = p["w"] - 0.5 * grads["w"].to(torch.bfloat16).float()
     torch.testing.assert_close(ns.params["w"], expected)
+
+
+# ---------------------------------------------------------------- fused push + pull
+def _fused_stream(store: ParameterStore, frames: list[bytes]) -> list[bytes]:
+    return list(store.push_pull(iter(frames)))
+
+
+def _fused_small(store: ParameterStore, frames: list[bytes]) -> list[bytes]:
+    return [bytes(f) for f in wire.decode_batch(store.push_pull_small(wire.encode_batch(
+        iter(frames))))]
+
+
+FUSED = {"stream": _fused_stream, "small": _fused_small}
+
+
+@pytest.mark.parametrize("fused", FUSED.values(), ids=FUSED.keys())
+@pytest.mark.parametrize(("frames", "code", "message"), BAD_PUSHES.values(), ids=BAD_PUSHES.keys())
+def test_bad_push_pull_is_refused_and_changes_nothing(fused, frames, code, message) -> None:
+    store, _ = ready_store()
+    before = snapshot(store)
+    with pytest.raises(PSError, match=message) as err:
+        fused(store, frames())
+    assert err.value.code == code
+    assert same(snapshot(store), before)
+
+
+@pytest.mark.parametrize("batch", [b"\x12\x00", b"\x0a\x05abc", b"\x0a\xff"],
+                         ids=["wrong-tag", "short-frame", "cut-length"])
+def test_corrupt_frame_batch_is_refused(batch: bytes) -> None:
+    store, _ = ready_store()
+    before = snapshot(store)
+    with pytest.raises(PSError, match="frame batch") as err:
+        store.push_pull_small(batch)
+    assert err.value.code == "INVALID_ARGUMENT"
+    assert same(snapshot(store), before)
+
+
+@pytest.mark.parametrize("small_bytes", [0, wire.CHUNK_BYTES], ids=["stream", "small"])
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_push_pull_equals_push_then_pull(mode: str, small_bytes: int) -> None:
+    fused_store, fused = ready_store(mode)
+    plain_store, plain = ready_store(mode)
+    fused.small_bytes = small_bytes
+    got = {n: torch.zeros_like(t) for n, t in params().items()}
+    want = {n: torch.zeros_like(t) for n, t in params().items()}
+    for step in range(3):
+        grads = {n: torch.full_like(t, 0.1 * (step + 1)) for n, t in params().items()}
+        replies = fused.push_pull(grads, got, step=step)
+        plain_replies = plain.push(grads, step=step)
+        plain.pull(want)
+        assert [r.applied for r in replies] == [r.applied for r in plain_replies] == [True]
+        assert replies[0].info.global_step == step + 1
+        assert fused.last_pull_steps == plain.last_pull_steps == [step + 1]
+        for name in want:
+            assert torch.equal(got[name], want[name]), name
+    assert same(snapshot(fused_store), snapshot(plain_store))
+
+
+def test_push_pull_after_done_pulls_and_reports_done() -> None:
+    store, client = ready_store()
+    store.finish("ns")
+    out = {n: torch.zeros_like(t) for n, t in params().items()}
+    replies = client.push_pull(good_grads(), out)
+    assert replies[0].info.done and not replies[0].applied
+    assert torch.equal(out["w"], params()["w"])

@@ -49,6 +49,16 @@ class ParameterServerStub:
                 request_serializer=pstrain__runtime_dot_proto_dot_ps__pb2.PullRequest.SerializeToString,
                 response_deserializer=pstrain__runtime_dot_proto_dot_ps__pb2.Frame.FromString,
                 _registered_method=True)
+        self.PushPull = channel.stream_stream(
+                '/pstrain.v1.ParameterServer/PushPull',
+                request_serializer=pstrain__runtime_dot_proto_dot_ps__pb2.Frame.SerializeToString,
+                response_deserializer=pstrain__runtime_dot_proto_dot_ps__pb2.Frame.FromString,
+                _registered_method=True)
+        self.PushPullSmall = channel.unary_unary(
+                '/pstrain.v1.ParameterServer/PushPullSmall',
+                request_serializer=pstrain__runtime_dot_proto_dot_ps__pb2.FrameBatch.SerializeToString,
+                response_deserializer=pstrain__runtime_dot_proto_dot_ps__pb2.FrameBatch.FromString,
+                _registered_method=True)
         self.Info = channel.unary_unary(
                 '/pstrain.v1.ParameterServer/Info',
                 request_serializer=pstrain__runtime_dot_proto_dot_ps__pb2.NamespaceRequest.SerializeToString,
@@ -95,6 +105,23 @@ class ParameterServerServicer:
 
     def Pull(self, request, context):
         """Parameters (and optionally optimizer slots) of this PS's shard.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PushPull(self, request_iterator, context):
+        """A Push, then a Pull of the pushed tensors, in one round trip: the request is a
+        PUSH stream, the reply a PULL stream whose header carries the push's PushReply in
+        `push_reply`, followed by the parameters read after the push returned.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PushPullSmall(self, request, context):
+        """PushPull for small shards, in a single message each way: the same frames, batched.
+        Workers use it when the gradients and the parameters each fit in one chunk.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -152,6 +179,16 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.Pull,
                     request_deserializer=pstrain__runtime_dot_proto_dot_ps__pb2.PullRequest.FromString,
                     response_serializer=pstrain__runtime_dot_proto_dot_ps__pb2.Frame.SerializeToString,
+            ),
+            'PushPull': grpc.stream_stream_rpc_method_handler(
+                    servicer.PushPull,
+                    request_deserializer=pstrain__runtime_dot_proto_dot_ps__pb2.Frame.FromString,
+                    response_serializer=pstrain__runtime_dot_proto_dot_ps__pb2.Frame.SerializeToString,
+            ),
+            'PushPullSmall': grpc.unary_unary_rpc_method_handler(
+                    servicer.PushPullSmall,
+                    request_deserializer=pstrain__runtime_dot_proto_dot_ps__pb2.FrameBatch.FromString,
+                    response_serializer=pstrain__runtime_dot_proto_dot_ps__pb2.FrameBatch.SerializeToString,
             ),
             'Info': grpc.unary_unary_rpc_method_handler(
                     servicer.Info,
@@ -260,6 +297,60 @@ class ParameterServer:
             '/pstrain.v1.ParameterServer/Pull',
             pstrain__runtime_dot_proto_dot_ps__pb2.PullRequest.SerializeToString,
             pstrain__runtime_dot_proto_dot_ps__pb2.Frame.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushPull(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/pstrain.v1.ParameterServer/PushPull',
+            pstrain__runtime_dot_proto_dot_ps__pb2.Frame.SerializeToString,
+            pstrain__runtime_dot_proto_dot_ps__pb2.Frame.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushPullSmall(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pstrain.v1.ParameterServer/PushPullSmall',
+            pstrain__runtime_dot_proto_dot_ps__pb2.FrameBatch.SerializeToString,
+            pstrain__runtime_dot_proto_dot_ps__pb2.FrameBatch.FromString,
             options,
             channel_credentials,
             insecure,

@@ -37,7 +37,7 @@ from .procs import LOOPBACK, cpu_seconds, free_port, run_group
 
 WORKERS = 2
 EVAL_EVERY = 10
-WIRE_STEPS = 600  # as examples/digits.yaml
+WIRE_STEPS = 600  # async global steps per run (examples/digits.yaml now runs 900)
 WIRE_DTYPES = ("float32", "bfloat16", "float16")
 SEED = 0
 

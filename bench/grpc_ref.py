@@ -129,7 +129,7 @@ def bare_grpc_stream(cfg: Config, total_mib: int, chunk_mib: int = 2) -> list[Fi
         Figure.of(f"transport.ref_grpc_{kind}.{total_mib}MiB",
                   f"reference: bare grpcio {shape}, {total_mib} MiB in {chunk_mib} MiB "
                   "bytes messages", "GB/s", rates(total_mib * MIB / GB, res[kind][cfg.warmup:]),
-                  note="no pstrain code: grpcio's ceiling for this stream shape")
+                  note="no pstrain code: a bare grpcio stream of this shape")
         for kind, shape in (("push", "client stream (push-shaped)"),
                             ("pull", "server stream (pull-shaped)"))
     ]

@@ -192,8 +192,11 @@ def render_markdown(result: Mapping[str, Any]) -> str:
             note = f.note
             if f.median is not None and 0 < f.n < MIN_REPEATS and f.unit != "x":
                 note = f"fewer than {MIN_REPEATS} runs. {note}".strip()
-            lines.append(f"| {f.label} | {_fmt(f.median, f.unit)} | {_fmt(f.min, f.unit)} | "
-                         f"{_fmt(f.max, f.unit)} | {f.n} | {note} |")
+            # n 0: one aggregate over a whole measurement (a size, a CPU total), no spread
+            shown_n = f.n if f.n or f.median is None else "-"
+            lo, hi = ("", "") if shown_n == "-" else (_fmt(f.min, f.unit), _fmt(f.max, f.unit))
+            lines.append(f"| {f.label} | {_fmt(f.median, f.unit)} | {lo} | {hi} | {shown_n} | "
+                         f"{note} |")
         if err:
             lines += ["", f"Error in this item: `{err.strip().splitlines()[-1]}`"]
         lines.append("")

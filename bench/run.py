@@ -133,7 +133,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="timed repetitions per figure (default 5; fewer is flagged)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help="directory for results.json and results.md")
+    parser.add_argument("--render", action="store_true",
+                        help="only rewrite results.md from the results.json in --out")
     args = parser.parse_args(argv)
+    if args.render:
+        result = json.loads((args.out / "results.json").read_text())
+        (args.out / "results.md").write_text(render_markdown(result))
+        return 0
     only = [x.strip() for x in args.only.split(",") if x.strip()]
     unknown = [x for x in only if x not in ITEMS]
     if unknown:

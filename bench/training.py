@@ -247,7 +247,7 @@ def _cpu_figure(key: str, label: str, cpu_s: float, samples: float, note: str) -
     """CPU milliseconds per 1000 samples over the measured windows, all processes."""
     value = 1e3 * cpu_s / samples * 1000
     return Figure(key, f"{label}: CPU time per 1000 samples, all processes", "CPU-ms",
-                  value, value, value, 1, note=note)
+                  value, note=f"over all measured windows; {note}")
 
 
 def ps_time_to_accuracy(cfg: Config) -> Figure:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -78,12 +79,18 @@ def run_main(argv: Sequence[str]) -> int:
     )
     try:
         result = run_job(job, options)
+        if args.json:
+            sys.stdout.write(json.dumps(result.summary, separators=(",", ":")) + "\n")
+            sys.stdout.flush()
     except KeyboardInterrupt:
         # Ctrl-C before the runner's own handler was installed (or after it was
         # removed): run_job's clean-up has already killed whatever it had started.
         print("pstrain run: interrupted.", file=sys.stderr)
         return 130
-    if args.json:
-        sys.stdout.write(json.dumps(result.summary, separators=(",", ":")) + "\n")
-        sys.stdout.flush()
+    except BrokenPipeError:
+        # Whoever read our output went away (`pstrain run job.yaml | head`): run_job's
+        # clean-up has stopped every replica. Exit like a program killed by SIGPIPE,
+        # with stdout pointed at /dev/null so the interpreter's final flush is quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13
     return result.exit_code

@@ -303,3 +303,17 @@ def test_replicas_die_with_a_killed_runner(tmp_path):
     pids = [s["pid"] for s in read_starts(tmp_path)]
     wait_until(lambda: not any(is_alive(p) for p in pids), 10,
                "replicas to die with the runner (PR_SET_PDEATHSIG)")
+
+
+def test_closed_output_pipe_stops_every_replica_quietly(tmp_path):
+    """`pstrain run job.yaml | head`: once the reader is gone the runner stops the
+    replicas and exits 141 (SIGPIPE's code) without a traceback."""
+    job = make_job("j").ps(1).workers(2).write(tmp_path / "job.yaml")
+    proc = run_cli([str(job)], tmp_path,
+                   {"j-worker-0": {"hang": True}, "j-worker-1": {"hang": True}})
+    proc.stdout.close()
+    _, stderr = proc.communicate(timeout=90)
+    assert proc.returncode == 141, stderr
+    assert "Traceback" not in stderr
+    pids = [s["pid"] for s in read_starts(tmp_path)]
+    wait_until(lambda: not any(is_alive(p) for p in pids), 10, "replicas to stop")

@@ -18,6 +18,7 @@ ITEM_TITLES = {
     "transport": "2. Transport",
     "ps_step": "3. PS step against all-reduce",
     "training": "4. Training",
+    "overlap": "4b. Overlapping communication with backward (2 PS)",
     "operator": "5. Operator (against the Kubernetes emulator)",
     "gpu": "6. GPU",
 }
@@ -77,6 +78,10 @@ def derive(figures: Iterable[Figure]) -> list[Figure]:
             out.append(ratio(f"training.{model}.{mode}.vs_single",
                              f"{model}: PS {mode} / single process samples/s", ps,
                              figs.get(f"training.{model}.single")))
+    on = figs.get("overlap.wide.on")
+    if on is not None:
+        out.append(ratio("overlap.wide.on_vs_off", "wide: overlap on / off samples/s", on,
+                         figs.get("overlap.wide.off")))
     tta_ps = figs.get("training.digits.tta.async")
     if tta_ps is not None:
         out.append(ratio("training.digits.tta.async.vs_single",

@@ -116,9 +116,10 @@ class Recorder:
 
 
 def run_trainer(training, namespace: str, worker: int, num_workers: int,  # noqa: ANN001
-                ports: Sequence[int], emit=None, progress_interval: float = 1.0):  # noqa: ANN001,ANN201
-    """One trainer of one job: chief when worker == 0. Returns (TrainResult, seconds
-    from the start of `run()` to its end)."""
+                ports: Sequence[int], emit=None, progress_interval: float = 1.0,  # noqa: ANN001
+                overlap: bool = False):  # noqa: ANN201
+    """One trainer of one job: chief when worker == 0; `overlap` is `pstrain replica
+    --overlap`. Returns (TrainResult, seconds from the start of `run()` to its end)."""
     import time
 
     from pstrain_runtime.client import GrpcTransport
@@ -127,7 +128,8 @@ def run_trainer(training, namespace: str, worker: int, num_workers: int,  # noqa
     role = WorkerRole(namespace=namespace, worker=worker, num_workers=num_workers)
     trainer = Trainer(training, role, [GrpcTransport(f"{LOOPBACK}:{p}") for p in ports],
                       emit=emit or (lambda *a, **k: None),
-                      progress_interval=progress_interval, shutdown_grace=5.0)
+                      progress_interval=progress_interval, shutdown_grace=5.0,
+                      overlap=overlap)
     if isinstance(emit, Recorder):
         emit.trainer = trainer
     try:

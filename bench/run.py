@@ -33,6 +33,7 @@ ITEMS: dict[str, str] = {
     "transport": "bench.transport:run",
     "ps_step": "bench.ps_step:run",
     "training": "bench.training:run",
+    "overlap": "bench.training:overlap_throughput",
     "operator": "bench.operator_bench:run",
     "gpu": "bench.gpu:run",
 }

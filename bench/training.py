@@ -144,11 +144,13 @@ def reached_accuracy(target: float) -> Callable[[list], bool]:
 # --------------------------------------------------------------------------- pstrain
 
 
-def _ps_job_peer(rank: int, port: int, jobs: list[dict[str, Any]], timeout_s: float,
+def _ps_job_peer(rank: int, ports: list[int], jobs: list[dict[str, Any]], timeout_s: float,
                  pids: Any, barrier: Any) -> Any:
-    """rank 0 serves; rank 1 is the chief; rank 2 the other worker. Runs `jobs` in
-    order, each in its own namespace. Every rank writes its pid into `pids` (a shared
-    array) and the chief samples every process's CPU time at each progress event.
+    """ranks 0 .. len(ports) - 1 serve (one PS each); the next rank is the chief, the
+    last the other worker. Runs `jobs` in order, each in its own namespace (a job's
+    `overlap`, default off, is the trainers' `--overlap`). Every rank writes its pid
+    into `pids` (a shared array) and the chief samples every process's CPU time at each
+    progress event.
 
     The trainers meet at `barrier` before and after every job: both start a job
     together (the time-to-accuracy clock is fair), and the chief never runs ahead into
@@ -158,10 +160,11 @@ def _ps_job_peer(rank: int, port: int, jobs: list[dict[str, Any]], timeout_s: fl
 
     if pids is not None:
         pids[rank] = os.getpid()
-    if rank == 0:
-        rt.serve_ps(0, port, timeout_s)
+    num_ps = len(ports)
+    if rank < num_ps:
+        rt.serve_ps(rank, ports[rank], timeout_s)
         return None
-    worker = rank - 1
+    worker = rank - num_ps
     out = []
     for job in jobs:
         training = rt.make_training(job["training"])
@@ -179,68 +182,107 @@ def _ps_job_peer(rank: int, port: int, jobs: list[dict[str, Any]], timeout_s: fl
             else:  # "fixed": run the job's own number of steps
                 stop = lambda events: False  # noqa: E731
             rec = rt.Recorder(stop)
-            _, t0, t1 = rt.run_trainer(training, job["namespace"], 0, WORKERS, [port], rec,
-                                       progress_interval=job["progress_s"])
+            _, t0, t1 = rt.run_trainer(training, job["namespace"], 0, WORKERS, ports, rec,
+                                       progress_interval=job["progress_s"],
+                                       overlap=job.get("overlap", False))
             out.append({"t0": t0, "t1": t1, "stopped_at": rec.stopped_at,
                         "events": [(t, k, f) for t, k, f in rec.events
                                    if k in ("progress", "eval", "done")]})
         else:
             training.steps = MAX_STEPS
-            rt.run_trainer(training, job["namespace"], worker, WORKERS, [port])
+            rt.run_trainer(training, job["namespace"], worker, WORKERS, ports,
+                           overlap=job.get("overlap", False))
         barrier.wait(timeout=timeout_s)
     if worker == 0:
-        rt.shutdown_servers([port])
+        rt.shutdown_servers(ports)
     return out
 
 
-def _run_ps_jobs(cfg: Config, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Run `jobs` in one PS + 2 trainer process group; the chief's record of each."""
+def _run_ps_jobs(cfg: Config, jobs: list[dict[str, Any]],
+                 num_ps: int = 1) -> list[dict[str, Any]]:
+    """Run `jobs` in one group of `num_ps` PS + 2 trainer processes; the chief's record
+    of each."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    return run_group(_ps_job_peer, 1 + WORKERS,
-                     args=(free_port(), jobs, cfg.item_time_limit_s,
-                           ctx.Array("i", 1 + WORKERS), ctx.Barrier(WORKERS)),
-                     timeout_s=cfg.item_time_limit_s)[1]
+    ports = [free_port() for _ in range(num_ps)]
+    if len(set(ports)) != num_ps:
+        raise RuntimeError(f"free_port gave the same port twice: {ports}")
+    return run_group(_ps_job_peer, num_ps + WORKERS,
+                     args=(ports, jobs, cfg.item_time_limit_s,
+                           ctx.Array("i", num_ps + WORKERS), ctx.Barrier(WORKERS)),
+                     timeout_s=cfg.item_time_limit_s)[num_ps]
 
 
-def ps_throughput(cfg: Config, models: Sequence[ModelSpec]) -> list[Figure]:
+def _throughput_job(cfg: Config, spec: ModelSpec, mode: str, key: str, label: str,
+                    cpu_label: str, namespace: str, overlap: bool = False) -> dict[str, Any]:
     window = cfg.train_seconds_per_rep
-    jobs = []
-    for spec in models:
-        for mode in ("async", "sync"):
-            jobs.append({"kind": "throughput", "namespace": f"bench/{spec.name}-{mode}",
-                         "training": spec.training(mode, MAX_STEPS), "window_s": window,
-                         "skip": cfg.warmup, "count": cfg.repeats,
-                         "progress_s": min(1.0, window / 4), "model": spec.name,
-                         "mode": mode, "per_step": spec.batch * (WORKERS if mode == "sync" else 1)})
-    res = _run_ps_jobs(cfg, jobs)
+    return {"kind": "throughput", "namespace": namespace,
+            "training": spec.training(mode, MAX_STEPS), "window_s": window,
+            "skip": cfg.warmup, "count": cfg.repeats, "progress_s": min(1.0, window / 4),
+            "overlap": overlap, "key": key, "label": label, "cpu_label": cpu_label,
+            "batch": spec.batch,
+            "per_step": spec.batch * (WORKERS if mode == "sync" else 1)}
+
+
+def _throughput_figures(cfg: Config, jobs: Sequence[dict[str, Any]],
+                        res: Sequence[dict[str, Any]], num_ps: int = 1) -> list[Figure]:
+    """samples/s of each throughput job (its `key`, `label`) and its CPU time per 1000
+    samples, from the chief's progress events; CPU samples list the PS first."""
+    window = cfg.train_seconds_per_rep
     figs = []
     for job, got in zip(jobs, res, strict=True):
         progress = [f for _, k, f in got["events"] if k == "progress"]
         points = [(t, f["step"]) for t, k, f in got["events"] if k == "progress"]
         rates = window_rates(points, job["per_step"], window, cfg.warmup, cfg.repeats)
-        spec = next(m for m in models if m.name == job["model"])
-        key = f"training.{spec.name}.{job['mode']}"
-        label = f"{spec.label}: pstrain {job['mode']}, 1 PS + 2 workers"
+        key, label = job["key"], job["label"]
         if not rates:
             figs.append(Figure.missing(key, label, "samples/s",
                                        "no complete measurement window"))
             continue
         figs.append(Figure.of(key, label, "samples/s", rates,
-                              note=f"batch {spec.batch}/worker"))
+                              note=f"batch {job['batch']}/worker"))
         span = measured_span(points, window, cfg.warmup, cfg.repeats)
         if span is not None and "cpu" in progress[span[0]] and "cpu" in progress[span[1]]:
             i, j = span
             samples = (points[j][1] - points[i][1]) * job["per_step"]
             cpu = [b - a for a, b in zip(progress[i]["cpu"], progress[j]["cpu"], strict=True)]
-            figs.append(_cpu_figure(f"{key}.cpu", f"{spec.label}: pstrain {job['mode']}",
-                                    sum(cpu), samples,
-                                    f"PS {1e3 * cpu[0] / samples * 1000:.0f}, workers "
-                                    f"{1e3 * (cpu[1] + cpu[2]) / samples * 1000:.0f}; "
+            ps_cpu, worker_cpu = sum(cpu[:num_ps]), sum(cpu[num_ps:])
+            figs.append(_cpu_figure(f"{key}.cpu", job["cpu_label"], sum(cpu), samples,
+                                    f"PS {1e3 * ps_cpu / samples * 1000:.0f}, workers "
+                                    f"{1e3 * worker_cpu / samples * 1000:.0f}; "
                                     f"{sum(cpu) / (points[j][0] - points[i][0]):.2f} "
                                     "cores busy"))
     return figs
+
+
+def ps_throughput(cfg: Config, models: Sequence[ModelSpec]) -> list[Figure]:
+    jobs = [_throughput_job(cfg, spec, mode, f"training.{spec.name}.{mode}",
+                            f"{spec.label}: pstrain {mode}, 1 PS + 2 workers",
+                            f"{spec.label}: pstrain {mode}", f"bench/{spec.name}-{mode}")
+            for spec in models for mode in ("async", "sync")]
+    return _throughput_figures(cfg, jobs, _run_ps_jobs(cfg, jobs))
+
+
+OVERLAP_PS = 2
+
+
+def overlap_throughput(cfg: Config) -> list[Figure]:
+    """Item `overlap`: pstrain async samples/s on the wide MLP with 2 PS + 2 workers,
+    the trainers' `overlap` on (a shard's push starts during backward) and off (one
+    fused push_pull per server after backward), in the same process group, one job
+    after the other."""
+    spec = next(m for m in (QUICK_MODELS if cfg.quick else FULL_MODELS) if m.name == "wide")
+    jobs = [_throughput_job(cfg, spec, "async", f"overlap.wide.{name}",
+                            f"{spec.label}: pstrain async, {OVERLAP_PS} PS + 2 workers, "
+                            f"overlap {name}",
+                            f"{spec.label}: pstrain async, {OVERLAP_PS} PS, overlap {name}",
+                            f"bench/overlap-{name}", overlap=on)
+            for name, on in (("off", False), ("on", True))]
+    figs = [Figure("overlap.wide.model_mb", f"{spec.label}: parameters", "MB",
+                   model_bytes(spec) / 1e6, note=f"{spec.entrypoint} {spec.args}")]
+    return figs + _throughput_figures(cfg, jobs, _run_ps_jobs(cfg, jobs, OVERLAP_PS),
+                                      OVERLAP_PS)
 
 
 def _cpu_figure(key: str, label: str, cpu_s: float, samples: float, note: str) -> Figure:

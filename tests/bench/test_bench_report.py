@@ -54,6 +54,9 @@ def test_config_rejects_zero_repeats():
         pytest.param([fig("training.digits.tta.async", 4.0, "s"),
                       fig("training.digits.tta.single", 2.0, "s")],
                      "training.digits.tta.async.vs_single", 2.0, id="time-to-accuracy"),
+        pytest.param([fig("overlap.wide.on", 450, "samples/s"),
+                      fig("overlap.wide.off", 500, "samples/s")],
+                     "overlap.wide.on_vs_off", 0.9, id="overlap-on-vs-off"),
     ],
 )
 def test_derive_ratios(figures, key, expected):

@@ -113,6 +113,21 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
+def _read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int, bool]:
+    """The protobuf varint starting at `buf[pos]`: (value, position after it, whether it
+    ended before the buffer did or 64 bits were read)."""
+    value = 0
+    shift = 0
+    while pos < len(buf) and shift < 64:
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, pos, True
+    return value, pos, False
+
+
 def encode_header(header: pb.StreamHeader) -> bytes:
     return pb.Frame(header=header).SerializeToString()
 
@@ -136,16 +151,9 @@ def decode_frame(message: bytes) -> pb.StreamHeader | Chunk:
     if len(message) >= _PREFIX.size + 1 and message[0] == _SEQ_TAG:
         tag_s, seq, tag_o, offset, tag_d = _PREFIX.unpack_from(message, 0)
         if tag_o == _OFF_TAG and tag_d == _DATA_TAG:
-            pos = _PREFIX.size
-            size = 0
-            shift = 0
-            while pos < len(message) and shift < 64:
-                byte = message[pos]
-                pos += 1
-                size |= (byte & 0x7F) << shift
-                shift += 7
-                if not byte & 0x80:
-                    break
+            # An unfinished length leaves `size` partial, and the check below names
+            # the mismatch.
+            size, pos, _ = _read_varint(message, _PREFIX.size)
             if pos + size != len(message):
                 raise WireError(
                     f"chunk {seq} declares {size} data bytes but carries "
@@ -181,18 +189,9 @@ def decode_batch(message: bytes) -> list[memoryview]:
         if view[pos] != _BATCH_TAG[0]:
             raise WireError(f"a frame batch has an unexpected field tag {view[pos]:#x} at "
                             f"byte {pos}")
-        pos += 1
-        size = 0
-        shift = 0
-        while True:
-            if pos >= len(view) or shift >= 64:
-                raise WireError("a frame batch ends inside a length; it is truncated")
-            byte = view[pos]
-            pos += 1
-            size |= (byte & 0x7F) << shift
-            shift += 7
-            if not byte & 0x80:
-                break
+        size, pos, complete = _read_varint(view, pos + 1)
+        if not complete:
+            raise WireError("a frame batch ends inside a length; it is truncated")
         if pos + size > len(view):
             raise WireError(f"a frame batch declares a {size}-byte frame but holds only "
                             f"{len(view) - pos} more bytes; it is truncated")

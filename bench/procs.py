@@ -12,11 +12,12 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
-import socket
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from pstrain_runtime.local.processes import find_free_ports
 
 LOOPBACK = "127.0.0.1"
 
@@ -26,10 +27,9 @@ class GroupError(RuntimeError):
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that was free a moment ago (for several distinct ones,
+    call `find_free_ports(n)`: separate calls may hand out the same port twice)."""
+    return find_free_ports(1, LOOPBACK)[0]
 
 
 def cpu_seconds(pid: int) -> float:

@@ -25,7 +25,7 @@ from typing import Any
 from . import rt
 from .allreduce import gloo_allreduce
 from .core import MIB, Config, Figure
-from .procs import LOOPBACK, free_port, run_group
+from .procs import LOOPBACK, find_free_ports, run_group
 
 WORKERS = 2
 
@@ -81,9 +81,9 @@ def ps_step(cfg: Config, num_ps: int, wire_dtype: str = "float32") -> list[Figur
 
     mib = cfg.ps_step_mib
     barrier = mp.get_context("spawn").Barrier(WORKERS)
-    ports = [free_port() for _ in range(num_ps)]
+    *ports, gloo_port = find_free_ports(num_ps + 1)
     res = run_group(_peer, num_ps + WORKERS,
-                    args=(num_ps, ports, free_port(), mib, wire_dtype, cfg.warmup, cfg.repeats,
+                    args=(num_ps, ports, gloo_port, mib, wire_dtype, cfg.warmup, cfg.repeats,
                           barrier, cfg.item_time_limit_s),
                     timeout_s=cfg.item_time_limit_s)
     workers = res[num_ps:]

@@ -33,7 +33,7 @@ from typing import Any
 
 from . import rt
 from .core import Config, Figure
-from .procs import LOOPBACK, cpu_seconds, free_port, run_group
+from .procs import LOOPBACK, cpu_seconds, find_free_ports, free_port, run_group
 
 WORKERS = 2
 EVAL_EVERY = 10
@@ -205,9 +205,7 @@ def _run_ps_jobs(cfg: Config, jobs: list[dict[str, Any]],
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    ports = [free_port() for _ in range(num_ps)]
-    if len(set(ports)) != num_ps:
-        raise RuntimeError(f"free_port gave the same port twice: {ports}")
+    ports = find_free_ports(num_ps)
     return run_group(_ps_job_peer, num_ps + WORKERS,
                      args=(ports, jobs, cfg.item_time_limit_s,
                            ctx.Array("i", num_ps + WORKERS), ctx.Barrier(WORKERS)),

@@ -26,7 +26,7 @@ from . import rt
 from .core import GB, MIB, Config, Figure, rates
 from .grpc_ref import bare_grpc_stream
 from .limits import _recv_exact
-from .procs import LOOPBACK, cpu_seconds, free_port, run_group
+from .procs import LOOPBACK, cpu_seconds, find_free_ports, run_group
 
 FRAME = 2 * MIB  # pstrain's chunk size (pstrain_runtime.wire.CHUNK_BYTES)
 SMALL_NUMEL = 76_810  # parameters of the digits MLP with hidden 1024 (0.31 MB)
@@ -184,7 +184,7 @@ def run(cfg: Config) -> list[Figure]:
     sizes = list(cfg.transport_mib)
     import multiprocessing as mp
 
-    res = run_group(_peer, 2, args=(free_port(), free_port(), sizes, cfg.warmup,
+    res = run_group(_peer, 2, args=(*find_free_ports(2), sizes, cfg.warmup,
                                     cfg.repeats, cfg.item_time_limit_s,
                                     mp.get_context("spawn").Array("i", 2)),
                     timeout_s=cfg.item_time_limit_s)[1]

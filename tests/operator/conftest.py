@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -13,16 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pstrain_runtime.local.processes import find_free_ports
 
 from .emulator import EmulatorThread, wait_for
 
 NAMESPACE = "pstrain-test"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture()
@@ -52,7 +46,7 @@ class OperatorProcess:
 
     def start(self) -> None:
         self.runs += 1
-        self.metrics_port, health = free_port(), free_port()
+        self.metrics_port, health = find_free_ports(2)
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig),
                "PSTRAIN_OPERATOR_NAMESPACES": NAMESPACE, **self.extra_env}
         env.pop("KUBERNETES_SERVICE_HOST", None)

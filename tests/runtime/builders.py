@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import queue
-import socket
 import subprocess
 import sys
 import threading
@@ -25,8 +24,8 @@ import torch
 from pstrain_api.cluster import Task, local_cluster_spec
 from pstrain_api.events import parse_event
 from pstrain_api.model import Training, TrainingJob
-
 from pstrain_runtime.client import LocalTransport
+from pstrain_runtime.local.processes import find_free_ports
 from pstrain_runtime.proto import ps_pb2 as pb
 from pstrain_runtime.store import ParameterStore, PSError
 
@@ -91,19 +90,6 @@ class KillableTransport(LocalTransport):
         return super().finish(namespace)
 
 
-def free_ports(count: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 REPLICA_CMD = [sys.executable, "-c",
                "import sys; from pstrain_api.cli import main; sys.exit(main(['replica']))"]
 
@@ -165,7 +151,7 @@ class ProcessJob:
             manifest["spec"]["training"].setdefault("checkpoint", {})["directory"] = str(
                 checkpoint_dir)
         self.job = TrainingJob.model_validate(manifest)
-        spec = local_cluster_spec(self.job, free_ports(8))
+        spec = local_cluster_spec(self.job, find_free_ports(8))
         self.spec = spec
         self.replicas: dict[Task, Replica] = {}
         base = {k: v for k, v in os.environ.items() if not k.startswith("PSTRAIN_")}

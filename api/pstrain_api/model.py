@@ -319,6 +319,13 @@ class Training(ApiModel):
         default="float32",
         description="Precision of gradients on the wire; parameters stay float32.",
     )
+    transport: Literal["tcp", "grpc"] = Field(
+        default="tcp",
+        description="How tensors travel between workers and parameter servers. tcp: a "
+        "plain TCP data connection beside the gRPC port (the data port, 2223 in a "
+        "cluster), about twice grpc's throughput. grpc: everything over the gRPC port, "
+        "for networks that admit only that port.",
+    )
     checkpoint: Checkpoint = Field(default_factory=Checkpoint, description="Checkpoints.")
     eval_interval_steps: int | None = Field(
         default=None, ge=1, description="Evaluate every this many steps (and at the end)."

@@ -1,9 +1,11 @@
 """Talking to parameter servers: one server (`Transport`) and the whole sharded model
 (`ShardedClient`).
 
-`Transport` is the seam: `GrpcTransport` speaks gRPC to a server address, and
-`LocalTransport` calls a `ParameterStore` in this process with the very same frames,
-so placement, checkpointing and the training loop are testable without sockets.
+`Transport` is the seam: `TcpTransport` (what `connect` returns) sends the tensor calls
+over the server's plain-TCP data plane and the control calls over gRPC,
+`GrpcTransport` speaks gRPC only, and `LocalTransport` calls a `ParameterStore` in this
+process with the very same frames, so placement, checkpointing and the training loop
+are testable without sockets.
 Both raise `PSError` (code, message) for a refused request; `UNAVAILABLE` means the
 server is not reachable (yet).
 
@@ -15,6 +17,7 @@ concurrently, and initialises or snapshots the whole model for the chief.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,7 +27,7 @@ import grpc
 import numpy as np
 import torch
 
-from . import wire
+from . import dataplane, wire
 from .optim import SLOT_NAMES, OptimizerConfig, OptimizerState
 from .placement import Piece, Placement
 from .proto import ps_pb2 as pb
@@ -163,6 +166,81 @@ class GrpcTransport:
 
     def close(self) -> None:
         self.channel.close()
+
+
+class TcpTransport(GrpcTransport):
+    """A parameter server at `address`: tensor calls over its TCP data plane (see
+    `dataplane`), control calls over gRPC. The data port comes from the server's Info
+    reply, asked once and again after a data connection failed (a restarted server may
+    listen elsewhere); a server that announces none gets every call over gRPC."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(address)
+        self._data: dataplane.DataClient | None = None
+        self._data_known = False
+        self._data_lock = threading.Lock()
+
+    def _data_client(self) -> dataplane.DataClient | None:
+        with self._data_lock:
+            if self._data is not None and self._data.broken:
+                self._data.close()
+                self._data, self._data_known = None, False
+            if not self._data_known:
+                port = super().info("").data_port  # raises UNAVAILABLE while it is down
+                if port:
+                    self._data = dataplane.DataClient(
+                        self.address, dataplane.split_host(self.address), port)
+                self._data_known = True
+            return self._data
+
+    def push(self, frames: Iterator[bytes]) -> pb.PushReply:
+        data = self._data_client()
+        if data is None:
+            return super().push(frames)
+        return data.unary(dataplane.OP_PUSH, frames,  # type: ignore[return-value]
+                          pb.PushReply.FromString)
+
+    def init(self, frames: Iterator[bytes]) -> pb.StepInfo:
+        data = self._data_client()
+        if data is None:
+            return super().init(frames)
+        return data.unary(dataplane.OP_INIT, frames,  # type: ignore[return-value]
+                          pb.StepInfo.FromString)
+
+    def pull(self, request: pb.PullRequest) -> Iterator[bytes]:
+        data = self._data_client()
+        if data is None:
+            return super().pull(request)
+        return data.call(dataplane.OP_PULL, [request.SerializeToString()])  # type: ignore[return-value]
+
+    def push_pull(self, frames: Iterator[bytes]) -> Iterator[bytes]:
+        data = self._data_client()
+        if data is None:
+            return super().push_pull(frames)
+        return data.call(dataplane.OP_PUSH_PULL, frames)  # type: ignore[return-value]
+
+    def push_pull_small(self, message: bytes) -> bytes:
+        data = self._data_client()
+        if data is None:
+            return super().push_pull_small(message)
+        return data.unary(dataplane.OP_PUSH_PULL_SMALL, [message],  # type: ignore[return-value]
+                          bytes)
+
+    def close(self) -> None:
+        with self._data_lock:
+            if self._data is not None:
+                self._data.close()
+        super().close()
+
+
+def connect(address: str, transport: str = "tcp") -> Transport:
+    """The transport to a parameter server at `address`, as `spec.training.transport`
+    names it: "tcp" (`TcpTransport`) or "grpc" (`GrpcTransport`, tensors over gRPC)."""
+    if transport == "grpc":
+        return GrpcTransport(address)
+    if transport == "tcp":
+        return TcpTransport(address)
+    raise ValueError(f"transport is {transport!r}; it must be tcp or grpc")
 
 
 @dataclass

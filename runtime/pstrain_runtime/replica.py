@@ -5,8 +5,9 @@ The replica learns who it is only from the environment that
 this task, the chief), PSTRAIN_TRAINING (the `Training` settings as JSON) and TF_CONFIG.
 
 - role `ps`: serve on PSTRAIN_BIND_ADDRESS if set, else on this task's own port (on
-  its host when that is an IP literal, else on 0.0.0.0); exit 0 after the chief's
-  Shutdown.
+  its host when that is an IP literal, else on 0.0.0.0), and the data plane on port
+  PSTRAIN_DATA_PORT of the same host (unset: any free port; Info announces it); exit 0
+  after the chief's Shutdown.
 - role `worker`/`chief`: train; the chief (identity.is_chief) initialises, checkpoints,
   evaluates and finally shuts the servers down. Every trainer exits 0 when the job is
   done, and non-zero on a real failure.
@@ -59,7 +60,14 @@ def namespace_of(identity: ReplicaIdentity) -> str:
 def run_ps(identity: ReplicaIdentity, environ: Mapping[str, str]) -> int:
     from .server import PSServer
 
-    server = PSServer(bind_address(identity, environ), ps_index=identity.task.index)
+    try:
+        data_port = int(environ.get(c.ENV_DATA_PORT) or 0)
+    except ValueError:
+        print(f"pstrain replica: {c.ENV_DATA_PORT} is {environ[c.ENV_DATA_PORT]!r}; it must "
+              "be a port number", file=sys.stderr)
+        return 2
+    server = PSServer(bind_address(identity, environ), ps_index=identity.task.index,
+                      data_port=data_port)
     try:
         server.start()
     except (OSError, RuntimeError) as exc:
@@ -83,7 +91,7 @@ def run_trainer(identity: ReplicaIdentity, environ: Mapping[str, str], overlap: 
     from pstrain_api.model import Training
 
     from .checkpoint import CheckpointError
-    from .client import GrpcTransport
+    from .client import connect
     from .store import PSError
     from .trainer import Trainer, TrainingDiverged, WorkerRole
 
@@ -107,7 +115,7 @@ def run_trainer(identity: ReplicaIdentity, environ: Mapping[str, str], overlap: 
         return 2
     trainer = None
     try:
-        trainer = Trainer(training, role, [GrpcTransport(a) for a in ps], overlap=overlap)
+        trainer = Trainer(training, role, [connect(a, training.transport) for a in ps], overlap=overlap)
         trainer.run()
         if role.is_chief:
             trainer.shutdown_servers()

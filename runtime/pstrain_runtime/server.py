@@ -6,6 +6,9 @@ The small control RPCs use the generated protobuf messages. The standard gRPC he
 service (grpc.health.v1) reports SERVING while the server accepts work, so Kubernetes
 can probe readiness.
 
+Beside the gRPC port, the server listens on a data port (`dataplane.DataServer`) that
+carries the same tensor calls over plain TCP; Info replies announce it in `data_port`.
+
 Shutdown never blocks forever: the Shutdown RPC (or `PSServer.request_stop`) starts a
 background stop that waits, up to a grace period, until every worker of every finished
 namespace has been told the job is done, then stops the server; `PSServer.wait()`
@@ -23,6 +26,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from . import wire
+from .dataplane import DataServer
 from .proto import ps_pb2 as pb
 from .store import ParameterStore, PSError
 
@@ -82,7 +86,9 @@ class ParameterServerService:
             raise
 
     def info(self, request: pb.NamespaceRequest, context: grpc.ServicerContext) -> pb.StepInfo:
-        return self.store.info(request.namespace, request.worker)
+        reply = self.store.info(request.namespace, request.worker)
+        reply.data_port = self.server.data_port
+        return reply
 
     def finish(self, request: pb.FinishRequest, context: grpc.ServicerContext) -> pb.StepInfo:
         try:
@@ -153,8 +159,9 @@ class PSServer:
     """
 
     def __init__(self, bind: str, ps_index: int = 0, max_workers: int = 256,
-                 store: ParameterStore | None = None) -> None:
+                 store: ParameterStore | None = None, data_port: int | None = 0) -> None:
         self.bind = bind
+        self.data_port_wanted = data_port  # None: no data plane; 0: any free port
         # A sync push holds its handler thread until the step is applied, so the pool
         # must exceed the number of workers; threads are created only when needed.
         self.store = store or ParameterStore(ps_index)
@@ -171,12 +178,18 @@ class PSServer:
         self._stop_lock = threading.Lock()
         self._stop_thread: threading.Thread | None = None
         self.port = 0
+        self.data: DataServer | None = None
+        self.data_port = 0
 
     def start(self) -> int:
         """Bind and serve; returns the bound port (useful with port 0)."""
         self.port = self._server.add_insecure_port(self.bind)
         if self.port == 0:
             raise OSError(f"parameter server could not bind {self.bind}")
+        if self.data_port_wanted is not None:
+            self.data = DataServer(self.store, self.bind.rsplit(":", 1)[0],
+                                   self.data_port_wanted)
+            self.data_port = self.data.start()
         self._server.start()
         for name in ("", SERVICE):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -209,6 +222,8 @@ class PSServer:
         for name in ("", SERVICE):
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.store.stop()
+        if self.data is not None:
+            self.data.stop()
         self._server.stop(grace).wait()
         self._stopped.set()
 

@@ -424,12 +424,14 @@ class ParameterStore:
             if ns.target_steps and ns.global_step >= ns.target_steps:
                 return pb.PushReply(info=ns.info(worker), applied=False,
                                     note=f"the target of {ns.target_steps} steps is reached")
+            started = time.perf_counter()
             for key, grad in grads.items():
                 apply_gradient(ns.config, ns.params[key], self._as_f32(grad), ns.states[key])
+            spent = time.perf_counter() - started
             ns.global_step += 1
             ns.worker_pushes[worker] = ns.worker_pushes.get(worker, 0) + 1
             ns.cond.notify_all()
-            return pb.PushReply(info=ns.info(worker), applied=True)
+            return pb.PushReply(info=ns.info(worker), applied=True, apply_seconds=spent)
 
     def _push_sync(self, ns: Namespace, header: pb.StreamHeader,
                    grads: dict[str, torch.Tensor], timeout: float | None) -> pb.PushReply:
@@ -467,16 +469,19 @@ class ParameterStore:
                 for key in adopted:
                     del grads[key]  # owned by the bucket now; returned to the pool after apply
                 bucket.contributors.add(worker)
-            self._apply_ready_buckets(ns)
+            spent = self._apply_ready_buckets(ns)
             self._wait(ns, lambda: ns.global_step >= step + 1 - bound, timeout)
             note = "duplicate contribution ignored" if duplicate else ""
-            return pb.PushReply(info=ns.info(worker), applied=not duplicate, note=note)
+            return pb.PushReply(info=ns.info(worker), applied=not duplicate, note=note,
+                                apply_seconds=spent)
 
-    def _apply_ready_buckets(self, ns: Namespace) -> None:
+    def _apply_ready_buckets(self, ns: Namespace) -> float:
+        """Apply every complete bucket in step order; the seconds spent applying."""
+        started = time.perf_counter()
         while True:
             bucket = ns.buckets.get(ns.global_step)
             if bucket is None or len(bucket.contributors) < ns.num_workers:
-                return
+                return time.perf_counter() - started
             del ns.buckets[ns.global_step]
             for key, total in bucket.sums.items():
                 total.div_(len(bucket.contributors))

@@ -1,0 +1,361 @@
+"""The data plane: tensor calls over one plain TCP connection per worker and server.
+
+gRPC stays the control plane (health, Info, Finish, Shutdown, status reports). The
+tensor calls (Init, Push, Pull, PushPull, PushPullSmall) carry the very same frames
+(see `wire`) over a plain TCP connection as well, because grpcio's Python receive path
+costs two to three times the CPU per byte of a socket (bench/RESULTS.md), and on a
+busy machine CPU per byte is throughput. A server announces its data port in the
+`data_port` of its Info reply; `TcpTransport` asks once, then keeps a small pool of
+connections to it. A server without one (`data_port` 0) is spoken to over gRPC.
+
+On a connection, one call at a time:
+
+    request  = op (1 byte), then frames
+    response = frames
+    frames   = (u32 length, that many bytes)*, then END (u32 0xFFFFFFFF)
+               or ERROR (u32 0xFFFFFFFE) and two frames: status code, message
+
+Lengths are little-endian. The server reads the whole request before it answers, also
+when it refuses it, so the connection stays usable after an error. A frame longer than
+`wire.MAX_MESSAGE_BYTES` or an unknown op breaks the protocol: that connection closes.
+There is no authentication, as with the gRPC port: both belong on the job's private
+network.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from collections.abc import Callable, Iterable, Iterator
+
+from . import wire
+from .proto import ps_pb2 as pb
+from .store import ParameterStore, PSError
+
+OP_INIT, OP_PUSH, OP_PULL, OP_PUSH_PULL, OP_PUSH_PULL_SMALL = 1, 2, 3, 4, 5
+OPS = {OP_INIT: "Init", OP_PUSH: "Push", OP_PULL: "Pull", OP_PUSH_PULL: "PushPull",
+       OP_PUSH_PULL_SMALL: "PushPullSmall"}
+END = 0xFFFFFFFF
+ERROR = 0xFFFFFFFE
+_LEN = struct.Struct("<I")
+_END = _LEN.pack(END)
+COALESCE_BYTES = 64 * 1024  # smaller frames are gathered into one send
+SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
+
+
+class ProtocolError(ConnectionError):
+    """The peer broke the framing; the connection cannot be used any more."""
+
+
+class RemoteError(PSError):
+    """The peer answered with ERROR: the call was refused, the connection is intact."""
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER_BYTES)
+        except OSError:  # pragma: no cover - a kernel that caps the size keeps its own
+            pass
+
+
+class Link:
+    """One TCP connection speaking the frame protocol. Frames read from it are views of
+    one reused buffer: each is valid until the next frame is read."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        _tune(sock)
+        self.sock = sock
+        self._buf = bytearray(COALESCE_BYTES)
+        self._word = bytearray(4)
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:  # pragma: no cover
+            pass
+
+    # ------------------------------------------------------------------ receiving
+    def _recv_exact(self, view: memoryview) -> None:
+        got, size = 0, len(view)
+        while got < size:
+            n = self.sock.recv_into(view[got:], size - got)
+            if n == 0:
+                raise ConnectionError("the peer closed the data connection")
+            got += n
+
+    def _word_value(self) -> int:
+        self._recv_exact(memoryview(self._word))
+        return _LEN.unpack(self._word)[0]
+
+    def recv_op(self) -> int | None:
+        """The next request's op, or None when the peer closed between calls."""
+        view = memoryview(self._word)[:1]
+        if self.sock.recv_into(view, 1) == 0:
+            return None
+        return self._word[0]
+
+    def _recv_frame(self, size: int) -> memoryview:
+        if size > wire.MAX_MESSAGE_BYTES:
+            raise ProtocolError(f"a frame of {size} bytes exceeds the limit of "
+                                f"{wire.MAX_MESSAGE_BYTES}")
+        if size > len(self._buf):
+            self._buf = bytearray(size)
+        view = memoryview(self._buf)[:size]
+        self._recv_exact(view)
+        return view
+
+    def frames(self) -> Iterator[memoryview]:
+        """The frames up to END; ERROR raises `RemoteError` once it is fully read."""
+        while True:
+            size = self._word_value()
+            if size == END:
+                return
+            if size == ERROR:
+                code = bytes(self._recv_frame(self._word_value())).decode("utf-8", "replace")
+                message = bytes(self._recv_frame(self._word_value())).decode("utf-8",
+                                                                             "replace")
+                raise RemoteError(code, message)
+            yield self._recv_frame(size)
+
+    # ------------------------------------------------------------------ sending
+    def _send_parts(self, parts: list[bytes | memoryview]) -> None:
+        views = [memoryview(p).cast("B") for p in parts if len(p)]
+        while views:
+            sent = self.sock.sendmsg(views)
+            while views and sent >= len(views[0]):
+                sent -= len(views[0])
+                views.pop(0)
+            if views and sent:
+                views[0] = views[0][sent:]
+
+    def send_frames(self, frames: Iterable[bytes | memoryview], op: int | None = None,
+                    error: PSError | None = None) -> None:
+        """Send `op` (a request), the frames, then END; an exception raised by `frames`
+        while they are sent is answered with ERROR (a PSError's code, else INTERNAL)
+        and re-raised unless it is a PSError."""
+        pending = bytearray() if op is None else bytearray((op,))
+        failure: BaseException | None = None
+        try:
+            for frame in frames:
+                size = len(frame)
+                if size < COALESCE_BYTES:
+                    pending += _LEN.pack(size)
+                    pending += frame
+                    if len(pending) >= COALESCE_BYTES:
+                        self._send_parts([pending])
+                        pending = bytearray()
+                else:
+                    self._send_parts([pending, _LEN.pack(size), frame])
+                    pending = bytearray()
+        except PSError as exc:
+            error = exc
+        except Exception as exc:  # noqa: BLE001 - answered, then raised again below
+            error, failure = PSError("INTERNAL", f"{type(exc).__name__}: {exc}"), exc
+        if error is None:
+            pending += _END
+        else:
+            code, message = error.code.encode(), error.message.encode()
+            pending += _LEN.pack(ERROR)
+            pending += _LEN.pack(len(code)) + code + _LEN.pack(len(message)) + message
+        self._send_parts([pending])
+        if failure is not None:
+            raise failure
+
+    def send_error(self, error: PSError) -> None:
+        self.send_frames((), error=error)
+
+
+# ---------------------------------------------------------------------- server side
+
+
+def _only_frame(frames: Iterator[memoryview], call: str) -> memoryview:
+    first = next(frames, None)
+    if first is None:
+        raise PSError("INVALID_ARGUMENT", f"{call}: the request holds no message")
+    return first
+
+
+class DataServer:
+    """Serves a `ParameterStore`'s tensor calls on a TCP port, a thread per connection
+    (a sync push holds its connection until its step is applied)."""
+
+    def __init__(self, store: ParameterStore, host: str, port: int = 0) -> None:
+        self.store = store
+        host = host.strip("[]") or "0.0.0.0"
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.create_server((host, port), family=family, backlog=128)
+        self.port = self._listener.getsockname()[1]
+        self._links: set[Link] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._accept, name="ps-data-accept",
+                                        daemon=True)
+
+    def start(self) -> int:
+        self._thread.start()
+        return self.port
+
+    def stop(self) -> None:
+        """Stop accepting and close every connection (calls in flight fail)."""
+        with self._lock:
+            self._closed = True
+            links = list(self._links)
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        for link in links:
+            try:
+                link.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return  # closed by stop()
+            link = Link(sock)
+            with self._lock:
+                if self._closed:
+                    link.close()
+                    return
+                self._links.add(link)
+            threading.Thread(target=self._serve, args=(link,), name="ps-data",
+                             daemon=True).start()
+
+    def _serve(self, link: Link) -> None:
+        try:
+            while True:
+                op = link.recv_op()
+                if op is None:
+                    return
+                self.handle(link, op)
+        except (OSError, PSError):
+            return  # the peer went away or broke the framing: drop the connection
+        finally:
+            with self._lock:
+                self._links.discard(link)
+            link.close()
+
+    def handle(self, link: Link, op: int) -> None:
+        """Answer one call whose op has been read."""
+        call = OPS.get(op)
+        if call is None:
+            raise ProtocolError(f"unknown data-plane op {op}")
+        request = link.frames()
+        try:
+            reply = self._dispatch(op, call, request)
+        except PSError as exc:
+            for _ in request:  # read the rest of the request: the link stays in step
+                pass
+            link.send_error(exc)
+            return
+        for _ in request:
+            pass
+        link.send_frames(reply)
+
+    def _dispatch(self, op: int, call: str,
+                  request: Iterator[memoryview]) -> Iterable[bytes | memoryview]:
+        store = self.store
+        if op == OP_PUSH:
+            return [store.push(request).SerializeToString()]
+        if op == OP_INIT:
+            return [store.init(request).SerializeToString()]
+        if op == OP_PUSH_PULL:
+            return store.push_pull(request)
+        message = bytes(_only_frame(request, call))
+        if op == OP_PULL:
+            try:
+                pull = pb.PullRequest.FromString(message)
+            except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and kin
+                raise PSError("INVALID_ARGUMENT", f"Pull: the request could not be "
+                              f"decoded: {exc}") from exc
+            return store.pull(pull)
+        return [store.push_pull_small(message)]
+
+
+# ---------------------------------------------------------------------- client side
+
+
+def split_host(address: str) -> str:
+    """The host of a `host:port` address (brackets of an IPv6 literal removed)."""
+    return address.rpartition(":")[0].strip("[]")
+
+
+class DataClient:
+    """The client end of a server's data plane: a pool of `Link`s to (host, port), one
+    per call in flight, reused across calls."""
+
+    def __init__(self, address: str, host: str, port: int,
+                 connect_timeout: float = 10.0) -> None:
+        self.address = address  # the server's control address, for messages
+        self.host, self.port = host, port
+        self.connect_timeout = connect_timeout
+        self._idle: list[Link] = []
+        self._lock = threading.Lock()
+        self.broken = False  # a connection failed: the server may have moved
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for link in idle:
+            link.close()
+
+    def _take(self) -> Link:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        try:
+            sock = socket.create_connection((self.host, self.port), self.connect_timeout)
+        except OSError as exc:
+            self.broken = True
+            raise PSError("UNAVAILABLE", f"{self.address}: cannot connect to the data port "
+                          f"{self.host}:{self.port}: {exc}") from exc
+        sock.settimeout(None)
+        return Link(sock)
+
+    def _give(self, link: Link) -> None:
+        with self._lock:
+            self._idle.append(link)
+
+    def call(self, op: int, frames: Iterable[bytes | memoryview]) -> Iterator[memoryview]:
+        """Send a request; yield the response frames (views valid until the next one).
+        Refusals raise PSError with the server's code; a broken connection raises
+        UNAVAILABLE. Nothing is sent until the first frame is asked for."""
+        link = self._take()
+        reusable = False
+        try:
+            link.send_frames(frames, op=op)
+            yield from link.frames()
+            reusable = True
+        except RemoteError as exc:
+            reusable = True
+            raise PSError(exc.code, f"{self.address}: {exc.message}") from None
+        except OSError as exc:
+            self.broken = True
+            raise PSError("UNAVAILABLE", f"{self.address}: the data connection failed: "
+                          f"{exc}") from exc
+        finally:
+            if reusable:
+                self._give(link)
+            else:
+                link.close()
+
+    def unary(self, op: int, frames: Iterable[bytes | memoryview],
+              parse: Callable[[bytes], object]) -> object:
+        """A call answered by one message."""
+        reply = None
+        for frame in self.call(op, frames):
+            if reply is not None:
+                raise PSError("INTERNAL", f"{self.address}: {OPS[op]} answered more "
+                              "than one message")
+            reply = parse(bytes(frame))
+        if reply is None:
+            raise PSError("INTERNAL", f"{self.address}: {OPS[op]} answered no message")
+        return reply

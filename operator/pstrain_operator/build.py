@@ -7,6 +7,8 @@ Invariants of every pod:
   the job's Service, so it resolves at the address the cluster spec gives;
 - labels job/role/index/is-chief/managed-by, an ownerReference (controller) to the job;
 - the cluster-spec environment in EVERY container (main, sidecars, init containers);
+- a parameter server's main container declares the gRPC port (probed for readiness) and
+  the data-plane port, and is told the latter in PSTRAIN_DATA_PORT (`data_plane_env`);
 - `command: ["pstrain", "replica"]` unless the template overrides it;
 - `restartPolicy: Never` (the operator restarts replicas according to the run policy);
 - annotation `pstrain.io/spec-hash` of the spec parts a pod is built from, and
@@ -107,6 +109,13 @@ def _with_cluster_env(container: dict[str, Any], env: dict[str, str]) -> dict[st
     return out
 
 
+def data_plane_env(task: Task) -> dict[str, str]:
+    """Where a parameter server pod listens for tensor calls: the fixed data port its pod
+    declares. Only pods get it; the local runner leaves it unset, so each of the PS that
+    share one host there takes a free port and announces it in Info."""
+    return {c.ENV_DATA_PORT: str(c.DATA_PORT)} if task.role == c.ROLE_PS else {}
+
+
 def _resources(spec: ReplicaSpec) -> dict[str, Any]:
     requests = dict(spec.resources.requests or {}) if spec.resources else {}
     limits = dict(spec.resources.limits or {}) if spec.resources else {}
@@ -134,7 +143,8 @@ def build_pod(
         "name": c.MAIN_CONTAINER,
         "image": (tpl.image if tpl and tpl.image else settings.runtime_image),
         "command": list(tpl.command) if tpl and tpl.command else list(REPLICA_COMMAND),
-        "env": _env_list(env) + [e.to_api() for e in (tpl.env or [] if tpl else [])],
+        "env": _env_list({**env, **data_plane_env(task)})
+        + [e.to_api() for e in (tpl.env or [] if tpl else [])],
     }
     if tpl and tpl.args:
         main["args"] = list(tpl.args)
@@ -149,7 +159,8 @@ def build_pod(
         main["resources"] = resources
     if task.role == c.ROLE_PS:
         main["ports"] = [
-            {"name": c.REPLICA_PORT_NAME, "containerPort": c.REPLICA_PORT, "protocol": "TCP"}
+            {"name": c.REPLICA_PORT_NAME, "containerPort": c.REPLICA_PORT, "protocol": "TCP"},
+            {"name": c.DATA_PORT_NAME, "containerPort": c.DATA_PORT, "protocol": "TCP"},
         ]
         main["readinessProbe"] = {
             "grpc": {"port": c.REPLICA_PORT},
@@ -217,7 +228,9 @@ def build_service(job: TrainingJob) -> dict[str, Any]:
     """The headless Service giving every replica the DNS name the cluster spec uses.
 
     Not-ready addresses are published because replicas must resolve each other before
-    they are Ready (a worker connects to a PS that is still starting).
+    they are Ready (a worker connects to a PS that is still starting). It names both
+    ports a parameter server serves: gRPC (control, and tensors with transport grpc) and
+    the data plane (tensors with transport tcp).
     """
     return {
         "apiVersion": "v1",
@@ -234,11 +247,15 @@ def build_service(job: TrainingJob) -> dict[str, Any]:
             "selector": {c.LABEL_JOB: job.name},
             "ports": [
                 {
-                    "name": c.REPLICA_PORT_NAME,
-                    "port": c.REPLICA_PORT,
-                    "targetPort": c.REPLICA_PORT,
+                    "name": name,
+                    "port": port,
+                    "targetPort": port,
                     "protocol": "TCP",
                 }
+                for name, port in (
+                    (c.REPLICA_PORT_NAME, c.REPLICA_PORT),
+                    (c.DATA_PORT_NAME, c.DATA_PORT),
+                )
             ],
         },
     }

@@ -4,9 +4,11 @@ operator creates in the emulated API server.
 For each new pod it runs the main container's command as a local process with the
 container's environment, reachable at the address the cluster spec gives: every pod
 DNS name is mapped to its own loopback address (127.0.0.x) in /etc/hosts, and parameter
-servers bind to `PSTRAIN_BIND_ADDRESS=127.0.0.x:2222`. It reports pod phases, the
-readiness of the gRPC health probe and exit codes back through the API, and stops the
-process of a pod the operator deletes. Everything it changes on the machine is
+servers bind to `PSTRAIN_BIND_ADDRESS=127.0.0.x:2222` (and their data plane to the
+PSTRAIN_DATA_PORT the pod sets, 2223, on the same 127.0.0.x). It reports pod phases, the
+readiness of the gRPC health probe and exit codes back through the API, records the data
+port each Ready parameter server announces in its Info reply, and stops the process of
+a pod the operator deletes. Everything it changes on the machine is
 restored on exit.
 """
 
@@ -27,6 +29,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pstrain_api import constants as c
+from pstrain_runtime.proto import ps_pb2, ps_pb2_grpc
 
 from .emulator import HttpApi, pod_status
 
@@ -84,6 +87,7 @@ class FakeNode:
         self.replicas: dict[str, Replica] = {}
         self.started: list[str] = []
         self.exits: dict[str, int] = {}
+        self.data_ports: dict[str, int] = {}  # PS pod name -> data port its Info announced
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -125,6 +129,7 @@ class FakeNode:
                         "Succeeded" if code == 0 else "Failed", exit_code=code))
             elif rep.is_ps and not rep.ready and self._serving(rep.address):
                 rep.ready = True
+                self.data_ports[name] = self._data_port(rep.address)
                 self.api.set_pod_status(self.namespace, name, pod_status("Running", True))
 
     def _start(self, name: str, pod: dict[str, Any]) -> None:
@@ -157,6 +162,14 @@ class FakeNode:
             except grpc.RpcError:
                 return False
         return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    def _data_port(self, address: str) -> int:
+        """The data port a serving parameter server announces (Info of a namespace no job
+        uses, which changes nothing on the server)."""
+        with grpc.insecure_channel(address) as channel:
+            reply = ps_pb2_grpc.ParameterServerStub(channel).Info(
+                ps_pb2.NamespaceRequest(namespace="fake-node-probe"), timeout=5)
+        return int(reply.data_port)
 
     def _stop_process(self, name: str) -> None:
         rep = self.replicas.pop(name)

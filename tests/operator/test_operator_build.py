@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import kubernetes_validate
+import pytest
+
 from pstrain_api import constants as c
-from pstrain_api.cluster import Task, kubernetes_cluster_spec
+from pstrain_api.cluster import Task, kubernetes_cluster_spec, local_cluster_spec
 from pstrain_operator.build import (
     ANNOTATION_APPLIED_SPEC,
     ANNOTATION_SPEC_HASH,
@@ -16,6 +19,7 @@ from pstrain_operator.build import (
 )
 from pstrain_operator.settings import PodSettings
 
+from ..chart.helm import K8S_VERSION
 from .op_builders import make_job
 
 OWNER = {"apiVersion": c.API_VERSION, "kind": c.KIND, "name": "j", "uid": "uid-j",
@@ -56,8 +60,10 @@ def test_ps_pod_whole_object() -> None:
                 "name": "pstrain",
                 "image": "img:1",
                 "command": ["pstrain", "replica"],
-                "env": [{"name": k, "value": v} for k, v in env.items()],
-                "ports": [{"name": "pstrain", "containerPort": 2222, "protocol": "TCP"}],
+                "env": [{"name": k, "value": v} for k, v in env.items()]
+                + [{"name": "PSTRAIN_DATA_PORT", "value": "2223"}],
+                "ports": [{"name": "pstrain", "containerPort": 2222, "protocol": "TCP"},
+                          {"name": "pstrain-data", "containerPort": 2223, "protocol": "TCP"}],
                 "readinessProbe": {"grpc": {"port": 2222}, "periodSeconds": 2,
                                    "failureThreshold": 3},
                 "securityContext": {"allowPrivilegeEscalation": False,
@@ -98,6 +104,58 @@ def test_worker_pod_gpus_template_and_env_in_every_container() -> None:
     assert spec["nodeSelector"] == {"gpu": "yes"}
 
 
+DATA_PORT_CASES = [
+    # (id, task, ports the main container declares, PSTRAIN_DATA_PORT it is told)
+    ("ps-0", Task("ps", 0), [("pstrain", 2222), ("pstrain-data", 2223)], "2223"),
+    ("ps-1", Task("ps", 1), [("pstrain", 2222), ("pstrain-data", 2223)], "2223"),
+    ("worker-0", Task("worker", 0), [], None),
+    ("worker-1", Task("worker", 1), [], None),
+    ("chief", Task("chief", 0), [], None),
+]
+
+
+@pytest.mark.parametrize(("task", "ports", "data_port"),
+                         [pytest.param(*rest, id=i) for i, *rest in DATA_PORT_CASES])
+def test_only_parameter_servers_declare_and_are_told_the_data_port(
+        task: Task, ports: list[tuple[str, int]], data_port: str | None) -> None:
+    job = (make_job().ps(2).chief()
+           .template(task.role, sidecars=[{"name": "side", "image": "s"}]).build())
+    pod = build_pod(job, kubernetes_cluster_spec(job), task, PodSettings())
+    main, side = pod["spec"]["containers"]
+    assert [(p["name"], p["containerPort"]) for p in main.get("ports", [])] == ports
+    assert all(p["protocol"] == "TCP" for p in main.get("ports", []))
+    assert env_of(main).get(c.ENV_DATA_PORT) == data_port
+    assert c.ENV_DATA_PORT not in env_of(side)  # only the replica itself binds it
+    # The readiness probe stays on the gRPC port, and only a PS has one.
+    assert main.get("readinessProbe", {}).get("grpc") == (
+        {"port": 2222} if task.role == "ps" else None)
+
+
+def test_the_shared_cluster_env_leaves_the_data_port_unset() -> None:
+    """The local runner uses the same ClusterSpec.env: its PS share one host, so each
+    must take a free data port rather than a fixed one."""
+    job = make_job().ps(2).build()
+    cluster = local_cluster_spec(job, [5001, 5002, 5003, 5004])
+    assert all(c.ENV_DATA_PORT not in cluster.env(t) for t in cluster.tasks())
+
+
+def test_built_objects_are_valid_kubernetes_objects() -> None:
+    """Every pod of a job with sidecars and init containers on each role, and its Service,
+    against the strict schemas of the oldest supported Kubernetes version."""
+    extra = {"sidecars": [{"name": "side", "image": "s", "ports": [{"containerPort": 80}]}],
+             "initContainers": [{"name": "init", "image": "i"}]}
+    job = (make_job().ps(2).chief().template("ps", **extra).template("worker", **extra)
+           .template("chief", **extra).build())
+    cluster = kubernetes_cluster_spec(job)
+    objects = [build_pod(job, cluster, t, PodSettings()) for t in cluster.tasks()]
+    objects.append(build_service(job))
+    for obj in objects:
+        try:
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{obj['kind']} {obj['metadata']['name']} is not valid: {exc}")
+
+
 def test_template_security_context_wins_and_none_setting_drops_default() -> None:
     job = make_job().template("ps", securityContext={"runAsUser": 0}).build()
     cluster = kubernetes_cluster_spec(job)
@@ -118,6 +176,8 @@ def test_headless_service_whole_object() -> None:
         "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                  "selector": {c.LABEL_JOB: "j"},
                  "ports": [{"name": "pstrain", "port": 2222, "targetPort": 2222,
+                            "protocol": "TCP"},
+                           {"name": "pstrain-data", "port": 2223, "targetPort": 2223,
                             "protocol": "TCP"}]},
     }
 

@@ -29,12 +29,13 @@ STEPS = 3000  # a few seconds of training: several progress refreshes (every 1 s
 
 
 def digits_job(namespace: str, name: str = "digits") -> dict[str, Any]:
-    """examples/digits.yaml, shortened to a few dozen steps."""
+    """examples/digits.yaml, shortened, with two parameter servers: each binds its data
+    plane on the fixed port 2223 of its own pod address."""
     return {
         "apiVersion": c.API_VERSION, "kind": c.KIND,
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
-            "replicas": {"ps": {"replicas": 1}, "worker": {"replicas": 2}},
+            "replicas": {"ps": {"replicas": 2}, "worker": {"replicas": 2}},
             "training": {
                 "entrypoint": "pstrain_runtime.examples.digits:make_task",
                 "steps": STEPS, "batchSize": 64, "mode": "async",
@@ -78,14 +79,19 @@ def test_digits_trains_to_completion_through_the_operator(
                     for p in tmp_path.glob("digits-*.log")}
             status = api.job(NAMESPACE, "digits")["status"]
             assert phase == "Succeeded", (status, logs, operator_process.log_tail())
-            wait_for("the PS process to stop", lambda: "digits-ps-0" not in node.replicas
-                     or node.replicas["digits-ps-0"].proc.poll() is not None)
+            wait_for("the PS processes to stop", lambda: all(
+                name not in node.replicas or node.replicas[name].proc.poll() is not None
+                for name in ("digits-ps-0", "digits-ps-1")))
 
     # PS first, the non-chief worker, the chief last.
-    assert node.started == ["digits-ps-0", "digits-worker-1", "digits-worker-0"]
+    assert sorted(node.started[:2]) == ["digits-ps-0", "digits-ps-1"], node.started
+    assert node.started[2:] == ["digits-worker-1", "digits-worker-0"]
+    # Both PS served their data plane on the port their pods declare, each on its own
+    # address; the workers' tensor calls went there (transport tcp has no fallback).
+    assert node.data_ports == {"digits-ps-0": c.DATA_PORT, "digits-ps-1": c.DATA_PORT}
     assert node.exits["digits-worker-0"] == 0, logs
     # The PS shut down cleanly (exit 0) or were deleted: none is left running.
-    assert node.exits.get("digits-ps-0") in (0, -15), node.exits
+    assert {node.exits.get(f"digits-ps-{i}") for i in (0, 1)} <= {0, -15}, node.exits
     assert [n for n, p in api.pods(NAMESPACE).items() if n.startswith("digits-ps")
             and p["status"]["phase"] in ("Pending", "Running")] == []
     assert status["conditions"] and status["completionTime"]

@@ -49,7 +49,7 @@ def derive(figures: Iterable[Figure]) -> list[Figure]:
     """The ratio figures, from the measured ones (ratio of medians, same run)."""
     figs = by_key(figures)
     out: list[Figure] = []
-    for direction in ("push", "pull"):
+    for direction in ("push", "push_stream", "pull", "push_grpc", "pull_grpc"):
         for m in _sizes(figs, f"transport.{direction}."):
             # Prefer the TCP figure measured interleaved with the transport itself.
             tcp = figs.get(f"transport.tcp.{m}MiB") or figs.get(f"limits.tcp.{m}MiB")
@@ -115,12 +115,18 @@ def evaluate_targets(figures: Iterable[Figure]) -> list[Target]:
     figs = by_key(figures)
     targets: list[Target] = []
 
-    # Transport: every stream of >= 16 MiB, push and pull, at >= 0.8x loopback TCP.
-    streams = [f for k, f in figs.items() if k.startswith("transport.") and
-               k.endswith("MiB.vs_tcp") and int(k.split(".")[2][:-3]) >= 16]
+    # Transport: every stream of >= 16 MiB, the push's and the pull's, at >= 0.8x
+    # loopback TCP. A push's stream is the push less the server's update of the
+    # parameters (which the reply reports); the push to its reply is shown beside it.
+    def sized(direction: str) -> list[Figure]:
+        return [f for k, f in figs.items() if k.startswith(f"transport.{direction}.") and
+                k.endswith("MiB.vs_tcp") and int(k.split(".")[2][:-3]) >= 16]
+
+    streams = sized("push_stream") + sized("pull")
     if streams and all(f.median is not None for f in streams):
         worst = min(streams, key=lambda f: f.median or 0.0)
-        detail = ", ".join(f"{f.label.split(' /')[0]}: {_fmt(f.median, 'x')}" for f in streams)
+        detail = ", ".join(f"{f.label.split(' /')[0]}: {_fmt(f.median, 'x')}"
+                           for f in streams + sized("push"))
         targets.append(Target("transport: tensor stream >= 16 MB at >= 0.8x loopback TCP",
                               _status(worst.median, (worst.median or 0) >= 0.8), detail))
     else:

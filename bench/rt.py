@@ -1,6 +1,7 @@
 """The one place the benchmarks touch the runtime's API (`pstrain_runtime`): a
-parameter server process, and a worker-side sharded client over gRPC. When the
-runtime's API moves, only this module follows it."""
+parameter server process, and a worker-side sharded client over the runtime's
+transports (`transport` "tcp", the default data plane, or "grpc"). When the runtime's
+API moves, only this module follows it."""
 
 from __future__ import annotations
 
@@ -24,14 +25,16 @@ def serve_ps(ps_index: int, port: int, timeout_s: float) -> None:
 
 
 def connect(ports: Sequence[int], shapes: Mapping[str, Sequence[int]], namespace: str,
-            wire_dtype: str = "float32"):  # noqa: ANN201 - runtime type, imported lazily
+            wire_dtype: str = "float32",
+            transport: str = "tcp"):  # noqa: ANN201 - runtime type, imported lazily
     """A ShardedClient for a model of `shapes` over the servers on `ports`, once every
     server answers."""
     import torch
-    from pstrain_runtime.client import GrpcTransport, ShardedClient, retry_unavailable
+    from pstrain_runtime.client import ShardedClient, retry_unavailable
+    from pstrain_runtime.client import connect as connect_one
     from pstrain_runtime.placement import build_placement, param_specs
 
-    transports = [GrpcTransport(f"{LOOPBACK}:{p}") for p in ports]
+    transports = [connect_one(f"{LOOPBACK}:{p}", transport) for p in ports]
     for t in transports:
         retry_unavailable(lambda t=t: t.info(namespace), CONNECT_DEADLINE_S)
     placement = build_placement(param_specs(shapes), len(ports))
@@ -122,11 +125,12 @@ def run_trainer(training, namespace: str, worker: int, num_workers: int,  # noqa
     --overlap`. Returns (TrainResult, seconds from the start of `run()` to its end)."""
     import time
 
-    from pstrain_runtime.client import GrpcTransport
+    from pstrain_runtime.client import connect
     from pstrain_runtime.trainer import Trainer, WorkerRole
 
     role = WorkerRole(namespace=namespace, worker=worker, num_workers=num_workers)
-    trainer = Trainer(training, role, [GrpcTransport(f"{LOOPBACK}:{p}") for p in ports],
+    trainer = Trainer(training, role,
+                      [connect(f"{LOOPBACK}:{p}", training.transport) for p in ports],
                       emit=emit or (lambda *a, **k: None),
                       progress_interval=progress_interval, shutdown_grace=5.0,
                       overlap=overlap)

@@ -124,16 +124,26 @@ def _peer(rank: int, port: int, tcp_port: int, sizes_mib: list[int], warmup: int
         numel = m * MIB // 4
         shapes = {"w": (numel,)}
         client = rt.connect([port], shapes, namespace=f"transport-{m}")
+        client_grpc = rt.connect([port], shapes, namespace=f"transport-grpc-{m}",
+                                 transport="grpc")
         params = {"w": torch.zeros(numel)}
         grads = {"w": torch.full((numel,), 1e-6)}
         rt.init(client, params, num_workers=1)
+        rt.init(client_grpc, params, num_workers=1)
         if sock is None:
             sock = _tcp_source(tcp_port)
         data = payload[:m * MIB]
+        applies: list[float] = []
+
+        def push(c=client, g=grads, applies=applies) -> None:  # noqa: ANN001
+            applies.append(sum(r.apply_seconds for r in c.push(g, worker=0)))
+
         steps = (("tcp", lambda s=sock, d=data: _tcp_send(s, d)),
                  ("framed", lambda s=sock, d=data: _framed_send(s, d)),
-                 ("push", lambda c=client, g=grads: c.push(g, worker=0)),
-                 ("pull", lambda c=client, p=params: c.pull(p, worker=0)))
+                 ("push", push),
+                 ("pull", lambda c=client, p=params: c.pull(p, worker=0)),
+                 ("push_grpc", lambda c=client_grpc, g=grads: c.push(g, worker=0)),
+                 ("pull_grpc", lambda c=client_grpc, p=params: c.pull(p, worker=0)))
         for i in range(warmup + repeats):
             for kind, fn in steps:  # interleaved: one of each per repetition
                 c0 = (cpu_seconds(pids[1]), cpu_seconds(pids[0]))
@@ -146,6 +156,10 @@ def _peer(rank: int, port: int, tcp_port: int, sizes_mib: list[int], warmup: int
                     cpu = out.setdefault(f"cpu.{kind}.{m}", [0.0, 0.0])
                     cpu[0] += c1[0] - c0[0]
                     cpu[1] += c1[1] - c0[1]
+                    if kind == "push":
+                        out.setdefault(f"push_stream.{m}", []).append(dt - applies[-1])
+                        out.setdefault(f"apply.{m}", []).append(applies[-1])
+        client_grpc.close()
         if m != sizes_mib[-1]:
             client.close()
     if client is not None:
@@ -191,11 +205,20 @@ def run(cfg: Config) -> list[Figure]:
     figs = [Figure.of(f"transport.tcp.{m}MiB",
                       f"loopback TCP {m} MiB, same processes, interleaved with push/pull",
                       "GB/s", rates(m * MIB / GB, res[f"tcp.{m}"])) for m in sizes]
-    for kind in ("push", "pull"):
+    for kind, label in (
+            ("push", "push one {m} MiB fp32 tensor to the PS, timed to its reply (with "
+             "the server's NaN check and SGD update)"),
+            ("push_stream", "push one {m} MiB fp32 tensor: the stream (the push less the "
+             "server's SGD update, which the reply reports)"),
+            ("pull", "pull one {m} MiB fp32 tensor from the PS"),
+            ("push_grpc", "reference: push over gRPC (spec.training.transport grpc)"),
+            ("pull_grpc", "reference: pull over gRPC (spec.training.transport grpc)")):
         for m in sizes:
-            figs.append(Figure.of(f"transport.{kind}.{m}MiB",
-                                  f"{kind} one {m} MiB fp32 tensor, worker <-> PS", "GB/s",
+            figs.append(Figure.of(f"transport.{kind}.{m}MiB", label.format(m=m), "GB/s",
                                   rates(m * MIB / GB, res[f"{kind}.{m}"])))
+    figs += [Figure.of(f"transport.apply.{m}MiB",
+                       f"the server's SGD update of the pushed {m} MiB (apply_seconds)", "s",
+                       res[f"apply.{m}"]) for m in sizes]
     figs += [Figure.of(f"transport.ref_socket_frames.{m}MiB",
                        f"reference: plain socket, {m} MiB as 2 MiB frames with one copy per "
                        "side (pstrain's framing without gRPC)", "GB/s",
@@ -205,7 +228,8 @@ def run(cfg: Config) -> list[Figure]:
     for m in sizes:
         gb = cfg.repeats * m * MIB / GB
         for kind, what in (("tcp", "loopback TCP"), ("framed", "plain-socket frames"),
-                           ("push", "push"), ("pull", "pull")):
+                           ("push", "push"), ("pull", "pull"), ("push_grpc", "push over gRPC"),
+                           ("pull_grpc", "pull over gRPC")):
             worker_s, ps_s = res[f"cpu.{kind}.{m}"]
             value = (worker_s + ps_s) / gb
             figs.append(Figure(f"transport.cpu.{kind}.{m}MiB",

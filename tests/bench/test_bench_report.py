@@ -78,13 +78,19 @@ def _statuses(figures, prefix):
 @pytest.mark.parametrize(
     ("figures", "prefix", "expected"),
     [
-        pytest.param([fig("transport.push.64MiB", 3.5), fig("transport.pull.64MiB", 3.3),
-                      fig("transport.push.4MiB", 0.1), fig("limits.tcp.64MiB", 4.0),
+        pytest.param([fig("transport.push_stream.64MiB", 3.5), fig("transport.pull.64MiB", 3.3),
+                      fig("transport.push_stream.4MiB", 0.1), fig("limits.tcp.64MiB", 4.0),
                       fig("limits.tcp.4MiB", 2.0)],
                      "transport", "met", id="transport-met-small-sizes-ignored"),
-        pytest.param([fig("transport.push.64MiB", 3.5), fig("transport.pull.64MiB", 3.0),
+        pytest.param([fig("transport.push_stream.64MiB", 3.5), fig("transport.pull.64MiB", 3.0),
                       fig("limits.tcp.64MiB", 4.0)],
                      "transport", "missed", id="transport-missed-by-pull"),
+        pytest.param([fig("transport.push_stream.64MiB", 2.0), fig("transport.pull.64MiB", 3.5),
+                      fig("limits.tcp.64MiB", 4.0)],
+                     "transport", "missed", id="transport-missed-by-push-stream"),
+        pytest.param([fig("transport.push_stream.64MiB", 3.5), fig("transport.pull.64MiB", 3.5),
+                      fig("transport.push.64MiB", 1.0), fig("limits.tcp.64MiB", 4.0)],
+                     "transport", "met", id="push-to-reply-shown-not-judged"),
         pytest.param([], "transport", "not measured", id="transport-not-measured"),
         pytest.param([fig("ps_step.ps1.64MiB", 0.2, "s"), fig("ps_step.allreduce.64MiB", 0.1, "s")],
                      "PS step", "met", id="ps-step-at-byte-parity"),
@@ -118,6 +124,7 @@ def test_training_targets_need_their_own_ratio():
 
 def test_markdown_has_every_item_and_target():
     figs = [fig("limits.memcpy", 10.0), fig("transport.push.64MiB", 3.0),
+            fig("transport.push_stream.64MiB", 3.0),
             fig("limits.tcp.64MiB", 4.0)]
     allf = [*figs, *derive(figs)]
     result = {"date": "d", "quick": True, "machine": {"cpu": "x"},

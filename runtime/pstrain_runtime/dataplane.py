@@ -27,6 +27,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 
 from . import wire
@@ -190,6 +191,8 @@ class DataServer:
         self.port = self._listener.getsockname()[1]
         self._links: set[Link] = set()
         self._lock = threading.Lock()
+        self._quiet = threading.Condition(self._lock)  # notified when a call ends
+        self._busy = 0  # calls being answered
         self._closed = False
         self._thread = threading.Thread(target=self._accept, name="ps-data-accept",
                                         daemon=True)
@@ -198,16 +201,22 @@ class DataServer:
         self._thread.start()
         return self.port
 
-    def stop(self) -> None:
-        """Stop accepting and close every connection (calls in flight fail)."""
+    def stop(self, grace: float = 0.0) -> None:
+        """Stop accepting connections and calls, give the calls in flight up to `grace`
+        seconds to answer (as grpc's stop does), then close every connection: calls
+        still running fail."""
         with self._lock:
             self._closed = True
-            links = list(self._links)
         try:
             self._listener.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         self._listener.close()
+        deadline = time.monotonic() + grace
+        with self._lock:
+            while self._busy and (left := deadline - time.monotonic()) > 0:
+                self._quiet.wait(left)
+            links = list(self._links)
         for link in links:
             try:
                 link.sock.shutdown(socket.SHUT_RDWR)
@@ -235,7 +244,16 @@ class DataServer:
                 op = link.recv_op()
                 if op is None:
                     return
-                self.handle(link, op)
+                with self._lock:
+                    if self._closed:
+                        return  # stopping: no new calls
+                    self._busy += 1
+                try:
+                    self.handle(link, op)
+                finally:
+                    with self._lock:
+                        self._busy -= 1
+                        self._quiet.notify_all()
         except (OSError, PSError):
             return  # the peer went away or broke the framing: drop the connection
         finally:

@@ -222,9 +222,10 @@ class PSServer:
         for name in ("", SERVICE):
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.store.stop()
+        stopped = self._server.stop(grace)
         if self.data is not None:
-            self.data.stop()
-        self._server.stop(grace).wait()
+            self.data.stop(grace or 0.0)  # calls in flight get the same grace as gRPC's
+        stopped.wait()
         self._stopped.set()
 
     def wait(self, timeout: float | None = None) -> bool:

@@ -550,3 +550,28 @@ def test_run_ps_reports_a_data_port_in_use(capsys) -> None:
         assert run_ps(ps_identity(), {"PSTRAIN_DATA_PORT": str(port)}) == 1
     err = capsys.readouterr().err
     assert "pstrain replica: parameter server 0 could not bind" in err
+
+
+def test_a_graceful_stop_lets_a_reply_in_flight_finish(start_server, open_transport) -> None:
+    """The Shutdown path stops once every worker was told the job is done; a worker
+    told so in a PushPull reply must still get that reply (gRPC gets a grace period for
+    calls in flight, so must the data plane)."""
+    server = start_server()
+    shapes = {"big": (6144, 1024)}  # 24 MiB back: more than the sockets buffer
+    client = sharded([open_transport(server.address)], shapes)
+    init(client, zeros(shapes), mode="async", num_workers=2)
+    client.finish()  # worker 0 (the chief) knows; worker 1 is told by its next reply
+    ns = server.store.namespace(NS)
+    with raw_connection(server) as sock:
+        link = dataplane.Link(sock)
+        link.send_frames(push_frames(zeros(shapes), worker=1), op=dataplane.OP_PUSH_PULL)
+        wait_until(lambda: 1 in ns.told_done, "the server answering worker 1")
+        server.request_stop(grace=WAIT_S)
+        wait_until(lambda: server.data is not None and server.data._closed,
+                   "the data plane stopping")
+        frames = link.frames()  # read only now: the server is stopping meanwhile
+        header = wire.decode_frame(next(frames))
+        received = sum(len(frame) for frame in frames)
+    assert isinstance(header, pb.StreamHeader) and header.push_reply.info.done
+    assert received > 24 * 1024 * 1024
+    assert server.wait(timeout=WAIT_S)

@@ -409,9 +409,13 @@ def test_without_a_data_plane_tcp_falls_back_to_grpc(start_server, open_transpor
     assert transport._data is None and transport._data_known
 
 
-def test_a_restarted_server_is_found_on_its_new_data_port(start_server,
-                                                          open_transport) -> None:
+@pytest.mark.parametrize("same_data_port", [False, True],
+                         ids=["new-data-port", "same-data-port-as-in-a-cluster"])
+def test_a_restarted_server_is_found_again(start_server, open_transport,
+                                           same_data_port: bool) -> None:
     port, first_data, second_data = find_free_ports(3)
+    if same_data_port:
+        second_data = first_data
     first = start_server(port=port, data_port=first_data)
     transport = open_transport(first.address)
     client = sharded([transport], {"w": (4, 3)})

@@ -68,7 +68,7 @@ def derive(figures: Iterable[Figure]) -> list[Figure]:
                              f"PS step ({variant}) / gloo all_reduce, {m} MiB",
                              figs.get(f"ps_step.{variant}.{m}MiB"), base))
     for model in TRAINING_MODELS:
-        for mode in ("async", "sync"):
+        for mode in ("async", "sync", "async_pipeline"):
             ps = figs.get(f"training.{model}.{mode}")
             if ps is None:
                 continue
@@ -82,11 +82,12 @@ def derive(figures: Iterable[Figure]) -> list[Figure]:
     if on is not None:
         out.append(ratio("overlap.wide.on_vs_off", "wide: overlap on / off samples/s", on,
                          figs.get("overlap.wide.off")))
-    tta_ps = figs.get("training.digits.tta.async")
-    if tta_ps is not None:
-        out.append(ratio("training.digits.tta.async.vs_single",
-                         "digits time-to-accuracy: PS async / single process", tta_ps,
-                         figs.get("training.digits.tta.single")))
+    for mode in ("async", "async_pipeline"):
+        tta_ps = figs.get(f"training.digits.tta.{mode}")
+        if tta_ps is not None:
+            out.append(ratio(f"training.digits.tta.{mode}.vs_single",
+                             f"digits time-to-accuracy: PS {mode} / single process", tta_ps,
+                             figs.get("training.digits.tta.single")))
     return out
 
 

@@ -54,8 +54,11 @@ class ModelSpec:
 
     def training(self, mode: str, steps: int, eval_every: int | None = None,
                  wire_dtype: str = "float32") -> dict[str, Any]:
+        """`mode` async, sync, or async_pipeline (async with `pipeline: true`)."""
         spec: dict[str, Any] = {"entrypoint": self.entrypoint, "args": self.args,
-                                "steps": steps, "batchSize": self.batch, "mode": mode,
+                                "steps": steps, "batchSize": self.batch,
+                                "mode": mode.removesuffix("_pipeline"),
+                                "pipeline": mode.endswith("_pipeline"),
                                 "optimizer": self.optimizer, "seed": SEED,
                                 "wireDtype": wire_dtype}
         if eval_every:
@@ -82,6 +85,7 @@ QUICK_MODELS = (
               {"hidden": 512, "layers": 1}, 32, SGD),
 )
 ACCURACY_MODEL = FULL_MODELS[0]
+PS_MODES = ("async", "sync", "async_pipeline")
 MAX_STEPS = 10**7  # the trainers' nominal budget; jobs end by the chief (rt.Recorder)
 
 
@@ -258,7 +262,7 @@ def ps_throughput(cfg: Config, models: Sequence[ModelSpec]) -> list[Figure]:
     jobs = [_throughput_job(cfg, spec, mode, f"training.{spec.name}.{mode}",
                             f"{spec.label}: pstrain {mode}, 1 PS + 2 workers",
                             f"{spec.label}: pstrain {mode}", f"bench/{spec.name}-{mode}")
-            for spec in models for mode in ("async", "sync")]
+            for spec in models for mode in PS_MODES]
     return _throughput_figures(cfg, jobs, _run_ps_jobs(cfg, jobs))
 
 
@@ -290,10 +294,13 @@ def _cpu_figure(key: str, label: str, cpu_s: float, samples: float, note: str) -
                   value, note=f"over all measured windows; {note}")
 
 
-def ps_time_to_accuracy(cfg: Config) -> Figure:
+TTA_MAX_STEPS = 3000  # a run that has not reached the target by then counts as a miss
+
+
+def ps_time_to_accuracy(cfg: Config, mode: str = "async") -> Figure:
     spec = ACCURACY_MODEL
-    jobs = [{"kind": "accuracy", "namespace": f"bench/tta-{i}",
-             "training": spec.training("async", MAX_STEPS, EVAL_EVERY),
+    jobs = [{"kind": "accuracy", "namespace": f"bench/tta-{mode}-{i}",
+             "training": spec.training(mode, TTA_MAX_STEPS, EVAL_EVERY),
              "target": cfg.accuracy_target, "progress_s": 1.0}
             for i in range(cfg.warmup + cfg.repeats)]
     res = _run_ps_jobs(cfg, jobs)
@@ -303,9 +310,9 @@ def ps_time_to_accuracy(cfg: Config) -> Figure:
                 if k == "eval" and f.get("accuracy", 0.0) >= cfg.accuracy_target]
         if hits:
             secs.append(hits[0] - got["t0"])
-    return _tta_figure("training.digits.tta.async",
+    return _tta_figure(f"training.digits.tta.{mode}",
                        f"{spec.label}: time to {cfg.accuracy_target:.0%} test accuracy, "
-                       "pstrain async 1 PS + 2 workers", secs, cfg)
+                       f"pstrain {mode.replace('_', ' + ')} 1 PS + 2 workers", secs, cfg)
 
 
 def wire_dtype_accuracy(cfg: Config) -> list[Figure]:
@@ -496,7 +503,8 @@ def run(cfg: Config) -> list[Figure]:
                       lambda spec=spec: baseline_throughput(cfg, spec, WORKERS)))
         parts.append((f"{spec.name} single",
                       lambda spec=spec: baseline_throughput(cfg, spec, 1)))
-    parts += [("pstrain time to accuracy", lambda: [ps_time_to_accuracy(cfg)]),
+    parts += [("pstrain time to accuracy", lambda: [ps_time_to_accuracy(cfg),
+                                                    ps_time_to_accuracy(cfg, "async_pipeline")]),
               ("single time to accuracy", lambda: [single_time_to_accuracy(cfg)]),
               ("wire dtype accuracy", lambda: wire_dtype_accuracy(cfg))]
     for name, part in parts:

@@ -319,6 +319,12 @@ class Training(ApiModel):
         default="float32",
         description="Precision of gradients on the wire; parameters stay float32.",
     )
+    pipeline: bool = Field(
+        default=False,
+        description="async mode: send a step's gradients and fetch the parameters while "
+        "the next step computes (on parameters one update older). Hides the round trip "
+        "behind compute; ignored in sync mode.",
+    )
     transport: Literal["tcp", "grpc"] = Field(
         default="tcp",
         description="How tensors travel between workers and parameter servers. tcp: a "

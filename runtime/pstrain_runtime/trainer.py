@@ -90,7 +90,7 @@ class Trainer:
     def __init__(self, training: Training, role: WorkerRole, transports: Sequence[Transport],
                  *, emit: EmitFn = events.emit, device: torch.device | None = None,
                  connect_timeout: float = 120.0, init_timeout: float = 600.0,
-                 overlap: bool = False,
+                 overlap: bool = False, pipeline: bool | None = None,
                  progress_interval: float = 1.0, shutdown_grace: float = 30.0,
                  task: Task | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.training = training
@@ -131,6 +131,17 @@ class Trainer:
         self.last_ckpt_step: int | None = None
         self.lost_steps = 0
         self._fresh = False  # the mirror holds parameters pulled by the last push
+        # Pipelining (async only): step k's push_pull runs in the background while step
+        # k+1 computes; it writes the parameters into `_recv`, swapped in by `_land`.
+        want = training.pipeline if pipeline is None else pipeline
+        self.pipeline = bool(want) and training.mode == "async" and not (
+            overlap and num_ps > 1)
+        self._inflight: cf.Future[list[pb.PushReply]] | None = None
+        self._recv: dict[str, torch.Tensor] = {}
+        self._send: list[dict[str, torch.Tensor]] = []
+        self._send_slot = 0
+        self._pipe = (cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pipeline")
+                      if self.pipeline else None)
 
     # ------------------------------------------------------------------ plumbing
     def _retry(self, fn: Callable[[], Any]) -> Any:
@@ -333,10 +344,14 @@ class Trainer:
         raise exc
 
     def _backward_and_push(self, batch: tuple[torch.Tensor, torch.Tensor],
-                           steps: list[int]) -> tuple[float, list[pb.PushReply]]:
+                           steps: list[int]) -> tuple[float, list[pb.PushReply] | None]:
         x, y = (t.to(self.device, non_blocking=True) for t in batch)
+        if self.pipeline:
+            grads = self._pipeline_grads()  # before zero_grad: the last ones may be in flight
         self.model.zero_grad(set_to_none=False)
         loss = self.task.loss(self.model(x), y)
+        if self.pipeline:
+            return self._pipelined_backward_and_push(loss, grads, steps)
         if not self.overlap or self.placement.num_ps == 1:
             loss.backward()
             grads = {n: self._grad_cpu(n) for n in self.params}
@@ -374,6 +389,73 @@ class Trainer:
         replies = [futures[ps].result() for ps in range(self.placement.num_ps)]
         return float(loss.detach()), replies
 
+    # ------------------------------------------------------------------ pipelining
+    def _pipeline_buffers(self) -> None:
+        if self._recv:
+            return
+        pinned = self.device.type != "cpu"
+        def like() -> dict[str, torch.Tensor]:
+            return {n: torch.zeros(t.shape, dtype=t.dtype, pin_memory=pinned)
+                    for n, t in self.mirror.items()}
+        self._recv = like()
+        self._send = [like(), like()]
+
+    def _pipeline_grads(self) -> dict[str, torch.Tensor]:
+        """This step's gradient buffers (two alternate: the other one may be in flight);
+        on CPU they become the parameters' .grad, so backward writes them directly."""
+        self._pipeline_buffers()
+        grads = self._send[self._send_slot]
+        self._send_slot ^= 1
+        if self.device.type == "cpu":
+            for name, p in self.params.items():
+                p.grad = grads[name]
+        return grads
+
+    def _pipelined_backward_and_push(self, loss: torch.Tensor, grads: dict[str, torch.Tensor],
+                                     steps: list[int]
+                                     ) -> tuple[float, list[pb.PushReply] | None]:
+        """Backward into this step's gradient buffers, then land the previous step's
+        push_pull (its parameters become the model's) and start this step's in the
+        background. Returns the previous push's replies (None on a pipeline's first
+        step). Gradients are computed on parameters one push older than without
+        pipelining: async training tolerates that staleness."""
+        loss.backward()
+        if self.device.type != "cpu":
+            for name, p in self.params.items():
+                grads[name].copy_(p.grad if p.grad is not None else torch.zeros_like(p))
+            torch.cuda.synchronize(self.device)
+        value = float(loss.detach())
+        replies = self._land()
+        pipe = self._pipe or cf.ThreadPoolExecutor(max_workers=1)
+        self._pipe = pipe
+        self._inflight = pipe.submit(self.client.push_pull, grads, self._recv,
+                                           self.role.worker, steps)
+        return value, replies
+
+    def _land(self) -> list[pb.PushReply] | None:
+        """Wait for the push_pull in flight; make the parameters it brought the model's
+        (swap buffers, no copy on CPU). Its PSError is raised here."""
+        future, self._inflight = self._inflight, None
+        if future is None:
+            return None
+        replies = future.result()
+        self._recv, self.mirror = self.mirror, self._recv
+        if self.device.type == "cpu":
+            for name, p in self.params.items():
+                p.data = self.mirror[name]
+        self._fresh = True
+        return replies
+
+    def _drain(self) -> None:
+        """Let the push_pull in flight end and forget it (before a pull, a recovery or
+        the end of the loop); its failure does not matter any more."""
+        future, self._inflight = self._inflight, None
+        if future is not None:
+            try:
+                future.result()
+            except PSError:
+                pass
+
     def run(self) -> TrainResult:
         training, role = self.training, self.role
         started = self.clock()
@@ -404,6 +486,7 @@ class Trainer:
                     gstep = self.client.last_pull_steps[0]
                     self._fresh = False
                 else:
+                    self._drain()
                     try:
                         gstep = self.client.pull(self.mirror, worker=role.worker)
                     except PSError as exc:
@@ -434,12 +517,16 @@ class Trainer:
                     loss, replies = self._backward_and_push(batch, local_steps)
                 except PSError as exc:
                     self._fresh = False
+                    self._drain()
                     self._handle(exc)
                     continue
                 result.local_steps += 1
                 local_steps = [x + 1 for x in local_steps]
                 window_loss.append(loss)
                 result.loss = loss
+                if replies is None:  # pipelining's first step: its push is in flight
+                    self._fresh = True
+                    continue
                 gstep = replies[0].info.global_step
                 self.last_step = gstep
                 if any(r.info.done for r in replies):
@@ -465,6 +552,7 @@ class Trainer:
                         self._save_checkpoint()
                     except PSError as exc:  # a server failed under the checkpoint: recover
                         self._fresh = False  # a recovery may reinstall the parameters
+                        self._drain()
                         self._handle(exc)
                         continue
                     next_ckpt = (gstep // ckpt_every + 1) * ckpt_every
@@ -476,6 +564,7 @@ class Trainer:
                 if gstep >= training.steps:
                     break
 
+            self._drain()
             result.global_step = self.last_step
             result.wall_seconds = self.clock() - started
             result.lost_steps = self.lost_steps
@@ -521,6 +610,9 @@ class Trainer:
             print(f"pstrain: shutdown request failed: {exc}", flush=True)
 
     def close(self) -> None:
+        self._drain()
+        if self._pipe is not None:
+            self._pipe.shutdown(wait=False, cancel_futures=True)
         self.client.close()
 
 

@@ -145,12 +145,14 @@ def test_restore_refuses_a_checkpoint_of_another_model(tmp_path: Path) -> None:
         run_job(other, [LocalTransport(ParameterStore())])
 
 
-@pytest.mark.parametrize("mode", ["async", "sync"])
+@pytest.mark.parametrize(("mode", "pipeline"), [("async", False), ("sync", False),
+                                              ("async", True)],
+                         ids=["async", "sync", "async-pipeline"])
 @pytest.mark.parametrize("with_checkpoints", [True, False], ids=["checkpoint", "no-checkpoint"])
 def test_chief_recovers_a_restarted_parameter_server(tmp_path: Path, with_checkpoints,
-                                                     mode) -> None:
+                                                     mode, pipeline) -> None:
     ckpt = {"directory": str(tmp_path), "intervalSteps": 20} if with_checkpoints else {}
-    training = digits_training(steps=150, mode=mode, checkpoint=ckpt)
+    training = digits_training(steps=150, mode=mode, checkpoint=ckpt, pipeline=pipeline)
     transports = [KillableTransport(0), KillableTransport(1)]
     events = Events()
     killed: dict[str, int] = {}
@@ -185,6 +187,64 @@ def test_overlapped_pushes_give_the_same_result() -> None:
     expected = reference_loop(OptimizerConfig.from_model(training.optimizer), 20, 32)
     for name, value in expected.items():
         torch.testing.assert_close(chief.mirror[name], value, rtol=1e-5, atol=1e-6)
+
+
+def stale_reference_loop(lr: float, steps: int, batch_size: int) -> dict[str, torch.Tensor]:
+    """Plain SGD where step k's gradient is taken at the parameters after update k-2
+    (those after update 0 for the first two steps): what pipelining computes."""
+    task = make_task()
+    params = list(task.model.parameters())
+    history = [[p.detach().clone() for p in params]]
+    batches = task.batches(0, 1, batch_size, 0)
+    for k in range(1, steps + 1):
+        x, y = next(batches)
+        with torch.no_grad():
+            for p, value in zip(params, history[max(k - 2, 0)], strict=True):
+                p.copy_(value)
+        task.model.zero_grad()
+        task.loss(task.model(x), y).backward()
+        history.append([h - lr * p.grad for h, p in zip(history[-1], params, strict=True)])
+    return {n: v for (n, _), v in zip(task.model.named_parameters(), history[-1], strict=True)}
+
+
+@pytest.mark.parametrize("num_ps", [1, 2])
+def test_pipelined_steps_compute_on_parameters_one_update_older(num_ps: int) -> None:
+    training = digits_training(steps=20, batchSize=32, mode="async", pipeline=True,
+                               optimizer={"name": "sgd", "learningRate": 0.1})
+    transports = [LocalTransport(ParameterStore(i)) for i in range(num_ps)]
+    chief = Trainer(training, WorkerRole("ns", 0, 1), transports, emit=Events())
+    assert chief.pipeline
+    chief.run()
+    chief.close()
+    expected = stale_reference_loop(0.1, 20, 32)
+    for name, value in expected.items():
+        torch.testing.assert_close(chief.mirror[name], value, rtol=1e-5, atol=1e-6)
+    unpiped = run_job(digits_training(steps=20, batchSize=32, mode="async",
+                                      optimizer={"name": "sgd", "learningRate": 0.1}),
+                      [LocalTransport(ParameterStore(i)) for i in range(num_ps)])
+    first = next(iter(expected))
+    assert not torch.allclose(unpiped.mirror[first], chief.mirror[first])
+
+
+@pytest.mark.parametrize(("fields", "expected"), [
+    ({"mode": "async", "pipeline": True}, True),
+    ({"mode": "sync", "pipeline": True}, False),
+    ({"mode": "async"}, False),
+], ids=["async", "sync-ignores-it", "off-by-default"])
+def test_pipelining_is_async_only_and_opt_in(fields, expected) -> None:
+    trainer = Trainer(digits_training(**fields), WorkerRole("ns", 0, 1),
+                      [LocalTransport(ParameterStore())], emit=Events())
+    assert trainer.pipeline is expected
+    trainer.close()
+
+
+def test_pipelined_digits_reaches_95_percent_with_two_workers() -> None:
+    events = Events()
+    training = digits_training(steps=600, mode="async", pipeline=True, evalIntervalSteps=200,
+                               optimizer={"name": "sgd", "learningRate": 0.2})
+    run_job(training, [LocalTransport(ParameterStore())], num_workers=2, emit=events)
+    done = events.of("done")[0]
+    assert done["accuracy"] >= 0.95 and done["step"] == 600
 
 
 class Crash(Exception):

@@ -24,6 +24,7 @@ network.
 
 from __future__ import annotations
 
+import logging
 import socket
 import struct
 import threading
@@ -43,6 +44,7 @@ _LEN = struct.Struct("<I")
 _END = _LEN.pack(END)
 COALESCE_BYTES = 64 * 1024  # smaller frames are gathered into one send
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
+_log = logging.getLogger(__name__)
 
 
 class ProtocolError(ConnectionError):
@@ -270,13 +272,21 @@ class DataServer:
         try:
             reply = self._dispatch(op, call, request)
         except PSError as exc:
-            for _ in request:  # read the rest of the request: the link stays in step
+            error = exc
+        except OSError:
+            raise  # the connection failed or the framing broke: drop it
+        except Exception as exc:  # noqa: BLE001 - a bug in the server: refuse the call
+            # as gRPC does (UNKNOWN), not by closing: UNAVAILABLE would make trainers retry
+            _log.exception("data plane: %s failed", call)
+            error = PSError("INTERNAL", f"{call}: {type(exc).__name__}: {exc}")
+        else:
+            for _ in request:
                 pass
-            link.send_error(exc)
+            link.send_frames(reply)
             return
-        for _ in request:
+        for _ in request:  # read the rest of the request: the link stays in step
             pass
-        link.send_frames(reply)
+        link.send_error(error)
 
     def _dispatch(self, op: int, call: str,
                   request: Iterator[memoryview]) -> Iterable[bytes | memoryview]:

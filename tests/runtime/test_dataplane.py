@@ -34,7 +34,7 @@ from pstrain_runtime.placement import build_placement, param_specs
 from pstrain_runtime.proto import ps_pb2 as pb
 from pstrain_runtime.replica import run_ps
 from pstrain_runtime.server import PSServer
-from pstrain_runtime.store import PSError
+from pstrain_runtime.store import ParameterStore, PSError
 
 from tests.api.job_builder import job
 
@@ -311,6 +311,37 @@ def test_a_refused_call_keeps_state_and_its_pooled_connection(
     [reply] = client.push({"w": torch.ones(4, 3)})
     assert reply.applied and reply.info.global_step == step_before + 1
     assert pooled(transport) == [link] and data_links(server) == 1
+
+
+class BrokenPushStore(ParameterStore):
+    """A store with a bug in its push: an exception that is not a PSError."""
+
+    def push(self, messages: Iterator[bytes], timeout: float | None = None) -> pb.PushReply:
+        for _ in messages:
+            pass
+        raise RuntimeError("a bug in the store")
+
+
+@pytest.mark.parametrize(("kind", "code"), [("tcp", "INTERNAL"), ("grpc", "UNKNOWN")])
+def test_a_server_bug_is_an_error_not_unavailable(start_server, open_transport, kind: str,
+                                                  code: str) -> None:
+    """UNAVAILABLE sends trainers into their retry and recovery loop; a bug in the
+    server must rather fail the call, as gRPC fails it."""
+    server = PSServer("127.0.0.1:0", store=BrokenPushStore())
+    server.start()
+    try:
+        transport = open_transport(server.address, kind)
+        client = sharded([transport], {"w": (4, 3)})
+        init(client, {"w": torch.ones(4, 3)})
+        with pytest.raises(PSError) as caught:
+            client.push({"w": torch.ones(4, 3)})
+        assert caught.value.code == code
+        assert "a bug in the store" in caught.value.message
+        assert client.pull(zeros({"w": (4, 3)})) == 0  # the server still answers
+        if kind == "tcp":
+            assert len(pooled(transport)) == 1 and data_links(server) == 1
+    finally:
+        server.stop(0)
 
 
 # ---------------------------------------------------------------------- the protocol

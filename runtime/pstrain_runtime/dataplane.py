@@ -282,7 +282,12 @@ class DataServer:
         else:
             for _ in request:
                 pass
-            link.send_frames(reply)
+            try:
+                link.send_frames(reply)
+            except OSError:
+                raise
+            except Exception:  # noqa: BLE001 - answered with INTERNAL, the link is in step
+                _log.exception("data plane: %s failed while answering", call)
             return
         for _ in request:  # read the rest of the request: the link stays in step
             pass

@@ -322,24 +322,38 @@ class BrokenPushStore(ParameterStore):
         raise RuntimeError("a bug in the store")
 
 
+class BrokenPullStore(ParameterStore):
+    """A store with a bug in its pull stream: it fails after the header."""
+
+    def pull(self, request: pb.PullRequest, *args: object, **kw: object) -> Iterator[bytes]:
+        frames = super().pull(request, *args, **kw)
+        yield next(frames)
+        raise RuntimeError("a bug in the store")
+
+
 @pytest.mark.parametrize(("kind", "code"), [("tcp", "INTERNAL"), ("grpc", "UNKNOWN")])
-def test_a_server_bug_is_an_error_not_unavailable(start_server, open_transport, kind: str,
-                                                  code: str) -> None:
+@pytest.mark.parametrize(("store", "call"), [
+    pytest.param(BrokenPushStore, lambda c: c.push({"w": torch.ones(4, 3)}), id="push"),
+    pytest.param(BrokenPullStore, lambda c: c.pull(zeros({"w": (4, 3)})), id="pull-stream"),
+])
+def test_a_server_bug_is_an_error_not_unavailable(
+        open_transport, kind: str, code: str, store: type[ParameterStore],
+        call: Callable[[ShardedClient], object]) -> None:
     """UNAVAILABLE sends trainers into their retry and recovery loop; a bug in the
-    server must rather fail the call, as gRPC fails it."""
-    server = PSServer("127.0.0.1:0", store=BrokenPushStore())
+    server must rather fail the call, as gRPC fails it, and leave the connection."""
+    server = PSServer("127.0.0.1:0", store=store())
     server.start()
     try:
         transport = open_transport(server.address, kind)
         client = sharded([transport], {"w": (4, 3)})
         init(client, {"w": torch.ones(4, 3)})
-        with pytest.raises(PSError) as caught:
-            client.push({"w": torch.ones(4, 3)})
-        assert caught.value.code == code
-        assert "a bug in the store" in caught.value.message
-        assert client.pull(zeros({"w": (4, 3)})) == 0  # the server still answers
-        if kind == "tcp":
-            assert len(pooled(transport)) == 1 and data_links(server) == 1
+        for _ in range(2):  # twice: the same connection answers the second time
+            with pytest.raises(PSError) as caught:
+                call(client)
+            assert caught.value.code == code
+            assert "a bug in the store" in caught.value.message
+            if kind == "tcp":
+                assert len(pooled(transport)) == 1 and data_links(server) == 1
     finally:
         server.stop(0)
 

@@ -560,6 +560,15 @@ def test_an_applied_async_push_reports_its_apply_time(start_server, open_transpo
     assert not reply.applied and reply.apply_seconds == 0
 
 
+@pytest.mark.parametrize(("address", "host"), [
+    ("127.0.0.1:2222", "127.0.0.1"),
+    ("[::1]:2222", "::1"),
+    ("j-ps-0.j.default.svc:2222", "j-ps-0.j.default.svc"),
+])
+def test_the_data_port_is_on_the_host_of_the_grpc_address(address: str, host: str) -> None:
+    assert dataplane.split_host(address) == host
+
+
 def test_connect_names_the_transport() -> None:
     tcp, grpc_ = connect("127.0.0.1:1"), connect("127.0.0.1:1", "grpc")
     try:

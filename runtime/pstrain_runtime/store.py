@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from . import wire
-from .optim import SLOT_NAMES, OptimizerConfig, OptimizerState, apply_gradient
+from .optim import SLOT_NAMES, OptimizerConfig, OptimizerState, apply_gradients
 from .proto import ps_pb2 as pb
 
 SLOT_SEPARATOR = "@"
@@ -46,6 +46,17 @@ def is_all_finite(tensor: torch.Tensor) -> bool:
     if math.isfinite(float(tensor.sum())):
         return True
     return bool(torch.isfinite(tensor).all())
+
+
+def first_nonfinite(tensors: dict[str, torch.Tensor],
+                    flat: torch.Tensor | None = None) -> str | None:
+    """The first of `tensors` (in order) holding NaN or inf, or None. `flat`, when given,
+    is one tensor whose elements are exactly those of all `tensors` (they are views of
+    it): one sum over it clears them all at once, and only when it is not finite is
+    each tensor checked, to name the bad one."""
+    if flat is not None and is_all_finite(flat):
+        return None
+    return next((key for key, tensor in tensors.items() if not is_all_finite(tensor)), None)
 
 
 class PSError(Exception):
@@ -79,6 +90,27 @@ class JobReport:
     updated_time: float = 0.0
 
 
+@dataclass(frozen=True)
+class FlatGrads:
+    """Gradients of several parameters as views of one 1-D buffer, in push order: the
+    push is read into one target and checked for NaN/inf with one sum. Pooled whole
+    (buffer and views) and used for async pushes only: a sync bucket adopts gradient
+    tensors, which must not be views of a buffer that is reused."""
+
+    keys: tuple[str, ...]
+    flat: torch.Tensor
+    views: dict[str, torch.Tensor]
+
+    @classmethod
+    def build(cls, keys: tuple[str, ...], shapes: list[tuple[int, ...]],
+              dtype: torch.dtype) -> FlatGrads:
+        sizes = [math.prod(shape) for shape in shapes]
+        flat = torch.empty(sum(sizes), dtype=dtype)
+        views = {key: part.view(shape) for key, part, shape
+                 in zip(keys, flat.split(sizes), shapes, strict=True)}
+        return cls(keys, flat, views)
+
+
 class Namespace:
     def __init__(self, name: str) -> None:
         self.name = name
@@ -100,7 +132,11 @@ class Namespace:
         self.buckets: dict[int, Bucket] = {}
         self.skipped_nonfinite = 0
         self.report = JobReport()
+        self.shapes: dict[str, tuple[int, ...]] = {}  # of params, for push checks
+        self.metas: dict[str, pb.TensorMeta] = {}  # of params, for pull headers
+        self.optimizer_pb = pb.OptimizerSpec()  # of config, for pull headers
         self._pool: dict[tuple[str, torch.dtype], list[torch.Tensor]] = {}
+        self._flat_pool: dict[tuple[tuple[str, ...], torch.dtype], list[FlatGrads]] = {}
         self._pool_lock = threading.Lock()
 
     # Scratch buffers: reused across pushes so that a steady state allocates nothing.
@@ -114,6 +150,23 @@ class Namespace:
     def give(self, key: str, tensor: torch.Tensor) -> None:
         with self._pool_lock:
             self._pool.setdefault((key, tensor.dtype), []).append(tensor)
+
+    def take_flat(self, keys: tuple[str, ...], dtype: torch.dtype) -> FlatGrads:
+        """Scratch gradients for `keys`, all of `dtype`, end to end in one buffer."""
+        with self._pool_lock:
+            free = self._flat_pool.get((keys, dtype))
+            if free:
+                return free.pop()
+        return FlatGrads.build(keys, [self.shapes[key] for key in keys], dtype)
+
+    def give_flat(self, grads: FlatGrads) -> None:
+        with self._pool_lock:
+            self._flat_pool.setdefault((grads.keys, grads.flat.dtype), []).append(grads)
+
+    def clear_pools(self) -> None:
+        with self._pool_lock:
+            self._pool.clear()
+            self._flat_pool.clear()
 
     def info(self, worker: int | None = None) -> pb.StepInfo:
         if self.done and worker is not None:
@@ -305,6 +358,9 @@ class ParameterStore:
                     "(fingerprint mismatch); use another namespace for another model",
                 )
             ns.params, ns.states, ns.config = params, states, config
+            ns.shapes = {key: tuple(tensor.shape) for key, tensor in params.items()}
+            ns.metas = {key: wire.meta_of(key, tensor) for key, tensor in params.items()}
+            ns.optimizer_pb = optimizer_to_pb(config)
             ns.mode = header.mode
             ns.num_workers = header.num_workers
             ns.staleness = header.staleness_bound if header.staleness_bound >= 0 else None
@@ -313,7 +369,7 @@ class ParameterStore:
             ns.target_steps = header.target_steps
             ns.buckets.clear()
             ns.worker_pushes.clear()
-            ns._pool.clear()
+            ns.clear_pools()
             ns.done = False
             ns.told_done.clear()
             ns.initialized = True
@@ -364,45 +420,57 @@ class ParameterStore:
                 pass
             return pb.PushReply(info=ns.info(header.worker), applied=False,
                                 note="the job is done; the push was not applied")
+        mode = ns.mode
+        checked: dict[str, torch.dtype] = {}
+        for meta in header.tensors:
+            key = meta.name
+            if key not in ns.params:
+                raise PSError("NOT_FOUND",
+                              f"push: tensor {key!r} is not on parameter server "
+                              f"{self.ps_index} in namespace {ns.name!r}")
+            if key in checked:
+                raise _invalid(f"push: tensor {key!r} appears twice")
+            try:
+                dtype = wire.parse_dtype(meta.dtype)
+            except wire.WireError as exc:
+                raise _invalid(f"push: gradient {key!r}: {exc}") from exc
+            if dtype not in GRAD_DTYPES:
+                raise _invalid(f"push: gradient {key!r} has dtype {meta.dtype}; "
+                               "gradients must be float32, bfloat16 or float16")
+            if tuple(meta.shape) != ns.shapes[key]:
+                raise _invalid(f"push: gradient {key!r} has shape {list(meta.shape)}, "
+                               f"the parameter has {list(ns.shapes[key])}")
+            checked[key] = dtype
+        flat: FlatGrads | None = None
         grads: dict[str, torch.Tensor] = {}
         try:
-            targets = []
-            for meta in header.tensors:
-                key = meta.name
-                if key not in ns.params:
-                    raise PSError("NOT_FOUND",
-                                  f"push: tensor {key!r} is not on parameter server "
-                                  f"{self.ps_index} in namespace {ns.name!r}")
-                if key in grads:
-                    raise _invalid(f"push: tensor {key!r} appears twice")
-                try:
-                    dtype = wire.parse_dtype(meta.dtype)
-                except wire.WireError as exc:
-                    raise _invalid(f"push: gradient {key!r}: {exc}") from exc
-                if dtype not in GRAD_DTYPES:
-                    raise _invalid(f"push: gradient {key!r} has dtype {meta.dtype}; "
-                                   "gradients must be float32, bfloat16 or float16")
-                if tuple(meta.shape) != tuple(ns.params[key].shape):
-                    raise _invalid(f"push: gradient {key!r} has shape {list(meta.shape)}, "
-                                   f"the parameter has {list(ns.params[key].shape)}")
-                grads[key] = ns.take(key, dtype)
-                targets.append(wire.byte_view(grads[key]))
+            dtypes = set(checked.values())
+            if mode == "async" and len(checked) > 1 and len(dtypes) == 1:
+                flat = ns.take_flat(tuple(checked), dtypes.pop())
+                grads = dict(flat.views)
+                targets = [wire.byte_view(flat.flat)]
+            else:
+                grads = {key: ns.take(key, dtype) for key, dtype in checked.items()}
+                targets = [wire.byte_view(grad) for grad in grads.values()]
             _read_body(header, messages, targets)
-            bad = [k for k, g in grads.items() if not is_all_finite(g)]
-            if bad:
+            bad = first_nonfinite(grads, None if flat is None else flat.flat)
+            if bad is not None:
                 with ns.cond:
                     ns.skipped_nonfinite += 1
                     count = ns.skipped_nonfinite
                 raise _invalid(
-                    f"push: gradient {bad[0]!r} contains NaN or inf; the push from worker "
+                    f"push: gradient {bad!r} contains NaN or inf; the push from worker "
                     f"{header.worker} was rejected and not applied ({count} rejected so far)"
                 )
-            if ns.mode == "sync":
+            if mode == "sync":
                 return self._push_sync(ns, header, grads, timeout)
             return self._push_async(ns, header, grads, timeout)
         finally:
-            for key, tensor in grads.items():
-                ns.give(key, tensor)
+            if flat is not None:
+                ns.give_flat(flat)
+            else:
+                for key, tensor in grads.items():
+                    ns.give(key, tensor)
 
     def _as_f32(self, grad: torch.Tensor) -> torch.Tensor:
         return grad if grad.dtype == torch.float32 else grad.float()
@@ -425,8 +493,9 @@ class ParameterStore:
                 return pb.PushReply(info=ns.info(worker), applied=False,
                                     note=f"the target of {ns.target_steps} steps is reached")
             started = time.perf_counter()
-            for key, grad in grads.items():
-                apply_gradient(ns.config, ns.params[key], self._as_f32(grad), ns.states[key])
+            apply_gradients(ns.config, [ns.params[key] for key in grads],
+                            [self._as_f32(grad) for grad in grads.values()],
+                            [ns.states[key] for key in grads])
             spent = time.perf_counter() - started
             ns.global_step += 1
             ns.worker_pushes[worker] = ns.worker_pushes.get(worker, 0) + 1
@@ -483,9 +552,12 @@ class ParameterStore:
             if bucket is None or len(bucket.contributors) < ns.num_workers:
                 return time.perf_counter() - started
             del ns.buckets[ns.global_step]
+            totals = list(bucket.sums.values())
+            if totals:
+                torch._foreach_div_(totals, len(bucket.contributors))
+            apply_gradients(ns.config, [ns.params[key] for key in bucket.sums], totals,
+                            [ns.states[key] for key in bucket.sums])
             for key, total in bucket.sums.items():
-                total.div_(len(bucket.contributors))
-                apply_gradient(ns.config, ns.params[key], total, ns.states[key])
                 ns.give(key, total)
             ns.global_step += 1
             ns.cond.notify_all()
@@ -508,12 +580,12 @@ class ParameterStore:
             header = pb.StreamHeader(kind=pb.STREAM_KIND_PULL, namespace=ns.name,
                                      global_step=ns.global_step, ps_index=self.ps_index,
                                      fingerprint=ns.fingerprint,
-                                     optimizer=optimizer_to_pb(ns.config), mode=ns.mode,
+                                     optimizer=ns.optimizer_pb, mode=ns.mode,
                                      num_workers=ns.num_workers)
             tensors: list[torch.Tensor] = []
             for name in names:
                 tensors.append(ns.params[name])
-                header.tensors.append(wire.meta_of(name, ns.params[name]))
+                header.tensors.append(ns.metas[name])
                 if request.include_slots:
                     header.slot_steps.append(ns.states[name].step)
                     for slot, value in sorted(ns.states[name].slots.items()):

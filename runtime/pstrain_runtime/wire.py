@@ -15,9 +15,11 @@ tensors and rejects out-of-order, overlapping, oversized and truncated streams.
 
 from __future__ import annotations
 
+import functools
 import struct
 import sys
-from collections.abc import Callable, Iterator, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,11 +78,57 @@ def parse_dtype(name: str) -> torch.dtype:
         raise WireError(f"dtype {name!r} is not one of {sorted(DTYPES)}") from exc
 
 
-def byte_view(tensor: torch.Tensor) -> np.ndarray:
-    """A writable uint8 numpy view sharing `tensor`'s memory (contiguous CPU only)."""
+def _fresh_byte_view(tensor: torch.Tensor) -> np.ndarray:
     if tensor.device.type != "cpu" or not tensor.is_contiguous():
         raise WireError("tensors on the wire must be contiguous and on the CPU")
     return tensor.detach().reshape(-1).view(torch.uint8).numpy()
+
+
+# id(tensor) -> (weak reference to the tensor, its data_ptr and nbytes when viewed, view)
+_VIEWS: dict[int, tuple[weakref.ref, int, int, np.ndarray]] = {}
+
+
+def _forget_view(ref: weakref.ref, key: int) -> None:
+    """Weak-reference callback: `ref`'s tensor is gone; drop its entry unless the id
+    already names a newer tensor's entry."""
+    entry = _VIEWS.get(key)
+    if entry is not None and entry[0] is ref:
+        _VIEWS.pop(key, None)
+
+
+def byte_view(tensor: torch.Tensor) -> np.ndarray:
+    """A writable uint8 numpy view sharing `tensor`'s memory (contiguous CPU only).
+
+    Making a view costs several microseconds (detach, reshape, view, numpy), and the
+    same long-lived tensors (a model's parameters and gradients, a server's parameters
+    and pooled scratch buffers) are viewed on every call, so views are cached per tensor
+    object:
+
+    - The key is `id(tensor)`, and the entry holds a weak reference to the tensor: a hit
+      needs the reference to still name this very tensor (an id can be reused once a
+      tensor dies), and the entry is dropped by the reference's callback when the tensor
+      is collected. The cache therefore never keeps a tensor object alive.
+    - The cached numpy view keeps the tensor's storage alive (as any numpy view does),
+      so it can never point to freed memory. A hit also needs the tensor's `data_ptr`
+      and byte count to be those seen when the view was made, and the tensor to still
+      be contiguous; a tensor whose storage was replaced (`set_`, `resize_`, `.data =`)
+      or resized gets a fresh view, which replaces the entry and releases the old
+      storage. Until then, an old storage stays referenced by the entry.
+    - Lookups and updates are single dict operations (atomic under the GIL); two threads
+      missing at once both build equal views, and the last one stays.
+    """
+    key = id(tensor)
+    entry = _VIEWS.get(key)
+    if (entry is not None and entry[0]() is tensor and entry[1] == tensor.data_ptr()
+            and entry[2] == tensor.nbytes and tensor.is_contiguous()):
+        return entry[3]
+    view = _fresh_byte_view(tensor)
+    try:
+        ref = weakref.ref(tensor, functools.partial(_forget_view, key=key))
+    except TypeError:  # pragma: no cover - a tensor type without weak references
+        return view
+    _VIEWS[key] = (ref, tensor.data_ptr(), tensor.nbytes, view)
+    return view
 
 
 def nbytes(tensor: torch.Tensor) -> int:
@@ -132,11 +180,13 @@ def encode_header(header: pb.StreamHeader) -> bytes:
     return pb.Frame(header=header).SerializeToString()
 
 
+def _chunk_prefix(seq: int, offset: int, size: int) -> bytes:
+    return _PREFIX.pack(_SEQ_TAG, seq, _OFF_TAG, offset, _DATA_TAG) + _varint(size)
+
+
 def encode_chunk(seq: int, offset: int, parts: Sequence[memoryview | bytes]) -> bytes:
     """One chunk frame from `parts` (joined: the single copy on the sending side)."""
-    size = sum(len(p) for p in parts)
-    prefix = _PREFIX.pack(_SEQ_TAG, seq, _OFF_TAG, offset, _DATA_TAG) + _varint(size)
-    return b"".join((prefix, *parts))
+    return b"".join((_chunk_prefix(seq, offset, sum(len(p) for p in parts)), *parts))
 
 
 @dataclass(frozen=True)
@@ -173,10 +223,19 @@ _BATCH_TAG = b"\x0a"  # FrameBatch field 1, length-delimited
 
 
 def encode_batch(frames: Iterator[bytes]) -> bytes:
-    """A `FrameBatch` message holding `frames` (a whole small stream)."""
-    parts: list[bytes] = []
+    """A `FrameBatch` message holding `frames` (a whole small stream). A writer's
+    `FrameStream` not yet iterated is encoded with a single copy of the tensors' bytes
+    (its frames are never joined on their own)."""
+    if isinstance(frames, FrameStream) and not frames.started:
+        return frames.batch()
+    return _join_batch([frame] for frame in frames)
+
+
+def _join_batch(frames: Iterable[Sequence[bytes | memoryview]]) -> bytes:
+    """A `FrameBatch` of frames each given as the parts that make it up: one join."""
+    parts: list[bytes | memoryview] = []
     for frame in frames:
-        parts += (_BATCH_TAG, _varint(len(frame)), frame)
+        parts += (_BATCH_TAG, _varint(sum(len(p) for p in frame)), *frame)
     return b"".join(parts)
 
 
@@ -210,30 +269,61 @@ class StreamWriter:
         self.chunk_bytes = chunk_bytes
 
     def frames(self, header: pb.StreamHeader,
-               tensors: Sequence[torch.Tensor]) -> Iterator[bytes]:
+               tensors: Sequence[torch.Tensor]) -> FrameStream:
+        """The stream's frames, made lazily as they are iterated (errors included)."""
+        return FrameStream(self._frame_parts(header, tensors))
+
+    def _frame_parts(self, header: pb.StreamHeader,
+                     tensors: Sequence[torch.Tensor]) -> Iterator[list[bytes | memoryview]]:
+        """Each frame as the list of parts it is the concatenation of."""
         if len(header.tensors) != len(tensors):
             raise WireError(f"header lists {len(header.tensors)} tensors, got {len(tensors)}")
         header.total_bytes = sum(nbytes(t) for t in tensors)
-        yield encode_header(header)
+        yield [encode_header(header)]
         seq = 0
         offset = 0
-        parts: list[memoryview] = []
+        parts: list[bytes | memoryview] = []
         pending = 0
         for tensor in tensors:
             view = memoryview(byte_view(tensor))
             pos = 0
             while pos < len(view):
                 take = min(self.chunk_bytes - pending, len(view) - pos)
-                parts.append(view[pos:pos + take])
+                parts.append(view[pos:pos + take] if take < len(view) else view)
                 pending += take
                 pos += take
                 if pending == self.chunk_bytes:
-                    yield encode_chunk(seq, offset, parts)
+                    yield [_chunk_prefix(seq, offset, pending), *parts]
                     seq += 1
                     offset += pending
                     parts, pending = [], 0
         if pending:
-            yield encode_chunk(seq, offset, parts)
+            yield [_chunk_prefix(seq, offset, pending), *parts]
+
+
+class FrameStream:
+    """An iterator over one stream's frames (bytes), made lazily. `encode_batch` of a
+    stream not yet started joins all frames at once instead: one copy of the tensors'
+    bytes, not one per frame and another for the batch."""
+
+    def __init__(self, frame_parts: Iterator[list[bytes | memoryview]]) -> None:
+        self._frame_parts = frame_parts
+        self.started = False
+
+    def __iter__(self) -> FrameStream:
+        return self
+
+    def __next__(self) -> bytes:
+        self.started = True
+        parts = next(self._frame_parts)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def batch(self) -> bytes:
+        """The whole stream as one `FrameBatch` message (see `encode_batch`)."""
+        if self.started:
+            raise WireError("a frame stream already partly read cannot be batched")
+        self.started = True
+        return _join_batch(self._frame_parts)
 
 
 class StreamReader:
@@ -266,36 +356,47 @@ class StreamReader:
             self._index += 1
 
     def feed(self, chunk: Chunk) -> None:
-        if chunk.seq != self.expected_seq:
+        src = np.frombuffer(chunk.data, dtype=np.uint8)
+        pos = 0
+        for dst in self.destinations(chunk.seq, chunk.offset, len(chunk.data)):
+            dst[:] = src[pos:pos + len(dst)]
+            pos += len(dst)
+
+    def destinations(self, seq: int, offset: int, size: int) -> list[np.ndarray]:
+        """Where the `size` data bytes of chunk `seq` at byte `offset` go: slices of the
+        targets, in order, after the checks of `feed`. The reader counts the bytes as
+        received: the caller fills every slice (a receiver can read a chunk's data
+        straight into them, with no copy in between) or abandons the stream."""
+        if seq != self.expected_seq:
             raise WireError(
-                f"chunk {chunk.seq} arrived where chunk {self.expected_seq} was expected; "
+                f"chunk {seq} arrived where chunk {self.expected_seq} was expected; "
                 "chunks must arrive in order"
             )
-        if chunk.offset != self.received:
+        if offset != self.received:
             raise WireError(
-                f"chunk {chunk.seq} starts at byte {chunk.offset}, expected byte "
+                f"chunk {seq} starts at byte {offset}, expected byte "
                 f"{self.received}; chunks must be contiguous and in order"
             )
-        size = len(chunk.data)
         if self.received + size > self.header.total_bytes:
             raise WireError(
-                f"chunk {chunk.seq} overruns the stream: {self.received + size} bytes "
+                f"chunk {seq} overruns the stream: {self.received + size} bytes "
                 f"received, the header says {self.header.total_bytes}"
             )
-        src = np.frombuffer(chunk.data, dtype=np.uint8)
+        out: list[np.ndarray] = []
         pos = 0
         while pos < size:
             index = self._index
-            start = self.ends[index] - self.targets[index].nbytes
-            at = self.received + pos - start
-            take = min(size - pos, self.targets[index].nbytes - at)
-            self.targets[index][at:at + take] = src[pos:pos + take]
+            target = self.targets[index]
+            at = self.received + pos - (self.ends[index] - target.nbytes)
+            take = min(size - pos, target.nbytes - at)
+            out.append(target[at:at + take])
             pos += take
-            if at + take == self.targets[index].nbytes:
+            if at + take == target.nbytes:
                 self._index += 1
                 self._skip_empty()
         self.received += size
         self.expected_seq += 1
+        return out
 
     def finish(self) -> None:
         if self.received != self.header.total_bytes:

@@ -323,3 +323,85 @@ def test_push_pull_after_done_pulls_and_reports_done() -> None:
     replies = client.push_pull(good_grads(), out)
     assert replies[0].info.done and not replies[0].applied
     assert torch.equal(out["w"], params()["w"])
+
+
+# ---------------------------------------------------------------- gradients in one buffer
+MOMENTUM = OptimizerConfig(name="momentum", learning_rate=0.5, momentum=0.9)
+
+
+def _reference_after(pushes: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The parameters after applying `pushes` one tensor at a time (the per-tensor path)."""
+    from pstrain_runtime.optim import apply_gradient, init_state
+
+    ref = params()
+    states = {k: init_state(MOMENTUM, v) for k, v in ref.items()}
+    for grads in pushes:
+        for key, grad in grads.items():
+            apply_gradient(MOMENTUM, ref[key], grad.float(), states[key])
+    return ref
+
+
+PUSH_SEQUENCES = {
+    # The same pooled buffer serves push after push; a subset or another order is
+    # another buffer; a mix of dtypes (or one tensor) uses per-tensor buffers.
+    "same-set": [good_grads(), with_value(-3.0), good_grads()],
+    "subsets-and-orders": [good_grads(), {"w": torch.full((3, 4), 0.4)},
+                           {"w": torch.full((3, 4), -0.1), "b": torch.full((4,), 2.0)},
+                           good_grads()],
+    "mixed-dtypes": [{"b": torch.full((4,), 0.5).half(), "w": torch.full((3, 4), 0.25)},
+                     {"b": torch.full((4,), 0.5).bfloat16(), "w": torch.ones(3, 4).half()},
+                     good_grads()],
+}
+
+
+@pytest.mark.parametrize("pushes", PUSH_SEQUENCES.values(), ids=PUSH_SEQUENCES.keys())
+def test_async_pushes_equal_the_per_tensor_apply(pushes) -> None:
+    store, _ = ready_store(config=MOMENTUM)
+    for grads in pushes:
+        assert store.push(iter(push_frames(grads))).applied
+    ns = store.namespace("ns")
+    for key, expected in _reference_after(pushes).items():
+        assert torch.equal(ns.params[key], expected), key
+
+
+NONFINITE = {
+    "first-of-two": ({"w": torch.full((3, 4), float("inf")), "b": torch.ones(4)}, "w"),
+    "last-of-two": ({"w": torch.ones(3, 4), "b": torch.tensor([0, 0, float("nan"), 0])}, "b"),
+    "both": ({"b": torch.full((4,), float("-inf")), "w": torch.full((3, 4), float("nan"))},
+             "b"),
+    "mixed-dtypes": ({"b": torch.ones(4).half(), "w": with_value(float("nan"))["w"]}, "w"),
+    "one-tensor": ({"w": with_value(float("inf"))["w"]}, "w"),
+    "overflowing-sum": ({"b": torch.full((4,), 3e38), "w": torch.ones(3, 4)}, None),
+}
+
+
+@pytest.mark.parametrize(("grads", "named"), NONFINITE.values(), ids=NONFINITE.keys())
+def test_a_nonfinite_gradient_is_named_and_the_next_push_is_clean(grads, named) -> None:
+    store, _ = ready_store(config=MOMENTUM)
+    if named is None:  # finite values whose sum overflows: accepted
+        assert store.push(iter(push_frames(grads))).applied
+        applied = [grads]
+    else:
+        with pytest.raises(PSError, match=f"gradient '{named}' contains NaN or inf"):
+            store.push(iter(push_frames(grads)))
+        applied = []
+    # The pooled buffers that held the bad values are overwritten by the next push.
+    clean = {key: torch.full_like(value, 0.125) for key, value in grads.items()}
+    assert store.push(iter(push_frames(clean))).applied
+    ns = store.namespace("ns")
+    for key, expected in _reference_after([*applied, clean]).items():
+        assert torch.equal(ns.params[key], expected), key
+
+
+def test_sync_buckets_never_hold_views_of_a_reused_buffer() -> None:
+    # Sync buckets adopt the first worker's gradients without a copy; the next push
+    # must not write over them before the step is applied.
+    store, _ = ready_store(mode="sync", num_workers=2, config=MOMENTUM)
+    first = {"b": torch.full((4,), 1.0), "w": torch.full((3, 4), 1.0)}
+    store.push(iter(push_frames(first, step=0)), timeout=0.01)  # waits for worker 1: times out
+    other = {"b": torch.full((4,), 3.0), "w": torch.full((3, 4), -1.0)}
+    store.push(iter(push_frames(other, worker=1, step=0)))
+    mean = {"b": torch.full((4,), 2.0), "w": torch.zeros(3, 4)}
+    ns = store.namespace("ns")
+    for key, expected in _reference_after([mean]).items():
+        assert torch.equal(ns.params[key], expected), key

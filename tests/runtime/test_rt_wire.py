@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
+import numpy as np
 import pytest
 import torch
 
@@ -104,3 +108,109 @@ def test_broken_streams_are_rejected(mangle, message) -> None:
 def test_unknown_dtype_is_named() -> None:
     with pytest.raises(wire.WireError, match="dtype 'complex32' is not one of"):
         wire.parse_dtype("complex32")
+
+
+# ---------------------------------------------------------------- byte_view's cache
+def test_byte_view_of_the_same_tensor_is_cached_and_writes_through() -> None:
+    t = torch.zeros(4)
+    first = wire.byte_view(t)
+    assert wire.byte_view(t) is first
+    first[:4] = np.frombuffer(np.float32(2.5).tobytes(), dtype=np.uint8)
+    assert t[0].item() == 2.5
+
+
+def _set_new_storage(t: torch.Tensor) -> None:
+    t.set_(torch.full((4,), 7.0))
+
+
+def _assign_data(t: torch.Tensor) -> None:
+    t.data = torch.full((4,), 7.0)
+
+
+def _shrink(t: torch.Tensor) -> None:
+    t.resize_(2)
+    t.fill_(7.0)
+
+
+def _grow(t: torch.Tensor) -> None:
+    # A storage once viewed by numpy cannot be resized past its size (torch's rule, cache
+    # or not); a larger tensor gets new storage through set_.
+    t.set_(torch.full((1 << 16,), 7.0))
+
+
+@pytest.mark.parametrize("change", [_set_new_storage, _assign_data, _shrink, _grow],
+                         ids=["set_", "data=", "resize-smaller", "resize-larger"])
+def test_byte_view_of_a_tensor_whose_storage_changed_is_made_again(change) -> None:
+    t = torch.zeros(4)
+    old = wire.byte_view(t)
+    change(t)
+    new = wire.byte_view(t)
+    assert new is not old
+    assert new.nbytes == t.nbytes
+    assert new.ctypes.data == t.data_ptr()
+    assert torch.equal(torch.from_numpy(new.copy()).view(torch.float32), t)
+
+
+def test_byte_view_of_a_tensor_made_non_contiguous_in_place_is_refused() -> None:
+    t = torch.zeros(3, 4)
+    wire.byte_view(t)
+    t.t_()  # same storage and size, other strides
+    with pytest.raises(wire.WireError, match="must be contiguous and on the CPU"):
+        wire.byte_view(t)
+
+
+def test_byte_view_cache_keeps_no_tensor_alive_and_forgets_dead_ones() -> None:
+    t = torch.zeros(1000)
+    alive = weakref.ref(t)
+    wire.byte_view(t)
+    key = id(t)
+    assert key in wire._VIEWS
+    del t
+    gc.collect()
+    assert alive() is None
+    assert key not in wire._VIEWS
+
+
+def test_byte_view_of_a_new_tensor_at_a_reused_id_is_its_own() -> None:
+    # Whatever id a new tensor gets, its view is of its own memory, never a stale entry.
+    for value in range(50):
+        t = torch.full((8,), float(value))
+        view = wire.byte_view(t)
+        assert torch.equal(torch.from_numpy(view.copy()).view(torch.float32), t)
+        del t, view
+
+
+def test_byte_view_survives_a_stale_entry_for_its_id() -> None:
+    # A stale entry (as if the callback had not run yet) is not mistaken for a hit.
+    t = torch.ones(4)
+    other = torch.zeros(4)
+    wire._VIEWS[id(t)] = (weakref.ref(other), t.data_ptr(), t.nbytes, wire.byte_view(other))
+    view = wire.byte_view(t)
+    assert view.ctypes.data == t.data_ptr()
+
+
+# ---------------------------------------------------------------- batches in one copy
+def test_batch_of_an_unstarted_stream_equals_batch_of_its_frames() -> None:
+    tensors = {"a": torch.randn(300), "b": torch.randn(7).half(), "c": torch.empty(0)}
+    for chunk_bytes in (100, wire.CHUNK_BYTES):
+        fast = wire.encode_batch(wire.StreamWriter(chunk_bytes).frames(
+            header_for(tensors), list(tensors.values())))
+        slow = wire.encode_batch(iter(frames_of(tensors, chunk_bytes)))
+        assert fast == slow
+        assert [bytes(f) for f in wire.decode_batch(fast)] == frames_of(tensors, chunk_bytes)
+
+
+def test_a_partly_read_stream_is_batched_from_where_it_is() -> None:
+    tensors = {"a": torch.randn(30)}
+    stream = wire.StreamWriter(40).frames(header_for(tensors), list(tensors.values()))
+    header = next(stream)
+    rest = wire.encode_batch(stream)
+    assert [header, *map(bytes, wire.decode_batch(rest))] == frames_of(tensors, 40)
+    with pytest.raises(wire.WireError, match="already partly read cannot be batched"):
+        stream.batch()
+
+
+def test_a_stream_with_a_header_that_does_not_match_fails_when_read() -> None:
+    stream = wire.StreamWriter().frames(header_for({"a": torch.zeros(1)}), [])
+    with pytest.raises(wire.WireError, match="header lists 1 tensors, got 0"):
+        wire.encode_batch(stream)

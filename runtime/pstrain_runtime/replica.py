@@ -62,9 +62,11 @@ def run_ps(identity: ReplicaIdentity, environ: Mapping[str, str]) -> int:
 
     try:
         data_port = int(environ.get(c.ENV_DATA_PORT) or 0)
+        if not 0 <= data_port <= 65535:
+            raise ValueError(data_port)
     except ValueError:
         print(f"pstrain replica: {c.ENV_DATA_PORT} is {environ[c.ENV_DATA_PORT]!r}; it must "
-              "be a port number", file=sys.stderr)
+              "be a port number (0 to 65535; 0 or unset: any free port)", file=sys.stderr)
         return 2
     server = PSServer(bind_address(identity, environ), ps_index=identity.task.index,
                       data_port=data_port)

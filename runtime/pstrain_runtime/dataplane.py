@@ -66,7 +66,8 @@ def _tune(sock: socket.socket) -> None:
 
 class Link:
     """One TCP connection speaking the frame protocol. Frames read from it are views of
-    one reused buffer: each is valid until the next frame is read."""
+    one reused buffer: each is valid until the next frame is read; chunk frames can
+    instead be read straight into their destination tensors (`LinkFrames`)."""
 
     def __init__(self, sock: socket.socket) -> None:
         _tune(sock)
@@ -100,28 +101,29 @@ class Link:
             return None
         return self._word[0]
 
-    def _recv_frame(self, size: int) -> memoryview:
+    def _recv_frame(self, size: int, have: int = 0) -> memoryview:
+        """A frame of `size` bytes in the buffer, whose first `have` bytes are there."""
         if size > wire.MAX_MESSAGE_BYTES:
             raise ProtocolError(f"a frame of {size} bytes exceeds the limit of "
                                 f"{wire.MAX_MESSAGE_BYTES}")
         if size > len(self._buf):
-            self._buf = bytearray(size)
+            grown = bytearray(size)
+            grown[:have] = self._buf[:have]
+            self._buf = grown
         view = memoryview(self._buf)[:size]
-        self._recv_exact(view)
+        self._recv_exact(view[have:])
         return view
 
-    def frames(self) -> Iterator[memoryview]:
+    def _discard(self, size: int) -> None:
+        view = memoryview(self._buf)
+        while size:
+            take = min(size, len(view))
+            self._recv_exact(view[:take])
+            size -= take
+
+    def frames(self) -> LinkFrames:
         """The frames up to END; ERROR raises `RemoteError` once it is fully read."""
-        while True:
-            size = self._word_value()
-            if size == END:
-                return
-            if size == ERROR:
-                code = bytes(self._recv_frame(self._word_value())).decode("utf-8", "replace")
-                message = bytes(self._recv_frame(self._word_value())).decode("utf-8",
-                                                                             "replace")
-                raise RemoteError(code, message)
-            yield self._recv_frame(size)
+        return LinkFrames(self)
 
     # ------------------------------------------------------------------ sending
     def _send_parts(self, parts: list[bytes | memoryview]) -> None:
@@ -169,6 +171,88 @@ class Link:
 
     def send_error(self, error: PSError) -> None:
         self.send_frames((), error=error)
+
+
+class LinkFrames:
+    """The frames of one request or response on a link, up to END (a `wire.DirectChunks`
+    source). Iterated, it yields views of the link's buffer. `read_chunks_into` reads
+    chunk frames straight into a stream reader's destination tensors instead: the frame's
+    prefix first, then its data with `recv_into` on the destination slices, so received
+    bytes are copied once (kernel to tensor), not twice (kernel to buffer to tensor).
+    Other frames take the buffered path. A chunk the reader refuses (out of order, too
+    long) has the rest of its frame read and dropped before the error is raised, so the
+    link stays in step for draining."""
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        self.ended = False
+
+    def __iter__(self) -> LinkFrames:
+        return self
+
+    def _next_size(self) -> int | None:
+        """The next frame's size; None at END (and after it); ERROR raises RemoteError."""
+        if self.ended:
+            return None
+        try:
+            size = self.link._word_value()
+            if size == END:
+                self.ended = True
+                return None
+            if size == ERROR:
+                self.ended = True
+                link = self.link
+                code = bytes(link._recv_frame(link._word_value())).decode("utf-8", "replace")
+                message = bytes(link._recv_frame(link._word_value())).decode("utf-8",
+                                                                             "replace")
+                raise RemoteError(code, message)
+            if size > wire.MAX_MESSAGE_BYTES:
+                raise ProtocolError(f"a frame of {size} bytes exceeds the limit of "
+                                    f"{wire.MAX_MESSAGE_BYTES}")
+        except OSError:
+            self.ended = True
+            raise
+        return size
+
+    def __next__(self) -> memoryview:
+        size = self._next_size()
+        if size is None:
+            raise StopIteration
+        try:
+            return self.link._recv_frame(size)
+        except OSError:
+            self.ended = True
+            raise
+
+    def read_chunks_into(self, reader: wire.StreamReader) -> None:
+        link = self.link
+        while (size := self._next_size()) is not None:
+            try:
+                head = link._recv_frame(min(size, wire.CHUNK_HEAD_BYTES))
+                chunk = wire.chunk_head(head)
+                if (chunk is None or not chunk.complete
+                        or chunk.start + chunk.size != size):
+                    # Not a hand-encoded chunk: the whole frame, decoded as usual (a
+                    # second header and a corrupt frame are named there).
+                    reader.feed(wire.decode_chunk(link._recv_frame(size, len(head))))
+                    continue
+                try:
+                    destinations = reader.destinations(chunk.seq, chunk.offset, chunk.size)
+                except wire.WireError:
+                    link._discard(size - len(head))
+                    raise
+                early = head[chunk.start:]  # data bytes that came with the head
+                for dst in destinations:
+                    view = memoryview(dst)
+                    take = min(len(early), len(view))
+                    if take:
+                        view[:take] = early[:take]
+                        early = early[take:]
+                    if take < len(view):
+                        link._recv_exact(view[take:])
+            except OSError:
+                self.ended = True
+                raise
 
 
 # ---------------------------------------------------------------------- server side

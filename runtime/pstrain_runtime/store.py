@@ -219,13 +219,7 @@ def _read_header(messages: Iterator[bytes], kind: int) -> pb.StreamHeader:
 def _read_body(header: pb.StreamHeader, messages: Iterator[bytes],
                targets: list[np.ndarray]) -> None:
     try:
-        reader = wire.StreamReader(header, targets)
-        for message in messages:
-            chunk = wire.decode_frame(message)
-            if not isinstance(chunk, wire.Chunk):
-                raise wire.WireError("a second header frame arrived in the middle of a stream")
-            reader.feed(chunk)
-        reader.finish()
+        wire.read_body(wire.StreamReader(header, targets), messages)
     except wire.WireError as exc:
         raise _invalid(str(exc)) from exc
 

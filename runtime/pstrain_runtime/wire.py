@@ -21,6 +21,7 @@ import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -196,20 +197,44 @@ class Chunk:
     data: memoryview
 
 
+# A hand-encoded chunk frame's prefix and data length fit in this many bytes.
+CHUNK_HEAD_BYTES = _PREFIX.size + 10
+
+
+@dataclass(frozen=True)
+class ChunkHead:
+    """The start of a hand-encoded chunk frame: its data are `size` bytes from `start`."""
+
+    seq: int
+    offset: int
+    size: int
+    start: int
+    complete: bool  # the data length ended within the bytes given
+
+
+def chunk_head(buf: bytes | memoryview) -> ChunkHead | None:
+    """The chunk prefix at the start of `buf` (a frame, or its first bytes), or None when
+    `buf` does not start like a hand-encoded chunk frame."""
+    if len(buf) >= _PREFIX.size + 1 and buf[0] == _SEQ_TAG:
+        _, seq, tag_o, offset, tag_d = _PREFIX.unpack_from(buf, 0)
+        if tag_o == _OFF_TAG and tag_d == _DATA_TAG:
+            size, pos, complete = _read_varint(buf, _PREFIX.size)
+            return ChunkHead(seq, offset, size, pos, complete)
+    return None
+
+
 def decode_frame(message: bytes) -> pb.StreamHeader | Chunk:
     """A header or a zero-copy chunk from one frame message."""
-    if len(message) >= _PREFIX.size + 1 and message[0] == _SEQ_TAG:
-        tag_s, seq, tag_o, offset, tag_d = _PREFIX.unpack_from(message, 0)
-        if tag_o == _OFF_TAG and tag_d == _DATA_TAG:
-            # An unfinished length leaves `size` partial, and the check below names
-            # the mismatch.
-            size, pos, _ = _read_varint(message, _PREFIX.size)
-            if pos + size != len(message):
-                raise WireError(
-                    f"chunk {seq} declares {size} data bytes but carries "
-                    f"{len(message) - pos}; the frame is truncated or corrupt"
-                )
-            return Chunk(seq, offset, memoryview(message)[pos:])
+    head = chunk_head(message)
+    if head is not None:
+        # An unfinished length leaves `size` partial, and the check below names the
+        # mismatch.
+        if head.start + head.size != len(message):
+            raise WireError(
+                f"chunk {head.seq} declares {head.size} data bytes but carries "
+                f"{len(message) - head.start}; the frame is truncated or corrupt"
+            )
+        return Chunk(head.seq, head.offset, memoryview(message)[head.start:])
     try:
         frame = pb.Frame.FromString(bytes(message))
     except DecodeError as exc:
@@ -406,6 +431,34 @@ class StreamReader:
             )
 
 
+def decode_chunk(message: bytes | memoryview) -> Chunk:
+    """A chunk frame after a stream's header."""
+    chunk = decode_frame(message)  # type: ignore[arg-type]
+    if not isinstance(chunk, Chunk):
+        raise WireError("a second header frame arrived in the middle of a stream")
+    return chunk
+
+
+class DirectChunks(Protocol):
+    """A source of frames that can write chunk data straight into a reader's
+    destinations (`StreamReader.destinations`), with no copy in between: a socket."""
+
+    def read_chunks_into(self, reader: StreamReader) -> None:
+        """Read the stream's remaining frames into `reader` (not `finish`ed)."""
+
+
+def read_body(reader: StreamReader, messages: Iterator[bytes]) -> None:
+    """The rest of a stream (its chunks) into `reader`, then the byte-count check; a
+    `DirectChunks` source is read straight into the destinations."""
+    direct = getattr(messages, "read_chunks_into", None)  # a DirectChunks source
+    if direct is not None:
+        direct(reader)
+    else:
+        for message in messages:
+            reader.feed(decode_chunk(message))
+    reader.finish()
+
+
 def read_stream(
     messages: Iterator[bytes],
     targets_for: Callable[[pb.StreamHeader], Sequence[np.ndarray]],
@@ -417,11 +470,5 @@ def read_stream(
     header = decode_frame(first)
     if not isinstance(header, pb.StreamHeader):
         raise WireError("the stream did not start with a header frame")
-    reader = StreamReader(header, targets_for(header))
-    for message in messages:
-        chunk = decode_frame(message)
-        if not isinstance(chunk, Chunk):
-            raise WireError("a second header frame arrived in the middle of a stream")
-        reader.feed(chunk)
-    reader.finish()
+    read_body(StreamReader(header, targets_for(header)), messages)
     return header

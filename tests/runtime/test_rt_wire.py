@@ -59,15 +59,20 @@ def test_chunk_frames_are_valid_protobuf() -> None:
     assert pb.Frame.FromString(frames[0]).header.total_bytes == 24
 
 
+def protobuf_encoded_frames(w: torch.Tensor) -> list[bytes]:
+    """A stream of `w` in two chunks encoded by protobuf, not by hand."""
+    header = header_for({"w": w})
+    header.total_bytes = wire.nbytes(w)
+    raw = w.numpy().tobytes()
+    half = len(raw) // 2
+    return [pb.Frame(header=header).SerializeToString(),
+            pb.Frame(seq=0, offset=0, data=raw[:half]).SerializeToString(),
+            pb.Frame(seq=1, offset=half, data=raw[half:]).SerializeToString()]
+
+
 def test_protobuf_encoded_chunks_are_accepted_too() -> None:
     w = torch.arange(4, dtype=torch.float32)
-    header = header_for({"w": w})
-    header.total_bytes = 16
-    raw = w.numpy().tobytes()
-    frames = [pb.Frame(header=header).SerializeToString(),
-              pb.Frame(seq=0, offset=0, data=raw[:8]).SerializeToString(),
-              pb.Frame(seq=1, offset=8, data=raw[8:]).SerializeToString()]
-    assert torch.equal(read_into(frames, {"w": w})["w"], w)
+    assert torch.equal(read_into(protobuf_encoded_frames(w), {"w": w})["w"], w)
 
 
 def _swap(frames: list[bytes]) -> list[bytes]:

@@ -405,6 +405,28 @@ def split_host(address: str) -> str:
     return address.rpartition(":")[0].strip("[]")
 
 
+class CallReply:
+    """The response frames of a `DataClient.call`: an iterator, and a `wire.DirectChunks`
+    source. Once `read_chunks_into` is called, the call's exchange reads the remaining
+    frames straight into the reader's destinations, with the same error mapping and the
+    same return of the connection to the pool."""
+
+    def __init__(self) -> None:
+        self.reader: wire.StreamReader | None = None
+        self.frames: Iterator[memoryview] = iter(())
+
+    def __iter__(self) -> CallReply:
+        return self
+
+    def __next__(self) -> memoryview:
+        return next(self.frames)
+
+    def read_chunks_into(self, reader: wire.StreamReader) -> None:
+        self.reader = reader
+        for _ in self.frames:  # the exchange reads the rest into `reader`, then ends
+            pass
+
+
 class DataClient:
     """The client end of a server's data plane: a pool of `Link`s to (host, port), one
     per call in flight, reused across calls."""
@@ -441,15 +463,29 @@ class DataClient:
         with self._lock:
             self._idle.append(link)
 
-    def call(self, op: int, frames: Iterable[bytes | memoryview]) -> Iterator[memoryview]:
+    def call(self, op: int, frames: Iterable[bytes | memoryview]) -> CallReply:
         """Send a request; yield the response frames (views valid until the next one).
         Refusals raise PSError with the server's code; a broken connection raises
-        UNAVAILABLE. Nothing is sent until the first frame is asked for."""
+        UNAVAILABLE. Nothing is sent until the first frame is asked for. The reply can
+        also read chunk frames straight into a stream reader (`CallReply`)."""
+        reply = CallReply()
+        reply.frames = self._exchange(op, frames, reply)
+        return reply
+
+    def _exchange(self, op: int, frames: Iterable[bytes | memoryview],
+                  reply: CallReply) -> Iterator[memoryview]:
         link = self._take()
         reusable = False
         try:
             link.send_frames(frames, op=op)
-            yield from link.frames()
+            received = link.frames()
+            while reply.reader is None:
+                frame = next(received, None)
+                if frame is None:
+                    break
+                yield frame
+            else:
+                received.read_chunks_into(reply.reader)
             reusable = True
         except RemoteError as exc:
             reusable = True

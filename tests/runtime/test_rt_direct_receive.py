@@ -1,9 +1,11 @@
 """The data plane reads chunk frames straight into the destination tensors
-(`dataplane.LinkFrames.read_chunks_into`): same bytes and same refusals as the buffered
-path, and the connection stays in step after a refusal."""
+(`dataplane.LinkFrames.read_chunks_into`, and `CallReply` for a client's calls): same
+bytes and same refusals as the buffered path, and the connection stays in step after a
+refusal."""
 
 from __future__ import annotations
 
+import gc
 import socket
 import threading
 from collections.abc import Iterator
@@ -12,7 +14,11 @@ import pytest
 import torch
 
 from pstrain_runtime import dataplane, wire
+from pstrain_runtime.client import LocalTransport, ShardedClient
+from pstrain_runtime.optim import OptimizerConfig
+from pstrain_runtime.placement import build_placement, param_specs
 from pstrain_runtime.proto import ps_pb2 as pb
+from pstrain_runtime.store import ParameterStore, PSError
 
 from .test_rt_wire import frames_of, protobuf_encoded_frames
 
@@ -159,3 +165,56 @@ def test_a_closed_connection_fails_the_read(links) -> None:
 
 def struct_frame(frame: bytes) -> bytes:
     return len(frame).to_bytes(4, "little") + frame
+
+
+# ---------------------------------------------------------------- a client's pulls
+@pytest.fixture
+def served() -> Iterator[tuple[ParameterStore, dataplane.DataClient]]:
+    """A store with `BIG_PARAMS` behind a DataServer on 127.0.0.1, and a client."""
+    store = ParameterStore()
+    placement = build_placement(param_specs({n: t.shape for n, t in BIG_PARAMS.items()}), 1)
+    ShardedClient([LocalTransport(store)], placement, "ns").init(
+        BIG_PARAMS, OptimizerConfig(), mode="async", num_workers=1, staleness_bound=None,
+        fingerprint="ab")
+    server = dataplane.DataServer(store, "127.0.0.1")
+    port = server.start()
+    client = dataplane.DataClient("ps-0", "127.0.0.1", port)
+    yield store, client
+    client.close()
+    server.stop()
+
+
+BIG_PARAMS = {"w": torch.randn(1280, 1024), "b": torch.randn(7)}  # 5 MiB: three chunks
+
+
+def pull(client: dataplane.DataClient, out: dict[str, torch.Tensor]) -> pb.StreamHeader:
+    request = pb.PullRequest(namespace="ns", names=list(out)).SerializeToString()
+    return wire.read_stream(client.call(dataplane.OP_PULL, [request]),
+                            lambda header: [wire.byte_view(out[m.name]) for m in header.tensors])
+
+
+def test_a_pull_is_received_straight_into_the_parameters(served) -> None:
+    _, client = served
+    for _ in range(2):  # the second call reuses the pooled connection
+        out = {n: torch.zeros_like(t) for n, t in BIG_PARAMS.items()}
+        pull(client, out)
+        assert all(torch.equal(out[n], t) for n, t in BIG_PARAMS.items())
+        assert [len(link._buf) for link in client._idle] == [dataplane.COALESCE_BYTES]
+
+
+def test_a_refused_pull_keeps_the_connection_and_a_broken_one_drops_it(served) -> None:
+    _, client = served
+    with pytest.raises(PSError, match="tensor 'nope' is not on parameter server") as err:
+        pull(client, {"nope": torch.zeros(1)})
+    assert err.value.code == "NOT_FOUND"
+    assert len(client._idle) == 1  # an answered refusal leaves the link in step
+    short = {"w": torch.zeros(1280, 1024), "b": torch.zeros(7)}
+    with pytest.raises(wire.WireError, match="its tensors hold"):
+        wire.read_stream(client.call(dataplane.OP_PULL, [pb.PullRequest(
+            namespace="ns", names=["w", "b"]).SerializeToString()]),
+            lambda header: [wire.byte_view(short["w"])])
+    gc.collect()
+    assert client._idle == []  # abandoned mid-response: closed, not pooled
+    out = {n: torch.zeros_like(t) for n, t in BIG_PARAMS.items()}
+    pull(client, out)
+    assert torch.equal(out["w"], BIG_PARAMS["w"])

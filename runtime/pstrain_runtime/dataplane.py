@@ -250,6 +250,7 @@ class LinkFrames:
                         early = early[take:]
                     if take < len(view):
                         link._recv_exact(view[take:])
+                reader.filled(chunk.offset, chunk.offset + chunk.size)
             except OSError:
                 self.ended = True
                 raise

@@ -48,15 +48,32 @@ def is_all_finite(tensor: torch.Tensor) -> bool:
     return bool(torch.isfinite(tensor).all())
 
 
-def first_nonfinite(tensors: dict[str, torch.Tensor],
-                    flat: torch.Tensor | None = None) -> str | None:
-    """The first of `tensors` (in order) holding NaN or inf, or None. `flat`, when given,
-    is one tensor whose elements are exactly those of all `tensors` (they are views of
-    it): one sum over it clears them all at once, and only when it is not finite is
-    each tensor checked, to name the bad one."""
-    if flat is not None and is_all_finite(flat):
-        return None
+def first_nonfinite(tensors: dict[str, torch.Tensor]) -> str | None:
+    """The first of `tensors` (in order) holding NaN or inf, or None."""
     return next((key for key, tensor in tensors.items() if not is_all_finite(tensor)), None)
+
+
+class RunningSum:
+    """The sum of a tensor's elements, taken stretch by stretch as its bytes arrive
+    (`wire.StreamReader.on_data`) while they are still in cache, so that the NaN/inf
+    check of a large push costs no extra pass over memory."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.flat = tensor.reshape(-1)
+        self.itemsize = tensor.element_size()
+        self.summed = 0  # elements summed so far
+        self.total = 0.0
+
+    def __call__(self, start: int, end: int) -> None:
+        upto = end // self.itemsize
+        if upto > self.summed:
+            self.total += float(self.flat[self.summed:upto].sum())
+            self.summed = upto
+
+    def all_finite(self) -> bool:
+        """True proves every element finite; False (NaN/inf, or an overflow of large
+        finite values) calls for the precise check."""
+        return self.summed == self.flat.numel() and math.isfinite(self.total)
 
 
 class PSError(Exception):
@@ -217,9 +234,12 @@ def _read_header(messages: Iterator[bytes], kind: int) -> pb.StreamHeader:
 
 
 def _read_body(header: pb.StreamHeader, messages: Iterator[bytes],
-               targets: list[np.ndarray]) -> None:
+               targets: list[np.ndarray],
+               on_data: Callable[[int, int], None] | None = None) -> None:
     try:
-        wire.read_body(wire.StreamReader(header, targets), messages)
+        reader = wire.StreamReader(header, targets)
+        reader.on_data = on_data
+        wire.read_body(reader, messages)
     except wire.WireError as exc:
         raise _invalid(str(exc)) from exc
 
@@ -446,8 +466,16 @@ class ParameterStore:
             else:
                 grads = {key: ns.take(key, dtype) for key, dtype in checked.items()}
                 targets = [wire.byte_view(grad) for grad in grads.values()]
-            _read_body(header, messages, targets)
-            bad = first_nonfinite(grads, None if flat is None else flat.flat)
+            # One tensor receives the whole push (the flat buffer, or a lone gradient):
+            # sum it as it arrives.
+            whole = flat.flat if flat is not None else (
+                next(iter(grads.values())) if len(grads) == 1 else None)
+            running = RunningSum(whole) if whole is not None else None
+            _read_body(header, messages, targets, running)
+            if running is not None:
+                bad = None if running.all_finite() else first_nonfinite(grads)
+            else:
+                bad = first_nonfinite(grads)
             if bad is not None:
                 with ns.cond:
                     ns.skipped_nonfinite += 1

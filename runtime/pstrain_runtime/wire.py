@@ -375,6 +375,15 @@ class StreamReader:
         self.received = 0
         self._index = 0  # first target not yet full
         self._skip_empty()
+        # Told (start, end) of each stretch of stream bytes once it is in the targets,
+        # while it is still in cache (the store sums pushed gradients this way).
+        self.on_data: Callable[[int, int], None] | None = None
+
+    def filled(self, start: int, end: int) -> None:
+        """Stream bytes [start, end) are in the targets (a receiver filling the
+        `destinations` itself calls this after each chunk)."""
+        if self.on_data is not None:
+            self.on_data(start, end)
 
     def _skip_empty(self) -> None:
         while self._index < len(self.targets) and self.targets[self._index].nbytes == 0:
@@ -386,6 +395,7 @@ class StreamReader:
         for dst in self.destinations(chunk.seq, chunk.offset, len(chunk.data)):
             dst[:] = src[pos:pos + len(dst)]
             pos += len(dst)
+        self.filled(chunk.offset, chunk.offset + len(chunk.data))
 
     def destinations(self, seq: int, offset: int, size: int) -> list[np.ndarray]:
         """Where the `size` data bytes of chunk `seq` at byte `offset` go: slices of the

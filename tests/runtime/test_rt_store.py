@@ -405,3 +405,37 @@ def test_sync_buckets_never_hold_views_of_a_reused_buffer() -> None:
     ns = store.namespace("ns")
     for key, expected in _reference_after([mean]).items():
         assert torch.equal(ns.params[key], expected), key
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+@pytest.mark.parametrize(("where", "value"), [
+    ("first chunk", float("nan")), ("last chunk", float("inf")),
+    ("middle chunk", float("-inf")),
+])
+def test_a_lone_gradient_checked_as_it_arrives_rejects_nan_in_any_chunk(mode, where,
+                                                                       value) -> None:
+    """A push of one tensor is summed chunk by chunk as it arrives (16-byte chunks here:
+    3 chunks for 12 floats); a bad value in any chunk still rejects the whole push."""
+    store = ParameterStore()
+    client = ShardedClient([LocalTransport(store)],
+                           build_placement(param_specs({"w": (3, 4)}), 1), "ns",
+                           chunk_bytes=16)
+    client.init({"w": params()["w"]}, SGD, mode=mode, num_workers=1, staleness_bound=None,
+                fingerprint=FP)
+    before = snapshot(store)
+    grad = torch.full((3, 4), 0.2)
+    grad.view(-1)[{"first chunk": 1, "middle chunk": 6, "last chunk": 11}[where]] = value
+    with pytest.raises(PSError, match="gradient 'w' contains NaN or inf"):
+        store.push(iter(push_frames({"w": grad})))
+    assert same(before, snapshot(store))
+    store.push(iter(push_frames({"w": torch.full((3, 4), 0.2)})))
+    assert store.namespace("ns").global_step == 1
+
+
+def test_large_finite_gradients_whose_sum_overflows_are_accepted() -> None:
+    """The running sum overflows to inf for values near float32's max; the precise check
+    then finds every value finite and the push is applied."""
+    store, _ = ready_store()
+    grads = {"b": torch.full((4,), 3e38), "w": torch.full((3, 4), 3e38)}
+    reply = store.push(iter(push_frames(grads)))
+    assert reply.applied and store.namespace("ns").global_step == 1

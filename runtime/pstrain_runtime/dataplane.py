@@ -44,6 +44,7 @@ _LEN = struct.Struct("<I")
 _END = _LEN.pack(END)
 COALESCE_BYTES = 64 * 1024  # smaller frames are gathered into one send
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
+MAX_IOVECS = 512  # buffers per sendmsg call (the kernel's limit, IOV_MAX, is 1024)
 _log = logging.getLogger(__name__)
 
 
@@ -129,7 +130,7 @@ class Link:
     def _send_parts(self, parts: list[bytes | memoryview]) -> None:
         views = [memoryview(p).cast("B") for p in parts if len(p)]
         while views:
-            sent = self.sock.sendmsg(views)
+            sent = self.sock.sendmsg(views[:MAX_IOVECS])
             while views and sent >= len(views[0]):
                 sent -= len(views[0])
                 views.pop(0)
@@ -143,17 +144,23 @@ class Link:
         and re-raised unless it is a PSError."""
         pending = bytearray() if op is None else bytearray((op,))
         failure: BaseException | None = None
+        # A fresh `wire.FrameStream` gives each frame as parts (views of the tensors):
+        # large frames go out with sendmsg straight from tensor memory, no join.
+        framed: Iterable[list[bytes | memoryview]] = (
+            frames.parts() if isinstance(frames, wire.FrameStream) and not frames.started
+            else ([frame] for frame in frames))
         try:
-            for frame in frames:
-                size = len(frame)
+            for parts in framed:
+                size = sum(len(part) for part in parts)
                 if size < COALESCE_BYTES:
                     pending += _LEN.pack(size)
-                    pending += frame
+                    for part in parts:
+                        pending += part
                     if len(pending) >= COALESCE_BYTES:
                         self._send_parts([pending])
                         pending = bytearray()
                 else:
-                    self._send_parts([pending, _LEN.pack(size), frame])
+                    self._send_parts([pending, _LEN.pack(size), *parts])
                     pending = bytearray()
         except PSError as exc:
             error = exc

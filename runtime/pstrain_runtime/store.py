@@ -515,9 +515,16 @@ class ParameterStore:
                 return pb.PushReply(info=ns.info(worker), applied=False,
                                     note=f"the target of {ns.target_steps} steps is reached")
             started = time.perf_counter()
-            apply_gradients(ns.config, [ns.params[key] for key in grads],
-                            [self._as_f32(grad) for grad in grads.values()],
-                            [ns.states[key] for key in grads])
+            # Reduced-precision gradients are widened into pooled float32 buffers.
+            widened = {key: ns.take(key, torch.float32).copy_(grad)
+                       for key, grad in grads.items() if grad.dtype != torch.float32}
+            try:
+                apply_gradients(ns.config, [ns.params[key] for key in grads],
+                                [widened.get(key, grad) for key, grad in grads.items()],
+                                [ns.states[key] for key in grads])
+            finally:
+                for key, buf in widened.items():
+                    ns.give(key, buf)
             spent = time.perf_counter() - started
             ns.global_step += 1
             ns.worker_pushes[worker] = ns.worker_pushes.get(worker, 0) + 1

@@ -343,6 +343,14 @@ class FrameStream:
         parts = next(self._frame_parts)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
+    def parts(self) -> Iterator[list[bytes | memoryview]]:
+        """The frames, each as the list of parts (a prefix, then views of the tensors'
+        memory) it is the concatenation of: a socket can send them with no copy."""
+        if self.started:
+            raise WireError("a frame stream already partly read cannot be read by parts")
+        self.started = True
+        return self._frame_parts
+
     def batch(self) -> bytes:
         """The whole stream as one `FrameBatch` message (see `encode_batch`)."""
         if self.started:

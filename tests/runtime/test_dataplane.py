@@ -632,3 +632,30 @@ def test_a_graceful_stop_lets_a_reply_in_flight_finish(start_server, open_transp
     assert isinstance(header, pb.StreamHeader) and header.push_reply.info.done
     assert received > 24 * 1024 * 1024
     assert server.wait(timeout=WAIT_S)
+
+
+def test_a_frame_of_many_small_tensors_goes_out_in_several_sendmsg_calls(
+        start_server, open_transport, monkeypatch) -> None:
+    """1100 tensors of 400 bytes coalesce into one chunk frame of 1100 parts: more
+    buffers than the kernel takes in one sendmsg (IOV_MAX, 1024), so the frame must go
+    out in slices of dataplane.MAX_IOVECS; the pushed and pulled values arrive whole."""
+    calls: list[int] = []
+    real = dataplane.Link._send_parts
+
+    def counting(self, parts):  # noqa: ANN001, ANN202
+        calls.append(len(parts))
+        return real(self, parts)
+
+    monkeypatch.setattr(dataplane.Link, "_send_parts", counting)
+    shapes = {f"t{i:04d}": (100,) for i in range(1100)}
+    server = start_server()
+    client = sharded([open_transport(server.address)], shapes)
+    params = randn(shapes, 1)
+    init(client, params)
+    grads = randn(shapes, 2)
+    client.push(grads)
+    out = zeros(shapes)
+    client.pull(out)
+    assert max(calls) > 1024
+    for name in shapes:
+        torch.testing.assert_close(out[name], params[name] - grads[name])

@@ -211,8 +211,10 @@ def run(cfg: Config) -> list[Figure]:
             ("push_stream", "push one {m} MiB fp32 tensor: the stream (the push less the "
              "server's SGD update, which the reply reports)"),
             ("pull", "pull one {m} MiB fp32 tensor from the PS"),
-            ("push_grpc", "reference: push over gRPC (spec.training.transport grpc)"),
-            ("pull_grpc", "reference: pull over gRPC (spec.training.transport grpc)")):
+            ("push_grpc", "reference: push one {m} MiB fp32 tensor over gRPC, timed to its "
+             "reply (spec.training.transport grpc)"),
+            ("pull_grpc", "reference: pull one {m} MiB fp32 tensor over gRPC "
+             "(spec.training.transport grpc)")):
         for m in sizes:
             figs.append(Figure.of(f"transport.{kind}.{m}MiB", label.format(m=m), "GB/s",
                                   rates(m * MIB / GB, res[f"{kind}.{m}"])))

@@ -149,6 +149,7 @@ class Link:
         framed: Iterable[list[bytes | memoryview]] = (
             frames.parts() if isinstance(frames, wire.FrameStream) and not frames.started
             else ([frame] for frame in frames))
+        held: list[bytes | memoryview] = []  # the last large frame, sent with what follows
         try:
             for parts in framed:
                 size = sum(len(part) for part in parts)
@@ -157,10 +158,12 @@ class Link:
                     for part in parts:
                         pending += part
                     if len(pending) >= COALESCE_BYTES:
-                        self._send_parts([pending])
-                        pending = bytearray()
+                        self._send_parts([*held, pending])
+                        held, pending = [], bytearray()
                 else:
-                    self._send_parts([pending, _LEN.pack(size), *parts])
+                    if held:
+                        self._send_parts(held)
+                    held = [pending, _LEN.pack(size), *parts]
                     pending = bytearray()
         except PSError as exc:
             error = exc
@@ -172,7 +175,7 @@ class Link:
             code, message = error.code.encode(), error.message.encode()
             pending += _LEN.pack(ERROR)
             pending += _LEN.pack(len(code)) + code + _LEN.pack(len(message)) + message
-        self._send_parts([pending])
+        self._send_parts([*held, pending])  # the end (or error) rides with the last frame
         if failure is not None:
             raise failure
 

@@ -137,3 +137,15 @@ def time_repeated(fn: Callable[[], object], warmup: int, repeats: int,
         fn()
         out.append(time.perf_counter() - t0)
     return out
+
+
+SMALL_WARMUP, SMALL_CALLS = 20, 200  # calls behind one round-trip latency figure
+
+
+def latency_samples(fn: Callable[[], object], samples: int, warmup: int = SMALL_WARMUP,
+                    calls: int = SMALL_CALLS) -> list[float]:
+    """Round-trip seconds of `fn` as `samples` figures, each the median of a batch of
+    consecutive calls (one call of a millisecond is too short to stand alone)."""
+    secs = time_repeated(fn, warmup, calls)
+    k = calls // samples
+    return [statistics.median(secs[i * k:(i + 1) * k]) for i in range(samples)]

@@ -11,16 +11,14 @@ transport must do too).
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 from concurrent import futures
 
-from .core import GB, MIB, Config, Figure, rates
+from .core import GB, MIB, Config, Figure, latency_samples, rates
 from .procs import LOOPBACK, free_port, run_group
 
 SMALL_BYTES = 307_240  # the digits MLP with hidden 1024
-SMALL_WARMUP, SMALL_CALLS = 20, 200
 GRPC_LIMITS = (
     ("grpc.max_send_message_length", 256 * MIB),
     ("grpc.max_receive_message_length", 256 * MIB),
@@ -95,15 +93,7 @@ def _grpc_peer(rank: int, port: int, total: int, chunk: int, reps: int) -> dict 
         "small_unary": lambda: echo(small, timeout=30),
     }
     for kind, fn in small_calls.items():
-        for _ in range(SMALL_WARMUP):
-            fn()
-        lat = []
-        for _ in range(SMALL_CALLS):
-            t0 = time.perf_counter()
-            fn()
-            lat.append(time.perf_counter() - t0)
-        k = SMALL_CALLS // reps
-        out[kind] = [statistics.median(lat[i * k:(i + 1) * k]) for i in range(reps)]
+        out[kind] = latency_samples(fn, reps)
     # The last push-shaped stream ends the server (it counts full-size pushes).
     for _ in range(reps):
         t0 = time.perf_counter()

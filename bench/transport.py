@@ -16,21 +16,19 @@ to loopback TCP is grpcio's own.
 from __future__ import annotations
 
 import socket
-import statistics
 import struct
 import threading
 import time
 from typing import Any
 
 from . import rt
-from .core import GB, MIB, Config, Figure, rates
+from .core import GB, MIB, SMALL_CALLS, Config, Figure, latency_samples, rates
 from .grpc_ref import bare_grpc_stream
 from .limits import _recv_exact
 from .procs import LOOPBACK, cpu_seconds, find_free_ports, run_group
 
 FRAME = 2 * MIB  # pstrain's chunk size (pstrain_runtime.wire.CHUNK_BYTES)
 SMALL_NUMEL = 76_810  # parameters of the digits MLP with hidden 1024 (0.31 MB)
-SMALL_WARMUP, SMALL_CALLS = 20, 200
 RAW, FRAMED = 0, 1
 
 
@@ -176,16 +174,7 @@ def _peer(rank: int, port: int, tcp_port: int, sizes_mib: list[int], warmup: int
         if rt.has_push_pull(client):
             calls.append(("push_pull_small", lambda: client.push_pull(grads, params, worker=0)))
         for kind, fn in calls:
-            for _ in range(SMALL_WARMUP):
-                fn()
-            secs = []
-            for _ in range(SMALL_CALLS):
-                t0 = time.perf_counter()
-                fn()
-                secs.append(time.perf_counter() - t0)
-            # one figure sample = the median of a batch of consecutive calls
-            k = SMALL_CALLS // repeats
-            out[kind] = [statistics.median(secs[i * k:(i + 1) * k]) for i in range(repeats)]
+            out[kind] = latency_samples(fn, repeats)
     if sock is not None:
         sock.sendall(struct.pack("!QB", 0, RAW))
         sock.close()

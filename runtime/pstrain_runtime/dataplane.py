@@ -56,6 +56,12 @@ class RemoteError(PSError):
     """The peer answered with ERROR: the call was refused, the connection is intact."""
 
 
+def _check_size(size: int) -> None:
+    if size > wire.MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"a frame of {size} bytes exceeds the limit of "
+                            f"{wire.MAX_MESSAGE_BYTES}")
+
+
 def _tune(sock: socket.socket) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
@@ -104,9 +110,7 @@ class Link:
 
     def _recv_frame(self, size: int, have: int = 0) -> memoryview:
         """A frame of `size` bytes in the buffer, whose first `have` bytes are there."""
-        if size > wire.MAX_MESSAGE_BYTES:
-            raise ProtocolError(f"a frame of {size} bytes exceeds the limit of "
-                                f"{wire.MAX_MESSAGE_BYTES}")
+        _check_size(size)
         if size > len(self._buf):
             grown = bytearray(size)
             grown[:have] = self._buf[:have]
@@ -216,9 +220,7 @@ class LinkFrames:
                 message = bytes(link._recv_frame(link._word_value())).decode("utf-8",
                                                                              "replace")
                 raise RemoteError(code, message)
-            if size > wire.MAX_MESSAGE_BYTES:
-                raise ProtocolError(f"a frame of {size} bytes exceeds the limit of "
-                                    f"{wire.MAX_MESSAGE_BYTES}")
+            _check_size(size)  # also for chunks read straight into their tensors
         except OSError:
             self.ended = True
             raise
@@ -364,6 +366,7 @@ class DataServer:
         if call is None:
             raise ProtocolError(f"unknown data-plane op {op}")
         request = link.frames()
+        error: PSError | None = None
         try:
             reply = self._dispatch(op, call, request)
         except PSError as exc:
@@ -374,19 +377,17 @@ class DataServer:
             # as gRPC does (UNKNOWN), not by closing: UNAVAILABLE would make trainers retry
             _log.exception("data plane: %s failed", call)
             error = PSError("INTERNAL", f"{call}: {type(exc).__name__}: {exc}")
-        else:
-            for _ in request:
-                pass
-            try:
-                link.send_frames(reply)
-            except OSError:
-                raise
-            except Exception:  # noqa: BLE001 - answered with INTERNAL, the link is in step
-                _log.exception("data plane: %s failed while answering", call)
-            return
         for _ in request:  # read the rest of the request: the link stays in step
             pass
-        link.send_error(error)
+        if error is not None:
+            link.send_error(error)
+            return
+        try:
+            link.send_frames(reply)
+        except OSError:
+            raise
+        except Exception:  # noqa: BLE001 - answered with INTERNAL, the link is in step
+            _log.exception("data plane: %s failed while answering", call)
 
     def _dispatch(self, op: int, call: str,
                   request: Iterator[memoryview]) -> Iterable[bytes | memoryview]:

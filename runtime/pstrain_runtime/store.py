@@ -494,9 +494,6 @@ class ParameterStore:
                 for key, tensor in grads.items():
                     ns.give(key, tensor)
 
-    def _as_f32(self, grad: torch.Tensor) -> torch.Tensor:
-        return grad if grad.dtype == torch.float32 else grad.float()
-
     def _push_async(self, ns: Namespace, header: pb.StreamHeader,
                     grads: dict[str, torch.Tensor], timeout: float | None) -> pb.PushReply:
         worker = header.worker

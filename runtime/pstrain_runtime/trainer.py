@@ -140,8 +140,7 @@ class Trainer:
         self._recv: dict[str, torch.Tensor] = {}
         self._send: list[dict[str, torch.Tensor]] = []
         self._send_slot = 0
-        self._pipe = (cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pipeline")
-                      if self.pipeline else None)
+        self._pipe: cf.ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------ plumbing
     def _retry(self, fn: Callable[[], Any]) -> Any:
@@ -398,7 +397,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ pipelining
     def _pipeline_buffers(self) -> None:
-        if self._recv:
+        """The receive and send buffers and the background thread, made on first use."""
+        if self._pipe is not None:
             return
         pinned = self.device.type != "cpu"
         def like() -> dict[str, torch.Tensor]:
@@ -406,6 +406,7 @@ class Trainer:
                     for n, t in self.mirror.items()}
         self._recv = like()
         self._send = [like(), like()]
+        self._pipe = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pipeline")
 
     def _pipeline_grads(self) -> dict[str, torch.Tensor]:
         """This step's gradient buffers (two alternate: the other one may be in flight);
@@ -433,10 +434,8 @@ class Trainer:
             torch.cuda.synchronize(self.device)
         value = float(loss.detach())
         replies = self._land()
-        pipe = self._pipe or cf.ThreadPoolExecutor(max_workers=1)
-        self._pipe = pipe
-        self._inflight = pipe.submit(self.client.push_pull, grads, self._recv,
-                                           self.role.worker, steps)
+        self._inflight = self._pipe.submit(  # type: ignore[union-attr] - made with the grads
+            self.client.push_pull, grads, self._recv, self.role.worker, steps)
         return value, replies
 
     def _land(self) -> list[pb.PushReply] | None:

@@ -26,7 +26,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from . import wire
-from .dataplane import DataServer
+from .dataplane import DataServer, split_host
 from .proto import ps_pb2 as pb
 from .store import ParameterStore, PSError
 
@@ -187,8 +187,7 @@ class PSServer:
         if self.port == 0:
             raise OSError(f"parameter server could not bind {self.bind}")
         if self.data_port_wanted is not None:
-            self.data = DataServer(self.store, self.bind.rsplit(":", 1)[0],
-                                   self.data_port_wanted)
+            self.data = DataServer(self.store, split_host(self.bind), self.data_port_wanted)
             self.data_port = self.data.start()
         self._server.start()
         for name in ("", SERVICE):

@@ -56,11 +56,22 @@ def run_job(training, transports, num_workers: int = 1, emit: Events | None = No
         except BaseException as exc:  # re-raised in the test thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=go, args=(w,)) for w in reversed(range(num_workers))]
+    threads = [threading.Thread(target=go, args=(w,), daemon=True)
+               for w in reversed(range(num_workers))]
     for t in threads:
         t.start()
     for t in threads:
         t.join(100)
+    if any(t.is_alive() for t in threads):
+        # A hung job: stop its servers so no call stays blocked in them (a thread of a
+        # client's pool blocked there would keep the interpreter from exiting).
+        for transport in transports:
+            store = getattr(transport, "store", None)
+            if store is not None:
+                store.stop()
+        for trainer in trainers.values():
+            trainer.close()
+        raise AssertionError("a trainer did not finish within 100 s")
     if errors:
         raise errors[0]
     return trainers[0]

@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -50,15 +50,19 @@ from .reconcile import (
     decide_invalid,
     observe_pod,
     status_to_api,
+    unapplied,
 )
+from .refusals import cleared, record_refusal
 from .settings import PodSettings
 
 log = logging.getLogger(__name__)
 
 EventSink = Callable[[Mapping[str, Any], Event], None]
-R_CREATE_REJECTED = "CreateRejected"
 MAX_RERUNS = 10
 COALESCED_REQUEUE_S = 2.0
+# A namespace that refused a create because it is being deleted is left alone this long
+# (then tried once more): no retries, events or status writes into a dying namespace.
+TERMINATING_NAMESPACE_S = 60.0
 
 
 @dataclass
@@ -97,6 +101,8 @@ class Reconciler:
     # When progress was last asked for, per job: only to rate-limit the probe (a PS that
     # cannot be reached costs up to the fetch timeout), never to decide anything.
     _asked: dict[str, float] = field(default_factory=dict, init=False)
+    # Namespaces seen being deleted, with when (monotonic): rate-limits work only.
+    _terminating: dict[str, float] = field(default_factory=dict, init=False)
     _guard: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def forget(self, namespace: str, name: str) -> None:
@@ -148,12 +154,22 @@ class Reconciler:
         return delay
 
     def _reconcile(self, namespace: str, name: str) -> float | None:
+        with self._guard:
+            seen = self._terminating.get(namespace)
+        if seen is not None and self.monotonic() - seen < TERMINATING_NAMESPACE_S:
+            return None
         body = self.kube.get_job(namespace, name)
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
             return None
         old_status = parse_status(body.get("status"))
         plan = self.plan(body, old_status)
-        self.apply(body, plan)
+        try:
+            plan = self.apply(body, plan)
+        except NamespaceTerminating:
+            log.info("namespace %s is being deleted; leaving job %s alone", namespace, name)
+            with self._guard:
+                self._terminating[namespace] = self.monotonic()
+            return None
         new = plan.status_patch
         if new != status_to_api(old_status):
             self.kube.patch_job_status(namespace, name, new)
@@ -201,20 +217,32 @@ class Reconciler:
             self._asked[key] = now
             return True
 
-    def apply(self, body: Mapping[str, Any], plan: Plan) -> None:
-        """Carry out the plan's actions in order, then post its events."""
+    def apply(self, body: Mapping[str, Any], plan: Plan) -> Plan:
+        """Carry out the plan's actions in order, then post its events; returns the plan
+        as carried out. A refused create is expected (an invalid template, a missing
+        ServiceAccount, a quota): the creates after it are skipped, and the refusal goes
+        in the status with back-off (`refusals`), never as an exception."""
         meta = body.get("metadata") or {}
         namespace, name = meta.get("namespace", "default"), meta.get("name", "")
+        refused: tuple[str, KubeError] | None = None
+        skipped: set[str] = set()
         for action in plan.actions:
             if isinstance(action, CreateService | CreatePod):
+                if refused is not None:
+                    skipped.add(action.name)
+                    continue
                 try:
                     created = self.kube.create(action.manifest)
                 except KubeError as exc:
-                    # Quota, admission or an invalid template: say so on the job, then
-                    # let the handler retry (the cause may be fixed meanwhile).
-                    self.emit(body, Event("Warning", R_CREATE_REJECTED,
-                                          f"creating {action.name} failed: {exc}"))
-                    raise
+                    if exc.namespace_terminating:
+                        raise NamespaceTerminating(namespace) from exc
+                    kind = action.manifest.get("kind", "Pod")
+                    log.warning("%s/%s: the API server refused to create %s %s (%s): %s",
+                                namespace, name, kind, action.name, exc.status,
+                                exc.api_message)
+                    refused = (f"{kind}/{action.name}", exc)
+                    skipped.add(action.name)
+                    continue
                 if created and isinstance(action, CreatePod):
                     self.metrics.pods_created.labels(action.role).inc()
             elif isinstance(action, DeletePod):
@@ -223,6 +251,20 @@ class Reconciler:
             elif isinstance(action, DeleteJob):
                 log.info("deleting job %s/%s: %s", namespace, name, action.why)
                 self.kube.delete_job(namespace, name)
+        if refused is not None:
+            obj, exc = refused
+            plan = unapplied(plan, skipped)
+            status, event, delay = record_refusal(plan.status, obj, exc.status or None,
+                                                  exc.api_message, self.clock())
+            plan = replace(plan, status=status, requeue_after=delay,
+                           events=plan.events + ((event,) if event else ()))
+        elif any(isinstance(a, CreateService | CreatePod) for a in plan.actions):
+            plan = replace(plan, status=cleared(plan.status, self.clock()))
         for event in plan.events:
             log.info("%s/%s %s: %s", namespace, name, event.reason, event.message)
             self.emit(body, event)
+        return plan
+
+
+class NamespaceTerminating(Exception):
+    """A create was refused because the job's namespace is being deleted."""

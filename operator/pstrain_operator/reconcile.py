@@ -41,6 +41,8 @@ from .build import (
     build_service,
     spec_hash,
 )
+from . import refusals, stall
+from .conditions import Event, condition_is, set_condition
 from .settings import PodSettings
 
 # How soon to look again when nothing else (a pod or job event) wakes the operator.
@@ -58,6 +60,7 @@ R_STARTED_WORKERS = "StartedWorkers"
 R_STARTED_CHIEF = "StartedChief"
 R_ALL_STARTED = "AllReplicasStarted"
 R_RESTARTING = "RestartingReplica"
+R_RESTARTING_STALLED = "RestartingStalled"
 R_WAITING_FOR_RESTART = "WaitingForRestartedReplicas"
 R_CHIEF_SUCCEEDED = "ChiefSucceeded"
 R_DEADLINE = "DeadlineExceeded"
@@ -203,13 +206,6 @@ Action = CreateService | CreatePod | DeletePod | DeleteJob
 
 
 @dataclass(frozen=True)
-class Event:
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
 class Plan:
     actions: tuple[Action, ...]
     status: TrainingJobStatus
@@ -239,35 +235,6 @@ def _drop_nulls_in_lists(value: Any, in_list: bool = False) -> Any:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def set_condition(
-    conditions: Sequence[Condition],
-    type_: str,
-    status: Literal["True", "False", "Unknown"],
-    reason: str,
-    message: str,
-    now: datetime,
-) -> list[Condition]:
-    """Conditions with `type_` set; lastTransitionTime changes only when status does."""
-    out: list[Condition] = []
-    found = False
-    for cond in conditions:
-        if cond.type != type_:
-            out.append(cond)
-            continue
-        found = True
-        when = cond.last_transition_time if cond.status == status else now
-        out.append(Condition(type=type_, status=status, reason=reason, message=message,
-                             last_transition_time=when))
-    if not found:
-        out.append(Condition(type=type_, status=status, reason=reason, message=message,
-                             last_transition_time=now))
-    return out
-
-
-def condition_is(status: TrainingJobStatus, type_: str, value: str = "True") -> bool:
-    return any(cond.type == type_ and cond.status == value for cond in status.conditions)
 
 
 def _count(job: TrainingJob, pods: Sequence[ObservedPod],
@@ -427,6 +394,7 @@ def decide(obs: Observed, settings: PodSettings,
             events.append(Event("Normal", R_SUSPENDED, "suspended: deleting all pods; "
                                 "training continues from the last checkpoint on resume"))
         st.phase = "Suspended"
+        st.create_refusal = None  # the user stepped in: retry afresh on resume
         st.conditions = set_condition(st.conditions, c.COND_SUSPENDED, "True", R_SUSPENDED,
                                       "The job is suspended (spec.runPolicy.suspend).", now)
         st.conditions = set_condition(st.conditions, c.COND_RUNNING, "False", R_SUSPENDED,
@@ -461,18 +429,30 @@ def decide(obs: Observed, settings: PodSettings,
             message = f"the job ran longer than activeDeadlineSeconds ({deadline} s)"
             return _finish(job, st, obs, "Failed", R_DEADLINE, message, None, events)
 
+    # 5. Creates the API server keeps refusing: fail in bounded time, else back off.
+    given_up = refusals.gave_up(old)
+    if given_up:
+        refused = old.create_refusal.object if old.create_refusal else ""
+        cause = FailureCause(role="", pod=refused.split("/")[-1],
+                             reason=refusals.R_CREATE_REJECTED,
+                             message=old.create_refusal.message if old.create_refusal else "")
+        return _finish(job, st, obs, "Failed", refusals.R_CREATE_REJECTED, given_up, cause,
+                       events)
+    backoff = refusals.wait_left(old, job.metadata.generation, now)
+    hold = hold or backoff > 0
+
     cluster = kubernetes_cluster_spec(job)
     by_name = {p.name: p for p in obs.pods}
     wanted = {cluster.replica_name(t) for t in cluster.tasks()}
 
-    # 5. Pods that are not part of the job (left from another spec) go.
+    # 6. Pods that are not part of the job (left from another spec) go.
     for p in live:
         if p.name not in wanted:
             actions.append(DeletePod(p.name, p.uid, "not a replica of the current spec"))
             events.append(Event("Normal", R_UNEXPECTED_POD,
                                 f"deleting pod {p.name}: it is not a replica of the spec"))
 
-    # 6. Failed replicas: restart within the run policy, or fail the job.
+    # 7. Failed replicas: restart within the run policy, or fail the job.
     restarted: set[str] = set()
     for task in cluster.tasks():
         p = by_name.get(cluster.replica_name(task))
@@ -497,12 +477,14 @@ def decide(obs: Observed, settings: PodSettings,
                             f"restarted pod {p.name} because it failed ({how}); "
                             f"{decision.message}"))
 
-    # 7. Success: the chief completed.
+    # 8. Success: the chief completed.
+    progress = (stall.merged_progress(old.progress, obs.progress, now)
+                if obs.progress is not None else st.progress)
     chief = by_name.get(cluster.replica_name(cluster.chief))
     if chief is not None and not chief.deleting and chief.phase == "Succeeded":
         step = st.progress.global_step if st.progress else None
         if obs.progress is not None:
-            st.progress = obs.progress
+            st.progress = progress
             step = obs.progress.global_step
         if obs.checkpoint is not None:
             st.last_checkpoint = obs.checkpoint
@@ -510,12 +492,23 @@ def decide(obs: Observed, settings: PodSettings,
         return _finish(job, st, obs, "Succeeded", R_CHIEF_SUCCEEDED,
                        f"the chief {chief.name} completed{at}", None, events, actions)
 
-    # 8. Create what is missing, in order: Service, PS, workers once PS are Ready, chief.
+    # 9. The stall watchdog (runPolicy.stallTimeoutSeconds).
+    stalled = (stall.check_stall(policy, progress, st.restarts, now)
+               if old.phase == "Running" and not restarted else None)
+    if stalled is not None and stalled.action == "fail":
+        return _finish(job, st, obs, "Failed", stalled.reason, stalled.message, None, events,
+                       actions)
+    if stalled is not None:
+        restarted |= _restart_stalled(st, live, actions, events, stalled.message)
+        progress = progress.model_copy(update={"advanced_at": now}) if progress else None
+
+    # 10. Create what is missing, in order: Service, PS, workers once PS are Ready, chief.
     if not obs.service_exists and not hold:
         service = build_service(job)
         actions.append(CreateService(service, service["metadata"]["name"]))
         events.append(Event("Normal", R_CREATED_SERVICE,
-                            f"created headless Service {service['metadata']['name']}"))
+                            f"created headless Service {service['metadata']['name']}",
+                            about=(service["metadata"]["name"],)))
 
     def absent(task: Task) -> bool:
         return not hold and cluster.replica_name(task) not in by_name
@@ -523,7 +516,8 @@ def decide(obs: Observed, settings: PodSettings,
     new_ps = [_create(job, cluster, t, settings) for t in cluster.ps_tasks() if absent(t)]
     if new_ps:
         actions.extend(new_ps)
-        events.append(Event("Normal", R_CREATED_PS, f"created parameter servers {_names(new_ps)}"))
+        events.append(Event("Normal", R_CREATED_PS, f"created parameter servers {_names(new_ps)}",
+                            about=tuple(p.name for p in new_ps)))
     ps_pods = [by_name.get(cluster.replica_name(t)) for t in cluster.ps_tasks()]
     ps_ready = sum(1 for p in ps_pods if p is not None and p.ready and not p.deleting)
     all_ps_ready = ps_ready == len(ps_pods)
@@ -539,12 +533,14 @@ def decide(obs: Observed, settings: PodSettings,
             actions.extend(new_workers)
             events.append(Event("Normal", R_STARTED_WORKERS,
                                 f"all {len(ps_pods)} parameter servers are Ready; started "
-                                f"workers {_names(new_workers)}"))
+                                f"workers {_names(new_workers)}",
+                                about=tuple(p.name for p in new_workers)))
         if absent(cluster.chief):
             new_chief = _create(job, cluster, cluster.chief, settings)
             actions.append(new_chief)
             chief_created = True
-            events.append(Event("Normal", R_STARTED_CHIEF, f"started the chief {new_chief.name}"))
+            events.append(Event("Normal", R_STARTED_CHIEF, f"started the chief {new_chief.name}",
+                                about=(new_chief.name,)))
 
     if st.start_time is None and any(isinstance(a, CreatePod) for a in actions):
         st.start_time = now
@@ -552,7 +548,7 @@ def decide(obs: Observed, settings: PodSettings,
         st.conditions = set_condition(st.conditions, c.COND_CREATED, "True", R_PODS_CREATED,
                                       "The job's pods are being created.", now)
 
-    # 9. Phase and progress.
+    # 11. Phase and progress.
     chief_up = chief_created or (
         chief is not None and not chief.deleting and chief.name not in restarted
     )
@@ -562,26 +558,66 @@ def decide(obs: Observed, settings: PodSettings,
                 st.conditions, c.COND_RUNNING, "True", R_ALL_STARTED,
                 "All parameter servers are Ready and every worker was started.", now)
         st.phase = "Running"
-        if obs.progress is not None:
-            st.progress = obs.progress
+        st.progress = progress
         if obs.checkpoint is not None:
             st.last_checkpoint = obs.checkpoint
         requeue = REQUEUE_STARTING_S if ps_finished else progress_interval
     else:
         message = f"waiting for parameter servers to be Ready ({ps_ready}/{len(ps_pods)})"
-        if not all_ps_ready and old.phase != "Starting":
+        if not all_ps_ready and old.phase != "Starting" and not backoff:
             events.append(Event("Normal", R_WAITING_FOR_PS, message))
-        st.conditions = set_condition(st.conditions, c.COND_RUNNING, "False",
-                                      R_WAITING_FOR_PS if not all_ps_ready
-                                      else R_WAITING_FOR_RESTART,
-                                      message if not all_ps_ready
-                                      else "waiting for restarted replicas", now)
+        if not backoff:  # while backing off, the Running condition quotes the refusal
+            st.conditions = set_condition(st.conditions, c.COND_RUNNING, "False",
+                                          R_WAITING_FOR_PS if not all_ps_ready
+                                          else R_WAITING_FOR_RESTART,
+                                          message if not all_ps_ready
+                                          else "waiting for restarted replicas", now)
         st.phase = "Starting"
-        requeue = REQUEUE_STARTING_S
+        requeue = min(REQUEUE_STARTING_S, backoff) if backoff else REQUEUE_STARTING_S
     if deadline is not None and st.start_time is not None:
         left = deadline - (now - st.start_time).total_seconds()
         requeue = max(0.5, min(requeue, left))
     return Plan(tuple(actions), _with_counts(job, st, obs.pods, actions), tuple(events), requeue)
+
+
+def _restart_stalled(st: TrainingJobStatus, live: Sequence[ObservedPod],
+                     actions: list[Action], events: list[Event], why: str) -> set[str]:
+    """Delete the workers and the chief of a stalled job (they are recreated in order);
+    one restart of the backoffLimit. The parameter servers keep the parameters."""
+    gone = {a.name for a in actions if isinstance(a, DeletePod)}
+    victims = [p for p in live if p.role != c.ROLE_PS and p.active and p.name not in gone]
+    actions.extend(DeletePod(p.name, p.uid, why) for p in victims)
+    st.restarts += 1
+    events.append(Event("Warning", R_RESTARTING_STALLED, why))
+    return {p.name for p in victims}
+
+
+def unapplied(plan: Plan, names: set[str]) -> Plan:
+    """The plan as carried out when the creates of `names` did not happen (the API
+    server refused one): they are not counted, no event reports them, and a job whose
+    chief was not created is not Running."""
+    if not names:
+        return plan
+    st = plan.status
+    counts = dict(st.replica_statuses)
+    chief_missing = False
+    for a in plan.actions:
+        if isinstance(a, CreatePod) and a.name in names:
+            if a.role in counts:
+                role = counts[a.role]
+                counts[a.role] = role.model_copy(update={"active": max(0, role.active - 1)})
+            labels = (a.manifest.get("metadata") or {}).get("labels") or {}
+            chief_missing |= labels.get(c.LABEL_IS_CHIEF) == "true"
+    update: dict[str, Any] = {"replica_statuses": counts}
+    if chief_missing and st.phase == "Running":
+        update["phase"] = "Starting"
+    return replace(
+        plan,
+        actions=tuple(a for a in plan.actions
+                      if not (isinstance(a, CreatePod | CreateService) and a.name in names)),
+        status=st.model_copy(update=update),
+        events=tuple(e for e in plan.events if not set(e.about) & names),
+    )
 
 
 def _how(p: ObservedPod) -> str:

@@ -207,26 +207,179 @@ def test_progress_probe_is_rate_limited_per_job() -> None:
     assert len(status.asked) == 2
 
 
-def test_a_rejected_create_is_reported_on_the_job_and_retried() -> None:
+class Clock:
+    """A settable wall clock for the reconciler."""
+
+    def __init__(self, seconds: float = 0.0) -> None:
+        self.seconds = seconds
+
+    def __call__(self) -> datetime:
+        return at(self.seconds)
+
+
+INVALID = ('Pod "j-worker-1" is invalid: spec.containers[0].volumeMounts[0].name: '
+           'Not found: "data"')
+
+
+def refusing(kube: FakeKube, message: str = INVALID, code: int = 422,
+             kinds: tuple[str, ...] = ("worker",)) -> list[str]:
+    """Make `kube` refuse creating pods of the given roles; returns the attempts."""
     from pstrain_operator.kube import KubeError
 
-    kube, events = FakeKube(), Recorder()
-    kube.add_job(make_job().body())
-    original = kube.create
+    original = FakeKube.create.__get__(kube)
+    attempts: list[str] = []
 
     def create(manifest: Mapping[str, Any]) -> bool:
-        if manifest["kind"] == "Pod":
-            raise KubeError(403, 'POST pods returned 403: exceeded quota: pods')
+        role = manifest["metadata"].get("labels", {}).get("pstrain.io/replica-role")
+        if manifest["kind"] == "Pod" and role in kinds:
+            attempts.append(manifest["metadata"]["name"])
+            raise KubeError(code, f"POST pods returned {code}: {message}", message)
         return original(manifest)
 
     kube.create = create  # type: ignore[method-assign]
+    return attempts
+
+
+def conditions(kube: FakeKube) -> dict[str, dict[str, Any]]:
+    return {cond["type"]: cond for cond in kube.jobs[("ns", "j")]["status"]["conditions"]}
+
+
+def test_a_refused_pod_backs_off_reports_once_and_fails_the_job_in_bounded_time() -> None:
+    kube, events, clock = FakeKube(), Recorder(), Clock()
+    kube.add_job(make_job().body())
     op = make_reconciler(kube, events, FakeStatus())
-    with pytest.raises(KubeError) as err:  # reaches the handler, which retries
-        op.reconcile("ns", "j")
-    assert err.value.status == 403
-    rejected = [e for e in events.events if e.reason == "CreateRejected"]
-    assert rejected[0].type == "Warning" and "exceeded quota" in rejected[0].message
-    assert "j-ps-0" in rejected[0].message
-    kube.create = original  # type: ignore[method-assign]
+    op.clock = clock
+    op.reconcile("ns", "j")
+    kube.set_pod("ns", "j-ps-0", "Running", ready=True)
+    events.reasons()
+    attempts = refusing(kube)
+
+    clock.seconds = 1
+    assert op.reconcile("ns", "j") == 5.0  # the first retry waits 5 s
+    st = kube.jobs[("ns", "j")]["status"]
+    assert (st["phase"], st["psReady"]) == ("Starting", "1/1")  # not WaitingForPS (0/1)
+    assert conditions(kube)["CreateRejected"]["status"] == "True"
+    assert INVALID in conditions(kube)["CreateRejected"]["message"]
+    assert conditions(kube)["Running"]["reason"] == "CreateRejected"
+    assert st["createRefusal"]["attempts"] == 1 and st["createRefusal"]["code"] == 422
+    assert events.reasons() == ["CreateRejected"]  # and no "started workers"
+    assert attempts == ["j-worker-1"]  # the creates after a refused one wait too
+
+    # Pod and job events wake the job meanwhile: no attempt, no event, no status write.
+    patches = kube.status_patches
+    for t in (2, 3, 5.5):
+        clock.seconds = t
+        assert 0 < op.reconcile("ns", "j") <= 5.0
+    assert attempts == ["j-worker-1"] and events.reasons() == []
+    assert kube.status_patches == patches
+
+    # Retries double their wait; the same refusal is not reported again.
+    waits: list[float] = []
+    while len(waits) < 7:  # follow the requeues the handler would honour
+        tried = len(attempts)
+        delay = op.reconcile("ns", "j")
+        assert delay is not None
+        if len(attempts) > tried:
+            waits.append(delay)
+        clock.seconds += delay
+    assert waits == [10.0, 20.0, 40.0, 80.0, 160.0, 160.0, 160.0]
+    assert events.reasons() == []
+    assert len(attempts) == 8 and clock.seconds == 1 + 5 + sum(waits)
+
+    # A different refusal is reported once.
+    refusing(kube, message="pods \"j-worker-1\" is forbidden: exceeded quota", code=403)
+    clock.seconds += 160
+    op.reconcile("ns", "j")
+    assert events.reasons() == ["CreateRejected"]
+    assert "exceeded quota" in conditions(kube)["CreateRejected"]["message"]
+
+    # Refused for longer than the bound (600 s): the job fails with that reason.
+    assert kube.jobs[("ns", "j")]["status"]["phase"] == "Starting"
+    assert op.reconcile("ns", "j") is not None or True
+    clock.seconds += 1
+    op.reconcile("ns", "j")
+    st = kube.jobs[("ns", "j")]["status"]
+    assert st["phase"] == "Failed"
+    assert conditions(kube)["Failed"]["reason"] == "CreateRejected"
+    assert "exceeded quota" in conditions(kube)["Failed"]["message"]
+    assert st["failure"]["pod"] == "j-worker-1"
+    assert "j-ps-0" not in kube.pod_names()  # cleaned up
+
+
+def test_a_refused_parameter_server_still_gets_a_status_and_clears_once_created() -> None:
+    kube, events, clock = FakeKube(), Recorder(), Clock()
+    kube.add_job(make_job().body())
+    attempts = refusing(kube, kinds=("ps",))
+    op = make_reconciler(kube, events, FakeStatus())
+    op.clock = clock
+    assert op.reconcile("ns", "j") == 5.0
+    st = kube.jobs[("ns", "j")]["status"]
+    assert (st["phase"], st["psReady"]) == ("Starting", "0/1")
+    assert st["replicaStatuses"]["ps"]["active"] == 0  # the refused pod is not counted
+    assert conditions(kube)["CreateRejected"]["status"] == "True"
+    assert events.reasons() == ["CreatedService", "WaitingForPS", "CreateRejected"]
+    assert attempts == ["j-ps-0"]
+
+    # The cause is fixed (say the ServiceAccount now exists): the next try creates it.
+    kube.create = FakeKube.create.__get__(kube)  # type: ignore[method-assign]
+    clock.seconds = 5
     op.reconcile("ns", "j")
     assert kube.pod_names() == ["j-ps-0"]
+    cond = conditions(kube)["CreateRejected"]
+    assert (cond["status"], cond["reason"]) == ("False", "Created")
+    assert "createRefusal" not in kube.jobs[("ns", "j")]["status"]
+    assert events.reasons() == ["CreatedPS"]
+
+
+def test_a_spec_edit_retries_a_refused_create_at_once() -> None:
+    kube, events, clock = FakeKube(), Recorder(), Clock()
+    kube.add_job(make_job().body())
+    attempts = refusing(kube, kinds=("ps",))
+    op = make_reconciler(kube, events, FakeStatus())
+    op.clock = clock
+    op.reconcile("ns", "j")
+    clock.seconds = 1
+    op.reconcile("ns", "j")
+    assert attempts == ["j-ps-0"]
+    kube.jobs[("ns", "j")]["metadata"]["generation"] = 2
+    op.reconcile("ns", "j")
+    assert attempts == ["j-ps-0", "j-ps-0"]
+
+
+def test_a_terminating_namespace_is_left_alone() -> None:
+    kube, events = FakeKube(), Recorder()
+    kube.add_job(make_job().body())
+    attempts = refusing(kube, code=403, kinds=("ps",), message=(
+        'pods "j-ps-0" is forbidden: unable to create new content in namespace ns '
+        "because it is being terminated"))
+    op = make_reconciler(kube, events, FakeStatus())
+    op.monotonic = lambda: 50.0  # type: ignore[method-assign]
+    assert op.reconcile("ns", "j") is None
+    assert kube.status_patches == 0 and events.reasons() == []
+    kube.calls.clear()
+    assert op.reconcile("ns", "j") is None  # within a minute: not even a read
+    assert kube.calls == [] and attempts == ["j-ps-0"]
+    op.monotonic = lambda: 111.0  # type: ignore[method-assign]
+    op.reconcile("ns", "j")  # a minute later: one more try, still quiet
+    assert attempts == ["j-ps-0", "j-ps-0"] and events.reasons() == []
+
+
+@pytest.mark.parametrize("body, message, causes, terminating", [
+    (b'{"kind":"Status","message":"pods \\"x\\" is forbidden: unable to create new '
+     b'content in namespace ns because it is being terminated","reason":"Forbidden",'
+     b'"details":{"causes":[{"type":"NamespaceTerminating","message":"x"}]}}',
+     'pods "x" is forbidden: unable to create new content in namespace ns because it '
+     "is being terminated", ("NamespaceTerminating",), True),
+    (b'{"kind":"Status","message":"Pod \\"x\\" is invalid: a b","reason":"Invalid",'
+     b'"details":{"causes":[{"reason":"FieldValueInvalid","field":"metadata.labels"}]}}',
+     'Pod "x" is invalid: a b', (), False),
+    (b"<html>bad gateway</html>", "<html>bad gateway</html>", (), False),
+], ids=["namespace-terminating", "invalid", "not-json"])
+def test_api_error_status_is_read_for_its_message_and_causes(
+        body: bytes, message: str, causes: tuple[str, ...], terminating: bool) -> None:
+    from pstrain_operator.kube import KubeError, _api_status
+
+    data = _api_status(body)
+    assert data == {"message": message, "causes": causes}
+    assert KubeError(403, "x", data["message"], data["causes"]).namespace_terminating \
+        is terminating

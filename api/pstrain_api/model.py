@@ -478,6 +478,11 @@ class TrainingJobStatus(ApiModel):
         description="Global steps of training thrown away so far (suspends and disruptions "
         "without a checkpoint to continue from).",
     )
+    disruptions: int = Field(
+        default=0, ge=0,
+        description="Replicas replaced after a deletion or eviction from outside the "
+        "operator; included in restarts, not counted against backoffLimit.",
+    )
     counted_disruptions: list[str] = Field(
         default_factory=list,
         description="UIDs of the pods whose deletion or eviction was already counted as a "

@@ -48,10 +48,10 @@ from .reconcile import (
     Plan,
     decide,
     decide_invalid,
-    observe_pod,
     status_to_api,
     unapplied,
 )
+from .observe import observe_pod
 from .refusals import cleared, record_refusal
 from .settings import PodSettings
 

@@ -34,15 +34,10 @@ from pstrain_api.model import (
 )
 from pstrain_api.policy import decide_restart
 
-from .build import (
-    ANNOTATION_APPLIED_SPEC,
-    ANNOTATION_SPEC_HASH,
-    build_pod,
-    build_service,
-    spec_hash,
-)
-from . import refusals, stall
+from .build import build_pod, build_service, spec_hash
+from . import disruption, refusals, stall, suspend
 from .conditions import Event, condition_is, set_condition
+from .observe import ObservedPod, observe_pod
 from .settings import PodSettings
 
 # How soon to look again when nothing else (a pod or job event) wakes the operator.
@@ -71,96 +66,6 @@ R_SPEC_APPLIED = "SpecApplied"
 R_CLEANUP = "CleanedUpPods"
 R_TTL = "TTLExpired"
 R_UNEXPECTED_POD = "UnexpectedPod"
-
-ACTIVE_PHASES = frozenset({"Pending", "Running", "Unknown"})
-
-
-# --------------------------------------------------------------------------- observation
-
-
-@dataclass(frozen=True)
-class ObservedPod:
-    """What the decision needs to know about one pod."""
-
-    name: str
-    role: str
-    index: int
-    phase: str = "Pending"
-    ready: bool = False
-    uid: str = ""
-    exit_code: int | None = None
-    reason: str = ""
-    message: str = ""
-    deleting: bool = False
-    spec_hash: str = ""
-    applied_spec: str = ""
-    owner_uid: str = ""
-
-    @property
-    def active(self) -> bool:
-        return not self.deleting and self.phase in ACTIVE_PHASES
-
-
-def _terminated(pod: Mapping[str, Any]) -> tuple[int | None, str, str]:
-    """Exit code, reason and message of the container that explains the pod's end:
-    the main container when it terminated, else the first one that failed."""
-    statuses = list((pod.get("status") or {}).get("containerStatuses") or [])
-    statuses.sort(key=lambda s: s.get("name") != c.MAIN_CONTAINER)
-    for cs in statuses:
-        state = (cs.get("state") or {}).get("terminated") or (
-            cs.get("lastState") or {}
-        ).get("terminated")
-        if state and (cs.get("name") == c.MAIN_CONTAINER or state.get("exitCode")):
-            code = state.get("exitCode")
-            return (
-                int(code) if code is not None else None,
-                str(state.get("reason") or ""),
-                str(state.get("message") or ""),
-            )
-    return None, "", ""
-
-
-def observe_pod(pod: Mapping[str, Any]) -> ObservedPod | None:
-    """The pod as the decision sees it, or None when it is not a pstrain replica."""
-    meta = pod.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    annotations = meta.get("annotations") or {}
-    role = labels.get(c.LABEL_ROLE)
-    try:
-        index = int(labels.get(c.LABEL_INDEX, ""))
-    except ValueError:
-        return None
-    if role not in c.ROLES:
-        return None
-    status = pod.get("status") or {}
-    ready = any(
-        cond.get("type") == "Ready" and cond.get("status") == "True"
-        for cond in status.get("conditions") or []
-    )
-    exit_code, reason, message = _terminated(pod)
-    phase = str(status.get("phase") or "Pending")
-    if status.get("reason"):  # pod-level: Evicted, DeadlineExceeded, NodeLost, ...
-        reason = str(status["reason"])
-        message = str(status.get("message") or message)
-    if phase == "Failed" and not reason:
-        reason = "Error"
-    return ObservedPod(
-        name=str(meta.get("name", "")),
-        uid=str(meta.get("uid") or ""),
-        role=role,
-        index=index,
-        phase=phase,
-        ready=ready and phase == "Running",
-        exit_code=exit_code,
-        reason=reason,
-        message=message,
-        deleting=bool(meta.get("deletionTimestamp")),
-        spec_hash=str(annotations.get(ANNOTATION_SPEC_HASH, "")),
-        applied_spec=str(annotations.get(ANNOTATION_APPLIED_SPEC, "")),
-        owner_uid=next((str(ref.get("uid") or "") for ref in meta.get("ownerReferences") or []
-                        if ref.get("controller")), ""),
-    )
-
 
 @dataclass(frozen=True)
 class Observed:
@@ -391,8 +296,9 @@ def decide(obs: Observed, settings: PodSettings,
         for p in live:
             actions.append(DeletePod(p.name, p.uid, "the job is suspended"))
         if old.phase != "Suspended":
-            events.append(Event("Normal", R_SUSPENDED, "suspended: deleting all pods; "
-                                "training continues from the last checkpoint on resume"))
+            message, lost = suspend.suspended(job, st)
+            events.append(Event("Normal", R_SUSPENDED, message))
+            st.lost_steps += lost
         st.phase = "Suspended"
         st.create_refusal = None  # the user stepped in: retry afresh on resume
         st.conditions = set_condition(st.conditions, c.COND_SUSPENDED, "True", R_SUSPENDED,
@@ -402,8 +308,9 @@ def decide(obs: Observed, settings: PodSettings,
         return Plan(tuple(actions), _with_counts(job, st, obs.pods, actions), tuple(events),
                     REQUEUE_CLEANUP_S if live else None)
     if old.phase == "Suspended":
-        events.append(Event("Normal", R_RESUMED, "resumed: recreating pods; training "
-                            "continues from the last checkpoint"))
+        message, st.resumed_from_step = suspend.resumed(job, st)
+        events.append(Event("Normal", R_RESUMED, message))
+        st.progress = None  # read afresh once running again
         st.conditions = set_condition(st.conditions, c.COND_SUSPENDED, "False", R_RESUMED,
                                       "The job was resumed.", now)
         st.start_time = None  # activeDeadlineSeconds counts from the resume
@@ -452,13 +359,19 @@ def decide(obs: Observed, settings: PodSettings,
             events.append(Event("Normal", R_UNEXPECTED_POD,
                                 f"deleting pod {p.name}: it is not a replica of the spec"))
 
-    # 7. Failed replicas: restart within the run policy, or fail the job.
+    # 7. Pods deleted or evicted from outside: name the cause, count the replacement.
+    events.extend(disruption.count(st, disruption.from_outside(
+        obs.pods, wanted, uid, st.counted_disruptions)))
+
+    # 8. Failed replicas: restart within the run policy, or fail the job. Disruptions
+    # from outside are restarts, but not the job's own failures (backoffLimit).
     restarted: set[str] = set()
     for task in cluster.tasks():
         p = by_name.get(cluster.replica_name(task))
         if p is None or p.deleting or p.phase != "Failed":
             continue
-        decision = decide_restart(policy, p.name, p.exit_code, st.restarts, p.reason)
+        decision = decide_restart(policy, p.name, p.exit_code, st.restarts - st.disruptions,
+                                  p.reason)
         how = _how(p)
         if decision.action == "fail":
             cause = FailureCause(role=p.role, pod=p.name, exit_code=p.exit_code,
@@ -468,6 +381,7 @@ def decide(obs: Observed, settings: PodSettings,
                            cause, events, actions)
         actions.append(DeletePod(p.name, p.uid, decision.message))
         restarted.add(p.name)
+        st.counted_disruptions = disruption.remembered(st.counted_disruptions, [p.uid])
         st.restarts += 1
         role_status = st.replica_statuses.get(p.role, RoleStatus())
         st.replica_statuses = {**st.replica_statuses,
@@ -477,7 +391,7 @@ def decide(obs: Observed, settings: PodSettings,
                             f"restarted pod {p.name} because it failed ({how}); "
                             f"{decision.message}"))
 
-    # 8. Success: the chief completed.
+    # 9. Success: the chief completed.
     progress = (stall.merged_progress(old.progress, obs.progress, now)
                 if obs.progress is not None else st.progress)
     chief = by_name.get(cluster.replica_name(cluster.chief))
@@ -492,8 +406,8 @@ def decide(obs: Observed, settings: PodSettings,
         return _finish(job, st, obs, "Succeeded", R_CHIEF_SUCCEEDED,
                        f"the chief {chief.name} completed{at}", None, events, actions)
 
-    # 9. The stall watchdog (runPolicy.stallTimeoutSeconds).
-    stalled = (stall.check_stall(policy, progress, st.restarts, now)
+    # 10. The stall watchdog (runPolicy.stallTimeoutSeconds).
+    stalled = (stall.check_stall(policy, progress, st.restarts - st.disruptions, now)
                if old.phase == "Running" and not restarted else None)
     if stalled is not None and stalled.action == "fail":
         return _finish(job, st, obs, "Failed", stalled.reason, stalled.message, None, events,
@@ -502,7 +416,7 @@ def decide(obs: Observed, settings: PodSettings,
         restarted |= _restart_stalled(st, live, actions, events, stalled.message)
         progress = progress.model_copy(update={"advanced_at": now}) if progress else None
 
-    # 10. Create what is missing, in order: Service, PS, workers once PS are Ready, chief.
+    # 11. Create what is missing, in order: Service, PS, workers once PS are Ready, chief.
     if not obs.service_exists and not hold:
         service = build_service(job)
         actions.append(CreateService(service, service["metadata"]["name"]))
@@ -548,7 +462,7 @@ def decide(obs: Observed, settings: PodSettings,
         st.conditions = set_condition(st.conditions, c.COND_CREATED, "True", R_PODS_CREATED,
                                       "The job's pods are being created.", now)
 
-    # 11. Phase and progress.
+    # 12. Phase and progress.
     chief_up = chief_created or (
         chief is not None and not chief.deleting and chief.name not in restarted
     )
@@ -558,7 +472,9 @@ def decide(obs: Observed, settings: PodSettings,
                 st.conditions, c.COND_RUNNING, "True", R_ALL_STARTED,
                 "All parameter servers are Ready and every worker was started.", now)
         st.phase = "Running"
-        st.progress = progress
+        # The stall watchdog's clock starts when the job (re)starts running.
+        st.progress = (progress if old.phase == "Running" or progress is None
+                       else progress.model_copy(update={"advanced_at": now}))
         if obs.checkpoint is not None:
             st.last_checkpoint = obs.checkpoint
         requeue = REQUEUE_STARTING_S if ps_finished else progress_interval
@@ -587,6 +503,8 @@ def _restart_stalled(st: TrainingJobStatus, live: Sequence[ObservedPod],
     gone = {a.name for a in actions if isinstance(a, DeletePod)}
     victims = [p for p in live if p.role != c.ROLE_PS and p.active and p.name not in gone]
     actions.extend(DeletePod(p.name, p.uid, why) for p in victims)
+    st.counted_disruptions = disruption.remembered(st.counted_disruptions,
+                                                   [p.uid for p in victims])
     st.restarts += 1
     events.append(Event("Warning", R_RESTARTING_STALLED, why))
     return {p.name for p in victims}

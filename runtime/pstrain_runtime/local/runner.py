@@ -35,11 +35,13 @@ from .metrics import Metrics, build_summary, fold
 from .processes import (DEFAULT_REPLICA_COMMAND, Line, ProcessTable, find_free_ports,
                         replica_environment)
 from .render import PlainReporter, Reporter, RichReporter, format_result
-from .supervisor import (Action, Begin, Finish, Interrupt, Kill, Notify, RunState, Settings,
-                         SpawnFailed, Start, Terminate, Tick, decide, effective_deadline,
-                         initial_state)
+from .supervisor import (Action, Begin, Finish, Interrupt, Kill, Notify, Progressed, RunState,
+                         Settings, SpawnFailed, Start, Terminate, Tick, decide,
+                         effective_deadline, initial_state)
 
 TICK_SECONDS = 0.1
+# Replica events that carry the global step (the stall watchdog's input).
+STEP_EVENTS = frozenset({"progress", "eval", "checkpoint", "restored", "done"})
 FAILURE_CONTEXT_LINES = 12
 
 
@@ -186,6 +188,9 @@ class _Executor:
             return metrics
         metrics = fold(metrics, item.name, event)
         self.reporter.event(item.name, event, metrics)
+        step = event.get("step")
+        if event.get("event") in STEP_EVENTS and isinstance(step, int):
+            self.inbox.append(Progressed(step, self.clock()))  # the stall watchdog's input
         return metrics
 
 

@@ -15,6 +15,11 @@ Invariants:
   seconds to exit by themselves before they are terminated.
 - Once the job is decided (succeeded, failed, interrupted) nothing is started or
   restarted again; the run finishes when no replica process is left.
+- Stall watchdog (`runPolicy.stallTimeoutSeconds`): the global step the chief reports
+  (`Progressed`) must advance within the timeout once the workers run, else
+  `pstrain_api.policy.decide_stall` (the operator's rule too) restarts the workers and
+  the chief (one restart; their exits are then expected, not failures) or fails the
+  job with reason Stalled.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Literal
 from pstrain_api import constants as c
 from pstrain_api.cluster import ClusterSpec
 from pstrain_api.model import RunPolicy
-from pstrain_api.policy import decide_restart
+from pstrain_api.policy import decide_restart, decide_stall, stalled_for
 
 ReplicaStatus = Literal["pending", "running", "waiting_restart", "exited", "stopped"]
 Stage = Literal["starting_ps", "running", "draining", "stopping", "done"]
@@ -110,6 +115,8 @@ class Replica:
     started_at: float | None = None
     restart_at: float | None = None
     exit_code: int | None = None
+    stall_restart: bool = False  # stopped by the stall watchdog: its exit is expected
+    kill_at: float | None = None  # SIGKILL then, if the watchdog's SIGTERM was ignored
 
     @property
     def is_ps(self) -> bool:
@@ -136,6 +143,8 @@ class RunState:
     kill_at: float | None = None
     killed: bool = False
     interrupted: bool = False
+    step: int = 0  # the global step last reported
+    advanced_at: float | None = None  # when it last advanced (the stall watchdog's clock)
 
     def replica(self, name: str) -> Replica:
         for rep in self.replicas:
@@ -212,12 +221,20 @@ class Tick:
 
 
 @dataclass(frozen=True)
+class Progressed:
+    """The chief reported global step `step`."""
+
+    step: int
+    now: float
+
+
+@dataclass(frozen=True)
 class Interrupt:
     now: float
     signum: int = signal.SIGINT
 
 
-Observation = Begin | Healthy | Exited | SpawnFailed | Tick | Interrupt
+Observation = Begin | Healthy | Exited | SpawnFailed | Tick | Interrupt | Progressed
 
 
 # --------------------------------------------------------------------------- actions
@@ -281,6 +298,10 @@ def decide(state: RunState, obs: Observation) -> tuple[RunState, list[Action]]:
         return _tick(state, obs.now)
     if isinstance(obs, Interrupt):
         return _interrupt(state, obs)
+    if isinstance(obs, Progressed):
+        if obs.step != state.step:
+            state = replace(state, step=obs.step, advanced_at=obs.now)
+        return state, []
     raise TypeError(f"unknown observation {obs!r}")
 
 
@@ -311,7 +332,7 @@ def _start_workers(state: RunState, now: float) -> tuple[RunState, list[Action]]
     """Every parameter server serves: start the non-chief workers, then the chief."""
     others = [r.name for r in state.replicas if not r.is_ps and not r.is_chief]
     chief = [r.name for r in state.replicas if r.is_chief]
-    state = replace(state, stage="running", phase="Running")
+    state = replace(state, stage="running", phase="Running", advanced_at=now)
     state, actions = _start(state, [*others, *chief], now)
     ps_count = len(state.ps)
     text = (f"{ps_count} parameter server(s) serving; starting "
@@ -338,6 +359,12 @@ def _exited(state: RunState, obs: Exited) -> tuple[RunState, list[Action]]:
 
     if state.stage in ("draining", "stopping"):
         return _finish_if_idle(state)
+
+    if rep.stall_restart:  # stopped by the watchdog, already counted: start it again
+        delay = restart_delay(state.settings, 0)
+        rep = replace(rep, status="waiting_restart", restart_at=obs.now + delay,
+                      stall_restart=False, kill_at=None)
+        return state.with_replica(rep), []
 
     if obs.exit_code == 0:
         if rep.is_chief:
@@ -430,11 +457,15 @@ def _tick(state: RunState, now: float) -> tuple[RunState, list[Action]]:
                         state, now, REASON_HEALTH_TIMEOUT,
                         f"{rep.name} did not report SERVING on {rep.address} within "
                         f"{s.health_timeout:g}s.", rep.name)
+        if state.stage == "running":
+            state, actions = _watch_stall(state, now)
+            if state.stage != "running":
+                return state, actions
         due = [r.name for r in state.replicas
                if r.status == "waiting_restart" and r.restart_at is not None
                and r.restart_at <= now]
-        state, actions = _start(state, due, now)
-        return state, actions
+        state, started = _start(state, due, now)
+        return state, [*actions, *started]
 
     if state.stage == "draining" and state.drain_until is not None and now >= state.drain_until:
         live = state.live()
@@ -458,6 +489,33 @@ def _tick(state: RunState, now: float) -> tuple[RunState, list[Action]]:
                 Kill(tuple(live)),
             ]
     return state, actions
+
+
+def _watch_stall(state: RunState, now: float) -> tuple[RunState, list[Action]]:
+    """The stall watchdog: restart the workers and the chief, or fail with Stalled; and
+    SIGKILL a replica that ignored the watchdog's SIGTERM for `kill_grace`."""
+    s = state.settings
+    stubborn = tuple(r.name for r in state.replicas
+                     if r.stall_restart and r.is_live and r.kill_at is not None
+                     and now >= r.kill_at)
+    if stubborn:
+        for name in stubborn:
+            state = state.with_replica(replace(state.replica(name), kill_at=None))
+        return state, [Kill(stubborn)]
+    if any(r.stall_restart for r in state.replicas):
+        return state, []  # a watchdog restart is under way
+    idle = stalled_for(s.policy, state.advanced_at, now)
+    if idle is None:
+        return state, []
+    decision = decide_stall(s.policy, state.step, idle, state.restarts)
+    if decision.action == "fail":
+        return _fail(state, now, decision.reason, decision.message, None)
+    victims = tuple(r.name for r in state.replicas if not r.is_ps and r.is_live)
+    for name in victims:
+        state = state.with_replica(replace(state.replica(name), stall_restart=True,
+                                           kill_at=now + s.kill_grace))
+    state = replace(state, restarts=state.restarts + 1, advanced_at=now)
+    return state, [Notify("warning", decision.message), *([Terminate(victims)] if victims else [])]
 
 
 def _interrupt(state: RunState, obs: Interrupt) -> tuple[RunState, list[Action]]:

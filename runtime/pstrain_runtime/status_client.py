@@ -55,3 +55,18 @@ def fetch_job_status(address: str, timeout: float, namespace: str = "") -> dict[
     except grpc.RpcError:
         return None
     return status_to_dict(reply)
+
+
+def request_checkpoint(address: str, timeout: float, namespace: str = "") -> int | None:
+    """Ask PS 0 at `address` for a checkpoint before a disruption: the chief writes one
+    when it next hears from PS 0, and its step then shows in `fetch_job_status`. Returns
+    the global step the request was made at (a checkpoint at or after it answers it), or
+    None when the server cannot be reached or holds no job."""
+    try:
+        with grpc.insecure_channel(address) as channel:
+            stub = ps_pb2_grpc.ParameterServerStub(channel)
+            reply = stub.RequestCheckpoint(ps_pb2.NamespaceRequest(namespace=namespace),
+                                           timeout=timeout)
+    except grpc.RpcError:
+        return None
+    return int(reply.global_step) if reply.initialized else None

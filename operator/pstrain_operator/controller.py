@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from pstrain_api import constants as c
-from pstrain_api.cluster import Task, kubernetes_cluster_spec
+from pstrain_api.cluster import ClusterSpec, Task, kubernetes_cluster_spec
 from pstrain_api.model import TrainingJobStatus
 from pstrain_api.validate import check_manifest
 
@@ -33,6 +33,7 @@ from .kube import Kube, KubeError
 from .metrics import Metrics
 from .progress import (
     FETCH_TIMEOUT_S,
+    AskCheckpoint,
     FetchStatus,
     checkpoint_from_status,
     progress_from_status,
@@ -46,6 +47,7 @@ from .reconcile import (
     Event,
     Observed,
     Plan,
+    RequestCheckpoint,
     decide,
     decide_invalid,
     status_to_api,
@@ -93,6 +95,7 @@ class Reconciler:
     pod_settings: PodSettings
     emit: EventSink
     fetch_status: FetchStatus
+    ask_checkpoint: AskCheckpoint = field(default=lambda address, timeout: None)
     metrics: Metrics = field(default_factory=Metrics)
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     progress_interval: float = REQUEUE_RUNNING_S
@@ -193,9 +196,13 @@ class Reconciler:
         cluster = kubernetes_cluster_spec(job)
         chief = next((p for p in observed_pods if p.name == cluster.replica_name(cluster.chief)),
                      None)
-        chief_ended = chief is not None and chief.phase in ("Succeeded", "Failed")
-        if (old_status.phase == "Running" and not chief_ended
-                and self._may_ask(f"{job.namespace}/{job.name}")):
+        chief_failed = chief is not None and chief.phase == "Failed"
+        # Progress while running; at once while a checkpoint is awaited (suspend, a
+        # deadline, the final one after the chief succeeded).
+        awaited = old_status.checkpoint_request is not None or (
+            chief is not None and chief.phase == "Succeeded")
+        if (old_status.phase == "Running" and not chief_failed
+                and (awaited or self._may_ask(f"{job.namespace}/{job.name}"))):
             address = str(cluster.addresses[Task(c.ROLE_PS, 0)])
             try:
                 reply = self.fetch_status(address, FETCH_TIMEOUT_S)
@@ -251,6 +258,8 @@ class Reconciler:
             elif isinstance(action, DeleteJob):
                 log.info("deleting job %s/%s: %s", namespace, name, action.why)
                 self.kube.delete_job(namespace, name)
+            elif isinstance(action, RequestCheckpoint):
+                plan = self._ask_checkpoint(body, plan, action)
         if refused is not None:
             obj, exc = refused
             plan = unapplied(plan, skipped)
@@ -264,6 +273,35 @@ class Reconciler:
             log.info("%s/%s %s: %s", namespace, name, event.reason, event.message)
             self.emit(body, event)
         return plan
+
+
+    def _ask_checkpoint(self, body: Mapping[str, Any], plan: Plan,
+                        action: RequestCheckpoint) -> Plan:
+        """RequestCheckpoint on PS 0. The step it was asked at (PS 0's, fresher than the
+        operator's last reading) becomes the step awaited; an unreachable PS 0 leaves the
+        request to run out its bound."""
+        meta = body.get("metadata") or {}
+        job = kubernetes_cluster_spec_of(body)
+        address = str(job.addresses[Task(c.ROLE_PS, 0)]) if job is not None else ""
+        try:
+            step = self.ask_checkpoint(address, FETCH_TIMEOUT_S) if address else None
+        except Exception as exc:  # a control call must never break reconciling
+            log.info("checkpoint request to %s failed: %s", address, exc)
+            step = None
+        log.info("%s/%s: asked %s for a checkpoint (%s): %s", meta.get("namespace"),
+                 meta.get("name"), address, action.why,
+                 f"at step {step}" if step is not None else "unreachable")
+        req = plan.status.checkpoint_request
+        if step is None or req is None or step <= req.step:
+            return plan
+        return replace(plan, status=plan.status.model_copy(update={
+            "checkpoint_request": req.model_copy(update={"step": step})}))
+
+
+def kubernetes_cluster_spec_of(body: Mapping[str, Any]) -> ClusterSpec | None:
+    """The cluster spec of the job in `body`, or None when its spec does not parse."""
+    job, _ = check_manifest({k: v for k, v in body.items() if k != "status"}, source="")
+    return kubernetes_cluster_spec(job) if job is not None else None
 
 
 class NamespaceTerminating(Exception):

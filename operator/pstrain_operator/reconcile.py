@@ -35,7 +35,7 @@ from pstrain_api.model import (
 from pstrain_api.policy import decide_restart
 
 from .build import build_pod, build_service, spec_hash
-from . import disruption, refusals, stall, suspend
+from . import checkpointing, disruption, refusals, stall, suspend
 from .conditions import Event, condition_is, set_condition
 from .observe import ObservedPod, observe_pod
 from .settings import PodSettings
@@ -107,7 +107,14 @@ class DeleteJob:
     why: str = field(compare=False, default="")
 
 
-Action = CreateService | CreatePod | DeletePod | DeleteJob
+@dataclass(frozen=True)
+class RequestCheckpoint:
+    """Ask the chief, through PS 0, for a checkpoint before a disruption."""
+
+    why: str = ""
+
+
+Action = CreateService | CreatePod | DeletePod | DeleteJob | RequestCheckpoint
 
 
 @dataclass(frozen=True)
@@ -291,8 +298,14 @@ def decide(obs: Observed, settings: PodSettings,
         return Plan(tuple(actions), _with_counts(job, st, obs.pods, actions), tuple(events),
                     requeue)
 
-    # 2. Suspended: no pods, the job stays.
+    # 2. Suspended: no pods, the job stays; a running job checkpoints first.
     if policy.suspend:
+        if old.phase == "Running" and live:
+            gate = checkpointing.gate(job, st, obs.checkpoint, now, "suspend")
+            st = gate.status
+            events.extend(gate.events)
+            if not gate.ready:
+                return _hold(job, st, obs, gate, events)
         for p in live:
             actions.append(DeletePod(p.name, p.uid, "the job is suspended"))
         if old.phase != "Suspended":
@@ -333,6 +346,12 @@ def decide(obs: Observed, settings: PodSettings,
     deadline = policy.active_deadline_seconds
     if deadline is not None and st.start_time is not None:
         if (now - st.start_time).total_seconds() >= deadline:
+            if old.phase == "Running":
+                gate = checkpointing.gate(job, st, obs.checkpoint, now, "deadline")
+                st = gate.status
+                events.extend(gate.events)
+                if not gate.ready:
+                    return _hold(job, st, obs, gate, events)
             message = f"the job ran longer than activeDeadlineSeconds ({deadline} s)"
             return _finish(job, st, obs, "Failed", R_DEADLINE, message, None, events)
 
@@ -362,6 +381,13 @@ def decide(obs: Observed, settings: PodSettings,
     # 7. Pods deleted or evicted from outside: name the cause, count the replacement.
     events.extend(disruption.count(st, disruption.from_outside(
         obs.pods, wanted, uid, st.counted_disruptions)))
+    coming = [p.name for p in live if p.disruption and p.name in wanted]
+    if coming and old.phase == "Running" and st.checkpoint_request is None:
+        gate = checkpointing.gate(job, st, obs.checkpoint, now, f"disruption of {coming[0]}")
+        st = gate.status
+        events.extend(gate.events)
+        if gate.ask:  # an eviction cannot be held up: ask, and go on
+            actions.append(RequestCheckpoint(f"disruption of {coming[0]}"))
 
     # 8. Failed replicas: restart within the run policy, or fail the job. Disruptions
     # from outside are restarts, but not the job's own failures (backoffLimit).
@@ -400,8 +426,13 @@ def decide(obs: Observed, settings: PodSettings,
         if obs.progress is not None:
             st.progress = progress
             step = obs.progress.global_step
-        if obs.checkpoint is not None:
-            st.last_checkpoint = obs.checkpoint
+        # The parameter servers stop only once the final checkpoint is confirmed.
+        gate = checkpointing.gate(job, st, obs.checkpoint, now, "success", ask=False,
+                                  step=job.spec.training.steps)
+        st = gate.status
+        events.extend(gate.events)
+        if not gate.ready:
+            return _hold(job, st, obs, gate, events, actions)
         at = f" at global step {step}" if step else ""
         return _finish(job, st, obs, "Succeeded", R_CHIEF_SUCCEEDED,
                        f"the chief {chief.name} completed{at}", None, events, actions)
@@ -477,6 +508,8 @@ def decide(obs: Observed, settings: PodSettings,
                        else progress.model_copy(update={"advanced_at": now}))
         if obs.checkpoint is not None:
             st.last_checkpoint = obs.checkpoint
+        st, settled = checkpointing.settle(st, now)
+        events.extend(settled)
         requeue = REQUEUE_STARTING_S if ps_finished else progress_interval
     else:
         message = f"waiting for parameter servers to be Ready ({ps_ready}/{len(ps_pods)})"
@@ -494,6 +527,16 @@ def decide(obs: Observed, settings: PodSettings,
         left = deadline - (now - st.start_time).total_seconds()
         requeue = max(0.5, min(requeue, left))
     return Plan(tuple(actions), _with_counts(job, st, obs.pods, actions), tuple(events), requeue)
+
+
+def _hold(job: TrainingJob, st: TrainingJobStatus, obs: Observed,
+          gate: checkpointing.Gate, events: list[Event],
+          actions: Sequence[Action] = ()) -> Plan:
+    """Wait for a checkpoint before a disruption; ask the chief for it when the gate says."""
+    asks = (RequestCheckpoint(st.checkpoint_request.reason),) if (
+        gate.ask and st.checkpoint_request is not None) else ()
+    return Plan((*actions, *asks), _with_counts(job, st, obs.pods, actions), tuple(events),
+                gate.requeue)
 
 
 def _restart_stalled(st: TrainingJobStatus, live: Sequence[ObservedPod],
@@ -567,6 +610,7 @@ def _finish(
     st.phase = phase
     st.completion_time = now
     st.failure = cause
+    st.checkpoint_request = None
     kind = c.COND_SUCCEEDED if phase == "Succeeded" else c.COND_FAILED
     st.conditions = set_condition(st.conditions, kind, "True", reason, message, now)
     st.conditions = set_condition(st.conditions, c.COND_RUNNING, "False", reason,

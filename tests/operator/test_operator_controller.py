@@ -383,3 +383,53 @@ def test_api_error_status_is_read_for_its_message_and_causes(
     assert data == {"message": message, "causes": causes}
     assert KubeError(403, "x", data["message"], data["causes"]).namespace_terminating \
         is terminating
+
+
+def test_suspend_asks_for_a_checkpoint_waits_for_it_and_resumes_from_it() -> None:
+    kube, events, status, clock = FakeKube(), Recorder(), FakeStatus(), Clock()
+    body = make_job().body()
+    body["spec"]["training"]["checkpoint"] = {"directory": "/ckpt"}
+    kube.add_job(body)
+    asked: list[str] = []
+
+    def ask(address: str, timeout: float) -> int:
+        asked.append(address)
+        return 130  # PS 0's step when asked: fresher than the operator's reading
+
+    op = make_reconciler(kube, events, status)
+    op.clock, op.ask_checkpoint = clock, ask
+    op.reconcile("ns", "j")
+    kube.set_pod("ns", "j-ps-0", "Running", ready=True)
+    op.reconcile("ns", "j")
+    for name in ("j-worker-0", "j-worker-1"):
+        kube.set_pod("ns", name, "Running", ready=True)
+    status.reply = {"global_step": 120, "checkpoint_step": 100,
+                    "checkpoint_path": "/ckpt/100.pt"}
+    op.reconcile("ns", "j")
+    assert kube.jobs[("ns", "j")]["status"]["phase"] == "Running"
+    events.reasons()
+
+    kube.jobs[("ns", "j")]["spec"]["runPolicy"]["suspend"] = True
+    assert op.reconcile("ns", "j") == 2.0
+    assert asked == ["j-ps-0.j.ns.svc:2222"]
+    st = kube.jobs[("ns", "j")]["status"]
+    assert st["checkpointRequest"]["step"] == 130 and st["phase"] == "Running"
+    assert len(kube.pod_names()) == 3  # nothing deleted before the checkpoint
+    assert events.reasons() == ["CheckpointRequested"]
+
+    clock.seconds = 3
+    status.reply = {"global_step": 131, "checkpoint_step": 131,
+                    "checkpoint_path": "/ckpt/131.pt"}
+    op.reconcile("ns", "j")
+    st = kube.jobs[("ns", "j")]["status"]
+    assert st["phase"] == "Suspended" and st["lastCheckpoint"]["step"] == 131
+    assert "checkpointRequest" not in st and kube.pod_names() == []
+    assert events.reasons() == ["CheckpointConfirmed", "JobSuspended"]
+    assert len(asked) == 1
+
+    kube.jobs[("ns", "j")]["spec"]["runPolicy"]["suspend"] = False
+    op.reconcile("ns", "j")
+    st = kube.jobs[("ns", "j")]["status"]
+    assert st["resumedFromStep"] == 131
+    resumed = [e for e in events.events if e.reason == "JobResumed"]
+    assert "continues from the checkpoint at step 131" in resumed[0].message

@@ -9,8 +9,15 @@ from typing import Any
 
 import pytest
 
-from pstrain_api.model import Progress
-from pstrain_operator.reconcile import DeletePod, Observed, ObservedPod, decide, observe_pod
+from pstrain_api.model import CheckpointStatus, Progress
+from pstrain_operator.reconcile import (
+    DeletePod,
+    Observed,
+    ObservedPod,
+    RequestCheckpoint,
+    decide,
+    observe_pod,
+)
 from pstrain_operator.settings import PodSettings
 
 from .op_builders import T0, at, make_job, pod
@@ -45,7 +52,9 @@ class Case:
     pods: list[Any] = field(default_factory=list)
     now: datetime = T0
     progress: Progress | None = None
+    checkpoint: CheckpointStatus | None = None  # as PS 0 reports it now
     # expected
+    asked: bool = False  # RequestCheckpoint sent
     deleted: list[str] = field(default_factory=list)
     phase: str = "Running"
     events: list[str] = field(default_factory=list)
@@ -62,20 +71,81 @@ CASES = [
          says=["checkpoint.directory is not set", "restarts from step 0",
                "120 steps done so far are lost"],
          status={"lostSteps": 120}),
-    Case("suspend with checkpoints: continues from the last one, later steps lost",
+    # --- checkpoint before disruption (issue 11, item 9)
+    Case("suspend with checkpoints: ask the chief first, keep the pods meanwhile",
+         with_ckpt(J()).policy(suspend=True).status(
+             phase="Running", progress=PROGRESS_120,
+             lastCheckpoint={"step": 100, "path": "/ckpt/100.pt"}),
+         pods=up(with_ckpt(J())), asked=True, events=["CheckpointRequested"],
+         says=["suspend: asked the chief for a checkpoint at step 120 or later"],
+         status={"checkpointRequest": {"step": 120, "reason": "suspend",
+                                       "requestedAt": iso(T0)}}),
+    Case("suspend: the requested checkpoint is written, then the pods go",
+         with_ckpt(J()).policy(suspend=True).status(
+             phase="Running", progress=PROGRESS_120,
+             checkpointRequest={"step": 120, "reason": "suspend", "requestedAt": iso(T0)}),
+         pods=up(with_ckpt(J())), now=at(4),
+         checkpoint=CheckpointStatus(step=121, path="/ckpt/121.pt"),
+         deleted=["j-ps-0", "j-worker-0", "j-worker-1"], phase="Suspended",
+         events=["CheckpointConfirmed", "JobSuspended"],
+         says=["continues from the checkpoint at step 121"],
+         status={"lostSteps": 0, "checkpointRequest": None,
+                 "lastCheckpoint": {"step": 121, "path": "/ckpt/121.pt", "time": None}}),
+    Case("suspend: waiting within the bound, nothing asked twice",
+         with_ckpt(J()).policy(suspend=True).status(
+             phase="Running", progress=PROGRESS_120,
+             checkpointRequest={"step": 120, "reason": "suspend", "requestedAt": iso(T0)}),
+         pods=up(with_ckpt(J())), now=at(10)),
+    Case("suspend: no checkpoint within the bound, go on from the last one",
          with_ckpt(J()).policy(suspend=True).status(
              phase="Running", progress=PROGRESS_120, lostSteps=3,
-             lastCheckpoint={"step": 100, "path": "/ckpt/100.pt"}),
-         pods=up(with_ckpt(J())), deleted=["j-ps-0", "j-worker-0", "j-worker-1"],
-         phase="Suspended", events=["JobSuspended"],
-         says=["continues from the checkpoint at step 100 (20 steps after it are lost)"],
+             lastCheckpoint={"step": 100, "path": "/ckpt/100.pt"},
+             checkpointRequest={"step": 120, "reason": "suspend", "requestedAt": iso(T0)}),
+         pods=up(with_ckpt(J())), now=at(30),
+         deleted=["j-ps-0", "j-worker-0", "j-worker-1"], phase="Suspended",
+         events=["CheckpointNotConfirmed", "JobSuspended"],
+         says=["no checkpoint at step 120 or later within 30s",
+               "continues from the checkpoint at step 100 (20 steps after it are lost)"],
          status={"lostSteps": 23}),
-    Case("suspend with a directory but no checkpoint yet: restarts from 0",
-         with_ckpt(J()).policy(suspend=True).status(phase="Running", progress=PROGRESS_120),
-         pods=up(with_ckpt(J())), deleted=["j-ps-0", "j-worker-0", "j-worker-1"],
-         phase="Suspended", events=["JobSuspended"],
+    Case("suspend with a directory but no checkpoint ever: restarts from 0",
+         with_ckpt(J()).policy(suspend=True).status(
+             phase="Running", progress=PROGRESS_120,
+             checkpointRequest={"step": 120, "reason": "suspend", "requestedAt": iso(T0)}),
+         pods=up(with_ckpt(J())), now=at(31), deleted=["j-ps-0", "j-worker-0", "j-worker-1"],
+         phase="Suspended", events=["CheckpointNotConfirmed", "JobSuspended"],
          says=["no checkpoint was written yet", "restarts from step 0"],
          status={"lostSteps": 120}),
+    Case("deadline: checkpoint first, then fail",
+         with_ckpt(J()).policy(activeDeadlineSeconds=60).status(
+             phase="Running", progress=PROGRESS_120, startTime=iso(T0)),
+         pods=up(with_ckpt(J())), now=at(60), asked=True, events=["CheckpointRequested"],
+         says=["deadline: asked the chief for a checkpoint"]),
+    Case("deadline: checkpoint written, the job fails DeadlineExceeded",
+         with_ckpt(J()).policy(activeDeadlineSeconds=60).status(
+             phase="Running", progress=PROGRESS_120, startTime=iso(T0),
+             checkpointRequest={"step": 120, "reason": "deadline", "requestedAt": iso(at(60))}),
+         pods=up(with_ckpt(J())), now=at(62),
+         checkpoint=CheckpointStatus(step=120, path="/ckpt/120.pt"),
+         deleted=["j-ps-0", "j-worker-0", "j-worker-1"], phase="Failed",
+         events=["CheckpointConfirmed", "DeadlineExceeded", "CleanedUpPods"]),
+    Case("an eviction seen coming: ask for a checkpoint, hold nothing up",
+         with_ckpt(J()).status(phase="Running", progress=PROGRESS_120),
+         pods=up(with_ckpt(J()), disruption="PreemptionByScheduler"),
+         asked=True, events=["CheckpointRequested"],
+         says=["disruption of j-worker-0: asked the chief"]),
+    Case("the chief succeeded: the PS stay until the final checkpoint is confirmed",
+         with_ckpt(J()).status(phase="Running", progress=PROGRESS_120),
+         pods=[pod(with_ckpt(J()).build(), "worker", 0, phase="Succeeded"),
+               *up(with_ckpt(J()))[:1], *up(with_ckpt(J()))[2:]],
+         checkpoint=CheckpointStatus(step=5, path="/ckpt/5.pt"),
+         events=["CheckpointRequested"], says=["success: waiting for the final checkpoint"]),
+    Case("the chief succeeded and the final checkpoint is there: success, PS stopped",
+         with_ckpt(J()).status(phase="Running", progress=PROGRESS_120),
+         pods=[pod(with_ckpt(J()).build(), "worker", 0, phase="Succeeded"),
+               *up(with_ckpt(J()))[:1], *up(with_ckpt(J()))[2:]],
+         checkpoint=CheckpointStatus(step=10, path="/ckpt/10.pt"),
+         deleted=["j-ps-0", "j-worker-1"], phase="Succeeded",
+         events=["ChiefSucceeded", "CleanedUpPods"]),
     Case("still suspended: no new event, nothing counted twice",
          J().policy(suspend=True).status(phase="Suspended", progress=PROGRESS_120,
                                          lostSteps=120),
@@ -173,9 +243,10 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c_.id for c_ in CASES])
 def test_decide(case: Case) -> None:
-    plan = decide(Observed(case.job.build(), tuple(case.pods), True, case.now, case.progress),
-                  SETTINGS)
+    plan = decide(Observed(case.job.build(), tuple(case.pods), True, case.now, case.progress,
+                           case.checkpoint), SETTINGS)
     assert [a.name for a in plan.actions if isinstance(a, DeletePod)] == case.deleted
+    assert any(isinstance(a, RequestCheckpoint) for a in plan.actions) == case.asked
     assert plan.status.phase == case.phase
     assert [e.reason for e in plan.events] == case.events
     text = " | ".join(e.message for e in plan.events)
@@ -184,9 +255,9 @@ def test_decide(case: Case) -> None:
     wire = plan.status_patch
     for key, value in case.status.items():
         assert wire[key] == value, key
-    if case.phase == "Failed":
-        assert plan.status.conditions[-1].reason != "" and any(
-            cond.type == "Failed" and cond.reason == "Stalled" for cond in plan.status.conditions)
+    if "Stalled" in case.events:
+        assert any(cond.type == "Failed" and cond.reason == "Stalled"
+                   for cond in plan.status.conditions)
 
 
 def test_observe_pod_reads_the_disruption_target_condition() -> None:

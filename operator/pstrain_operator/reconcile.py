@@ -426,13 +426,17 @@ def decide(obs: Observed, settings: PodSettings,
         if obs.progress is not None:
             st.progress = progress
             step = obs.progress.global_step
-        # The parameter servers stop only once the final checkpoint is confirmed.
-        gate = checkpointing.gate(job, st, obs.checkpoint, now, "success", ask=False,
-                                  step=job.spec.training.steps)
-        st = gate.status
-        events.extend(gate.events)
-        if not gate.ready:
-            return _hold(job, st, obs, gate, events, actions)
+        # The parameter servers are stopped only once the final checkpoint is confirmed
+        # (ones that already exited did so after the chief's Finish, which follows it).
+        if any(p.role == c.ROLE_PS and p.active for p in live):
+            gate = checkpointing.gate(job, st, obs.checkpoint, now, "success", ask=False,
+                                      step=job.spec.training.steps)
+            st = gate.status
+            events.extend(gate.events)
+            if not gate.ready:
+                return _hold(job, st, obs, gate, events, actions)
+        elif obs.checkpoint is not None:
+            st.last_checkpoint = obs.checkpoint
         at = f" at global step {step}" if step else ""
         return _finish(job, st, obs, "Succeeded", R_CHIEF_SUCCEEDED,
                        f"the chief {chief.name} completed{at}", None, events, actions)

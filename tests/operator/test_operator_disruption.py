@@ -275,3 +275,12 @@ def test_observe_pod_reads_the_disruption_target_condition() -> None:
     raw["status"]["conditions"][1]["status"] = "False"
     seen = observe_pod(raw)
     assert seen is not None and seen.disruption == ""
+
+
+def test_success_does_not_wait_when_the_parameter_servers_already_stopped() -> None:
+    job = with_ckpt(J()).status(phase="Running", progress=PROGRESS_120).build()
+    pods = (pod(job, "worker", 0, phase="Succeeded"), pod(job, "ps", 0, phase="Succeeded"),
+            pod(job, "worker", 1, phase="Succeeded"))
+    plan = decide(Observed(job, pods, True, T0), SETTINGS)
+    assert plan.status.phase == "Succeeded"
+    assert [e.reason for e in plan.events] == ["ChiefSucceeded"]

@@ -502,7 +502,8 @@ def decide(obs: Observed, settings: PodSettings,
         chief is not None and not chief.deleting and chief.name not in restarted
     )
     if (all_ps_ready or ps_finished) and chief_up:
-        if old.phase != "Running":
+        if st.create_refusal is None and (old.phase != "Running"
+                                          or not condition_is(old, c.COND_RUNNING)):
             st.conditions = set_condition(
                 st.conditions, c.COND_RUNNING, "True", R_ALL_STARTED,
                 "All parameter servers are Ready and every worker was started.", now)

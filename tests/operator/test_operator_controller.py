@@ -433,3 +433,35 @@ def test_suspend_asks_for_a_checkpoint_waits_for_it_and_resumes_from_it() -> Non
     assert st["resumedFromStep"] == 131
     resumed = [e for e in events.events if e.reason == "JobResumed"]
     assert "continues from the checkpoint at step 131" in resumed[0].message
+
+
+def test_a_refused_replacement_while_running_is_reported_and_running_again_once_created(
+) -> None:
+    kube, events, clock = FakeKube(), Recorder(), Clock()
+    kube.add_job(make_job().body())
+    op = make_reconciler(kube, events, FakeStatus())
+    op.clock = clock
+    op.reconcile("ns", "j")
+    kube.set_pod("ns", "j-ps-0", "Running", ready=True)
+    op.reconcile("ns", "j")
+    for name in ("j-worker-0", "j-worker-1"):
+        kube.set_pod("ns", name, "Running", ready=True)
+    op.reconcile("ns", "j")
+    assert conditions(kube)["Running"]["status"] == "True"
+
+    attempts = refusing(kube)
+    kube.set_pod("ns", "j-worker-1", "Failed", exit_code=137, reason="OOMKilled")
+    op.reconcile("ns", "j")  # deleted for its restart
+    op.reconcile("ns", "j")  # its replacement is refused
+    assert attempts == ["j-worker-1"]
+    st = kube.jobs[("ns", "j")]["status"]
+    assert st["replicaStatuses"]["worker"]["active"] == 1
+    assert conditions(kube)["Running"]["reason"] == "CreateRejected"
+
+    kube.create = FakeKube.create.__get__(kube)  # type: ignore[method-assign]
+    clock.seconds = 5
+    op.reconcile("ns", "j")
+    assert "j-worker-1" in kube.pod_names()
+    op.reconcile("ns", "j")
+    running = conditions(kube)["Running"]
+    assert (running["status"], running["reason"]) == ("True", "AllReplicasStarted")

@@ -190,7 +190,7 @@ def _with_counts(job: TrainingJob, st: TrainingJobStatus, pods: Sequence[Observe
     })
 
 
-def _names(pods: Sequence[ObservedPod] | Sequence[CreatePod]) -> str:
+def _names(pods: Sequence[ObservedPod | CreatePod | DeletePod]) -> str:
     return ", ".join(p.name for p in pods)
 
 
@@ -277,49 +277,11 @@ def decide(obs: Observed, settings: PodSettings,
 
     # 1. A finished job only cleans up and, after its TTL, deletes itself.
     if old.phase in c.TERMINAL_PHASES:
-        cleanup = cleanup_actions(job, live)
-        actions.extend(cleanup)
-        if cleanup:
-            events.append(Event("Normal", R_CLEANUP, f"deleted pods {_names(cleanup)} "
-                                f"(cleanPodPolicy {policy.clean_pod_policy})"))
-        requeue = REQUEUE_CLEANUP_S if cleanup else None
-        ttl = policy.ttl_seconds_after_finished
-        if ttl is not None and old.completion_time is not None:
-            expires = old.completion_time + timedelta(seconds=ttl)
-            left = (expires - now).total_seconds()
-            if left <= 0:
-                actions.append(DeleteJob(f"ttlSecondsAfterFinished ({ttl}) passed"))
-                events.append(Event("Normal", R_TTL, f"deleting the job: it finished at "
-                                    f"{old.completion_time.isoformat()} and "
-                                    f"ttlSecondsAfterFinished is {ttl}"))
-                requeue = None
-            else:
-                requeue = min(requeue or left, left)
-        return Plan(tuple(actions), _with_counts(job, st, obs.pods, actions), tuple(events),
-                    requeue)
+        return _decide_finished(job, st, obs, live)
 
     # 2. Suspended: no pods, the job stays; a running job checkpoints first.
     if policy.suspend:
-        if old.phase == "Running" and live:
-            gate = checkpointing.gate(job, st, obs.checkpoint, now, "suspend")
-            st = gate.status
-            events.extend(gate.events)
-            if not gate.ready:
-                return _hold(job, st, obs, gate, events)
-        for p in live:
-            actions.append(DeletePod(p.name, p.uid, "the job is suspended"))
-        if old.phase != "Suspended":
-            message, lost = suspend.suspended(job, st)
-            events.append(Event("Normal", R_SUSPENDED, message))
-            st.lost_steps += lost
-        st.phase = "Suspended"
-        st.create_refusal = None  # the user stepped in: retry afresh on resume
-        st.conditions = set_condition(st.conditions, c.COND_SUSPENDED, "True", R_SUSPENDED,
-                                      "The job is suspended (spec.runPolicy.suspend).", now)
-        st.conditions = set_condition(st.conditions, c.COND_RUNNING, "False", R_SUSPENDED,
-                                      "The job is suspended.", now)
-        return Plan(tuple(actions), _with_counts(job, st, obs.pods, actions), tuple(events),
-                    REQUEUE_CLEANUP_S if live else None)
+        return _decide_suspended(job, old, st, obs, live)
     if old.phase == "Suspended":
         message, st.resumed_from_step = suspend.resumed(job, st)
         events.append(Event("Normal", R_RESUMED, message))
@@ -532,6 +494,59 @@ def decide(obs: Observed, settings: PodSettings,
         left = deadline - (now - st.start_time).total_seconds()
         requeue = max(0.5, min(requeue, left))
     return Plan(tuple(actions), _with_counts(job, st, obs.pods, actions), tuple(events), requeue)
+
+
+def _decide_finished(job: TrainingJob, st: TrainingJobStatus, obs: Observed,
+                     live: Sequence[ObservedPod]) -> Plan:
+    """A finished job only cleans up and, after its TTL, deletes itself."""
+    policy, now = job.spec.run_policy, obs.now
+    cleanup = cleanup_actions(job, live)
+    actions: list[Action] = list(cleanup)
+    events: list[Event] = []
+    if cleanup:
+        events.append(Event("Normal", R_CLEANUP, f"deleted pods {_names(cleanup)} "
+                            f"(cleanPodPolicy {policy.clean_pod_policy})"))
+    requeue = REQUEUE_CLEANUP_S if cleanup else None
+    ttl = policy.ttl_seconds_after_finished
+    if ttl is not None and st.completion_time is not None:
+        expires = st.completion_time + timedelta(seconds=ttl)
+        left = (expires - now).total_seconds()
+        if left <= 0:
+            actions.append(DeleteJob(f"ttlSecondsAfterFinished ({ttl}) passed"))
+            events.append(Event("Normal", R_TTL, f"deleting the job: it finished at "
+                                f"{st.completion_time.isoformat()} and "
+                                f"ttlSecondsAfterFinished is {ttl}"))
+            requeue = None
+        else:
+            requeue = min(requeue or left, left)
+    return Plan(tuple(actions), _with_counts(job, st, obs.pods, actions), tuple(events),
+                requeue)
+
+
+def _decide_suspended(job: TrainingJob, old: TrainingJobStatus, st: TrainingJobStatus,
+                      obs: Observed, live: Sequence[ObservedPod]) -> Plan:
+    """Suspended: no pods, the job stays. A running job checkpoints first (bounded)."""
+    now = obs.now
+    events: list[Event] = []
+    if old.phase == "Running" and live:
+        gate = checkpointing.gate(job, st, obs.checkpoint, now, "suspend")
+        st = gate.status
+        events.extend(gate.events)
+        if not gate.ready:
+            return _hold(job, st, obs, gate, events)
+    actions: list[Action] = [DeletePod(p.name, p.uid, "the job is suspended") for p in live]
+    if old.phase != "Suspended":
+        message, lost = suspend.suspended(job, st)
+        events.append(Event("Normal", R_SUSPENDED, message))
+        st.lost_steps += lost
+    st.phase = "Suspended"
+    st.create_refusal = None  # the user stepped in: retry afresh on resume
+    st.conditions = set_condition(st.conditions, c.COND_SUSPENDED, "True", R_SUSPENDED,
+                                  "The job is suspended (spec.runPolicy.suspend).", now)
+    st.conditions = set_condition(st.conditions, c.COND_RUNNING, "False", R_SUSPENDED,
+                                  "The job is suspended.", now)
+    return Plan(tuple(actions), _with_counts(job, st, obs.pods, actions), tuple(events),
+                REQUEUE_CLEANUP_S if live else None)
 
 
 def _hold(job: TrainingJob, st: TrainingJobStatus, obs: Observed,

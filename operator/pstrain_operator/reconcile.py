@@ -23,7 +23,6 @@ from pstrain_api import constants as c
 from pstrain_api.cluster import ClusterSpec, Task, kubernetes_cluster_spec
 from pstrain_api.model import (
     CheckpointStatus,
-    Condition,
     FailureCause,
     Progress,
     Replicas,
@@ -37,7 +36,7 @@ from pstrain_api.policy import decide_restart
 from .build import build_pod, build_service, spec_hash
 from . import checkpointing, disruption, refusals, stall, suspend
 from .conditions import Event, condition_is, set_condition
-from .observe import ObservedPod, observe_pod
+from .observe import ObservedPod
 from .settings import PodSettings
 
 # How soon to look again when nothing else (a pod or job event) wakes the operator.

@@ -16,8 +16,8 @@ from pstrain_operator.reconcile import (
     ObservedPod,
     RequestCheckpoint,
     decide,
-    observe_pod,
 )
+from pstrain_operator.observe import observe_pod
 from pstrain_operator.settings import PodSettings
 
 from .op_builders import T0, at, make_job, pod

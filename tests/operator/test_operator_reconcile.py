@@ -19,9 +19,9 @@ from pstrain_operator.reconcile import (
     ObservedPod,
     decide,
     decide_invalid,
-    observe_pod,
     status_to_api,
 )
+from pstrain_operator.observe import observe_pod
 from pstrain_operator.settings import PodSettings
 
 from .op_builders import T0, at, make_job, pod

@@ -486,7 +486,8 @@ class TrainingJobStatus(ApiModel):
     counted_disruptions: list[str] = Field(
         default_factory=list,
         description="UIDs of the pods whose deletion or eviction was already counted as a "
-        "restart (the most recent ones).",
+        "restart (the most recent ones); asked:<uid> marks a running pod whose announced "
+        "disruption already got a checkpoint request.",
     )
     checkpoint_request: CheckpointRequest | None = Field(
         default=None, description="A checkpoint asked of the chief that is awaited."

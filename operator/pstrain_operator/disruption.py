@@ -8,6 +8,7 @@ either still running (the operator deletes only failed replicas of an active job
 carries a `DisruptionTarget` condition, whose reason names the cause
 (EvictionByEvictionAPI, PreemptionByScheduler, DeletionByTaintManager, ...). Each pod is
 counted once: its uid goes in `status.countedDisruptions` (the last `MEMORY` of them).
+A DisruptionTarget also asks the chief for a checkpoint (`checkpointing`), once per pod.
 A pod removed at once (`--grace-period=0 --force`), or while the operator was down, is
 replaced without a trace: no terminating pod is ever seen.
 """
@@ -23,6 +24,7 @@ from .observe import ACTIVE_PHASES, ObservedPod
 
 R_POD_DISRUPTED = "PodDisrupted"
 MEMORY = 32
+ASKED = "asked:"  # marks the uid of a running pod whose announced disruption was answered
 
 
 def cause(p: ObservedPod) -> str:
@@ -40,6 +42,16 @@ def from_outside(pods: Iterable[ObservedPod], wanted: set[str], job_uid: str | N
             if p.deleting and p.uid and p.uid not in counted and p.name in wanted
             and (not job_uid or not p.owner_uid or p.owner_uid == job_uid)
             and (p.disruption or p.phase in ACTIVE_PHASES)]
+
+
+def announced(pods: Iterable[ObservedPod], wanted: set[str], job_uid: str | None,
+              counted: Sequence[str]) -> list[ObservedPod]:
+    """Replicas with a DisruptionTarget condition not seen before: each gets one
+    checkpoint request (a terminating one is counted, a running one marked ASKED)."""
+    return [p for p in pods
+            if p.disruption and p.uid and p.name in wanted
+            and (not job_uid or not p.owner_uid or p.owner_uid == job_uid)
+            and p.uid not in counted and ASKED + p.uid not in counted]
 
 
 def remembered(counted: Sequence[str], uids: Iterable[str]) -> list[str]:

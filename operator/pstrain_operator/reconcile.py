@@ -316,21 +316,21 @@ def decide(obs: Observed, settings: PodSettings,
             message = f"the job ran longer than activeDeadlineSeconds ({deadline} s)"
             return _finish(job, st, obs, "Failed", R_DEADLINE, message, None, events)
 
-    # 5. Creates the API server keeps refusing: fail in bounded time, else back off.
-    given_up = refusals.gave_up(old)
-    if given_up:
-        refused = old.create_refusal.object if old.create_refusal else ""
-        cause = FailureCause(role="", pod=refused.split("/")[-1],
-                             reason=refusals.R_CREATE_REJECTED,
-                             message=old.create_refusal.message if old.create_refusal else "")
-        return _finish(job, st, obs, "Failed", refusals.R_CREATE_REJECTED, given_up, cause,
-                       events)
+    # 5. Creates the API server keeps refusing: back off, and fail in bounded time.
     backoff = refusals.wait_left(old, job.metadata.generation, now)
     hold = hold or backoff > 0
 
     cluster = kubernetes_cluster_spec(job)
     by_name = {p.name: p for p in obs.pods}
     wanted = {cluster.replica_name(t) for t in cluster.tasks()}
+    given_up = refusals.gave_up(old)
+    if given_up and old.create_refusal is not None:
+        refused = old.create_refusal.object.split("/")[-1]
+        role = next((t.role for t in cluster.tasks() if cluster.replica_name(t) == refused), "")
+        cause = FailureCause(role=role, pod=refused, reason=refusals.R_CREATE_REJECTED,
+                             message=old.create_refusal.message)
+        return _finish(job, st, obs, "Failed", refusals.R_CREATE_REJECTED, given_up, cause,
+                       events)
 
     # 6. Pods that are not part of the job (left from another spec) go.
     for p in live:
@@ -340,15 +340,21 @@ def decide(obs: Observed, settings: PodSettings,
                                 f"deleting pod {p.name}: it is not a replica of the spec"))
 
     # 7. Pods deleted or evicted from outside: name the cause, count the replacement.
+    # A disruption announced by a DisruptionTarget condition (an eviction, a preemption):
+    # ask the chief for a checkpoint once per pod; an eviction cannot be held up.
+    coming = disruption.announced(obs.pods, wanted, uid, st.counted_disruptions)
     events.extend(disruption.count(st, disruption.from_outside(
         obs.pods, wanted, uid, st.counted_disruptions)))
-    coming = [p.name for p in live if p.disruption and p.name in wanted]
-    if coming and old.phase == "Running" and st.checkpoint_request is None:
-        gate = checkpointing.gate(job, st, obs.checkpoint, now, f"disruption of {coming[0]}")
-        st = gate.status
-        events.extend(gate.events)
-        if gate.ask:  # an eviction cannot be held up: ask, and go on
-            actions.append(RequestCheckpoint(f"disruption of {coming[0]}"))
+    if coming and old.phase == "Running":
+        st.counted_disruptions = disruption.remembered(
+            st.counted_disruptions, [disruption.ASKED + p.uid for p in coming if not p.deleting])
+        if st.checkpoint_request is None:
+            why = f"disruption of {coming[0].name}"
+            gate = checkpointing.gate(job, st, obs.checkpoint, now, why)
+            st = gate.status
+            events.extend(gate.events)
+            if gate.ask:
+                actions.append(RequestCheckpoint(why))
 
     # 8. Failed replicas: restart within the run policy, or fail the job. Disruptions
     # from outside are restarts, but not the job's own failures (backoffLimit).

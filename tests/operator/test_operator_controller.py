@@ -302,7 +302,7 @@ def test_a_refused_pod_backs_off_reports_once_and_fails_the_job_in_bounded_time(
     assert st["phase"] == "Failed"
     assert conditions(kube)["Failed"]["reason"] == "CreateRejected"
     assert "exceeded quota" in conditions(kube)["Failed"]["message"]
-    assert st["failure"]["pod"] == "j-worker-1"
+    assert (st["failure"]["pod"], st["failure"]["role"]) == ("j-worker-1", "worker")
     assert "j-ps-0" not in kube.pod_names()  # cleaned up
 
 

@@ -465,3 +465,45 @@ def test_a_refused_replacement_while_running_is_reported_and_running_again_once_
     op.reconcile("ns", "j")
     running = conditions(kube)["Running"]
     assert (running["status"], running["reason"]) == ("True", "AllReplicasStarted")
+
+
+def test_a_stalled_job_restarts_its_trainers_then_fails_with_reason_stalled() -> None:
+    kube, events, status, clock = FakeKube(), Recorder(), FakeStatus(), Clock()
+    kube.add_job(make_job().policy(stallTimeoutSeconds=60, backoffLimit=1).body())
+    op = make_reconciler(kube, events, status)
+    op.clock = clock
+
+    def run_all() -> None:
+        op.reconcile("ns", "j")
+        for name in kube.pod_names():
+            kube.set_pod("ns", name, "Running", ready=True)
+        op.reconcile("ns", "j")
+        for name in kube.pod_names():
+            kube.set_pod("ns", name, "Running", ready=True)
+        op.reconcile("ns", "j")
+
+    run_all()
+    status.reply = {"global_step": 7}
+    op.reconcile("ns", "j")
+    assert kube.jobs[("ns", "j")]["status"]["phase"] == "Running"
+    events.reasons()
+
+    clock.seconds = 59
+    op.reconcile("ns", "j")
+    assert kube.pod_names() == ["j-ps-0", "j-worker-0", "j-worker-1"]
+    clock.seconds = 61  # the step stayed at 7: the workers and the chief are restarted
+    op.reconcile("ns", "j")
+    assert kube.pod_names() == ["j-ps-0"]
+    st = kube.jobs[("ns", "j")]["status"]
+    assert (st["restarts"], st["disruptions"]) == (1, 0)
+    said = events.reasons()
+    assert said[0] == "RestartingStalled", said
+    run_all()
+    assert kube.jobs[("ns", "j")]["status"]["phase"] == "Running"
+
+    clock.seconds = 61 + 61  # stalled again, backoffLimit (1) used up: Failed, Stalled
+    op.reconcile("ns", "j")
+    st = kube.jobs[("ns", "j")]["status"]
+    assert st["phase"] == "Failed"
+    assert conditions(kube)["Failed"]["reason"] == "Stalled"
+    assert kube.pod_names() == []

@@ -5,6 +5,7 @@ every request covered by the RBAC table."""
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -315,3 +316,22 @@ def test_a_refused_pod_backs_off_and_an_evicted_pod_leaves_a_trace(
     status = api.job(NS, "ev")["status"]
     assert (status["restarts"], status["disruptions"]) == (1, 1)
     assert len(events("PodDisrupted")) == 1
+
+
+def test_a_namespace_being_deleted_gets_no_retries_events_or_status(
+    emulator: EmulatorThread, operator_process: OperatorProcess
+) -> None:
+    api = HttpApi(emulator.url)
+    terminating = (403, 'pods "gone-ps-0" is forbidden: unable to create new content in '
+                        f"namespace {NS} because it is being terminated")
+    emulator.refuse(lambda method, path, body: terminating
+                    if method == "POST" and path.endswith("/pods") else None)
+    operator_process.start()
+    api.create_job(make_job("gone", NS).body())
+    wait_for("the first attempt", lambda: pod_posts(emulator))
+    time.sleep(3)  # a quiet period is what is asserted: nothing may happen in it
+    assert len(pod_posts(emulator)) == 1
+    assert not [e for e in api.events(NS) if e.get("reason") == "CreateRejected"]
+    assert "createRefusal" not in (api.job(NS, "gone") or {}).get("status", {})
+    log = operator_process.log_tail(5000)
+    assert "being deleted" in log and "Traceback" not in log

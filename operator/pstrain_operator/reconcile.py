@@ -533,6 +533,8 @@ def _decide_suspended(job: TrainingJob, old: TrainingJobStatus, st: TrainingJobS
     """Suspended: no pods, the job stays. A running job checkpoints first (bounded)."""
     now = obs.now
     events: list[Event] = []
+    if obs.progress is not None:  # the freshest step: what a suspension loses counts
+        st.progress = stall.merged_progress(old.progress, obs.progress, now)
     if old.phase == "Running" and live:
         gate = checkpointing.gate(job, st, obs.checkpoint, now, "suspend")
         st = gate.status

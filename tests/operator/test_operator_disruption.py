@@ -294,3 +294,14 @@ def test_success_does_not_wait_when_the_parameter_servers_already_stopped() -> N
     plan = decide(Observed(job, pods, True, T0), SETTINGS)
     assert plan.status.phase == "Succeeded"
     assert [e.reason for e in plan.events] == ["ChiefSucceeded"]
+
+
+def test_suspend_counts_the_steps_done_after_the_checkpoint_it_waited_for() -> None:
+    job = with_ckpt(J()).policy(suspend=True).status(
+        phase="Running", progress=PROGRESS_120,
+        checkpointRequest={"step": 120, "reason": "suspend", "requestedAt": iso(T0)}).build()
+    plan = decide(Observed(job, tuple(up(with_ckpt(J()))), True, at(3),
+                           Progress(global_step=127),
+                           CheckpointStatus(step=121, path="/ckpt/121.pt")), SETTINGS)
+    assert plan.status.phase == "Suspended" and plan.status.lost_steps == 6
+    assert "(6 steps after it are lost)" in plan.events[-1].message

@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from pstrain_api import constants as c
-from pstrain_api.cluster import ClusterSpec, Task, kubernetes_cluster_spec
+from pstrain_api.cluster import kubernetes_cluster_spec
 from pstrain_api.model import TrainingJobStatus
 from pstrain_api.validate import check_manifest
 
@@ -50,6 +50,7 @@ from .reconcile import (
     RequestCheckpoint,
     decide,
     decide_invalid,
+    ps0_address,
     status_to_api,
     unapplied,
 )
@@ -203,7 +204,7 @@ class Reconciler:
             chief is not None and chief.phase == "Succeeded")
         if (old_status.phase == "Running" and not chief_failed
                 and (awaited or self._may_ask(f"{job.namespace}/{job.name}"))):
-            address = str(cluster.addresses[Task(c.ROLE_PS, 0)])
+            address = ps0_address(job)
             try:
                 reply = self.fetch_status(address, FETCH_TIMEOUT_S)
             except Exception as exc:  # a status probe must never break reconciling
@@ -281,27 +282,19 @@ class Reconciler:
         operator's last reading) becomes the step awaited; an unreachable PS 0 leaves the
         request to run out its bound."""
         meta = body.get("metadata") or {}
-        job = kubernetes_cluster_spec_of(body)
-        address = str(job.addresses[Task(c.ROLE_PS, 0)]) if job is not None else ""
         try:
-            step = self.ask_checkpoint(address, FETCH_TIMEOUT_S) if address else None
+            step = self.ask_checkpoint(action.address, FETCH_TIMEOUT_S)
         except Exception as exc:  # a control call must never break reconciling
-            log.info("checkpoint request to %s failed: %s", address, exc)
+            log.info("checkpoint request to %s failed: %s", action.address, exc)
             step = None
         log.info("%s/%s: asked %s for a checkpoint (%s): %s", meta.get("namespace"),
-                 meta.get("name"), address, action.why,
+                 meta.get("name"), action.address, action.why,
                  f"at step {step}" if step is not None else "unreachable")
         req = plan.status.checkpoint_request
         if step is None or req is None or step <= req.step:
             return plan
         return replace(plan, status=plan.status.model_copy(update={
             "checkpoint_request": req.model_copy(update={"step": step})}))
-
-
-def kubernetes_cluster_spec_of(body: Mapping[str, Any]) -> ClusterSpec | None:
-    """The cluster spec of the job in `body`, or None when its spec does not parse."""
-    job, _ = check_manifest({k: v for k, v in body.items() if k != "status"}, source="")
-    return kubernetes_cluster_spec(job) if job is not None else None
 
 
 class NamespaceTerminating(Exception):

@@ -108,9 +108,15 @@ class DeleteJob:
 
 @dataclass(frozen=True)
 class RequestCheckpoint:
-    """Ask the chief, through PS 0, for a checkpoint before a disruption."""
+    """Ask the chief, through PS 0 at `address`, for a checkpoint before a disruption."""
 
-    why: str = ""
+    address: str
+    why: str = field(compare=False, default="")
+
+
+def ps0_address(job: TrainingJob) -> str:
+    """Where the operator reaches parameter server 0 (status, checkpoint requests)."""
+    return str(kubernetes_cluster_spec(job).addresses[Task(c.ROLE_PS, 0)])
 
 
 Action = CreateService | CreatePod | DeletePod | DeleteJob | RequestCheckpoint
@@ -354,7 +360,7 @@ def decide(obs: Observed, settings: PodSettings,
             st = gate.status
             events.extend(gate.events)
             if gate.ask:
-                actions.append(RequestCheckpoint(why))
+                actions.append(RequestCheckpoint(ps0_address(job), why))
 
     # 8. Failed replicas: restart within the run policy, or fail the job. Disruptions
     # from outside are restarts, but not the job's own failures (backoffLimit).
@@ -560,7 +566,7 @@ def _hold(job: TrainingJob, st: TrainingJobStatus, obs: Observed,
           gate: checkpointing.Gate, events: list[Event],
           actions: Sequence[Action] = ()) -> Plan:
     """Wait for a checkpoint before a disruption; ask the chief for it when the gate says."""
-    asks = (RequestCheckpoint(st.checkpoint_request.reason),) if (
+    asks = (RequestCheckpoint(ps0_address(job), st.checkpoint_request.reason),) if (
         gate.ask and st.checkpoint_request is not None) else ()
     return Plan((*actions, *asks), _with_counts(job, st, obs.pods, actions), tuple(events),
                 gate.requeue)

@@ -240,15 +240,31 @@ def refusing(kube: FakeKube, message: str = INVALID, code: int = 422,
     return attempts
 
 
+def started(body: dict[str, Any] | None = None
+            ) -> tuple[FakeKube, Recorder, FakeStatus, Clock, Reconciler]:
+    """A job (the default one unless given) with its reconciler on a settable clock."""
+    kube, events, status, clock = FakeKube(), Recorder(), FakeStatus(), Clock()
+    kube.add_job(body or make_job().body())
+    op = make_reconciler(kube, events, status)
+    op.clock = clock
+    return kube, events, status, clock, op
+
+
+def bring_up(op: Reconciler, kube: FakeKube) -> None:
+    """Reconcile while playing a node that makes every pod Running and Ready: PS first,
+    then the workers, as the operator creates them."""
+    for _ in range(3):
+        op.reconcile("ns", "j")
+        for name in kube.pod_names():
+            kube.set_pod("ns", name, "Running", ready=True)
+
+
 def conditions(kube: FakeKube) -> dict[str, dict[str, Any]]:
     return {cond["type"]: cond for cond in kube.jobs[("ns", "j")]["status"]["conditions"]}
 
 
 def test_a_refused_pod_backs_off_reports_once_and_fails_the_job_in_bounded_time() -> None:
-    kube, events, clock = FakeKube(), Recorder(), Clock()
-    kube.add_job(make_job().body())
-    op = make_reconciler(kube, events, FakeStatus())
-    op.clock = clock
+    kube, events, _, clock, op = started()
     op.reconcile("ns", "j")
     kube.set_pod("ns", "j-ps-0", "Running", ready=True)
     events.reasons()
@@ -307,11 +323,8 @@ def test_a_refused_pod_backs_off_reports_once_and_fails_the_job_in_bounded_time(
 
 
 def test_a_refused_parameter_server_still_gets_a_status_and_clears_once_created() -> None:
-    kube, events, clock = FakeKube(), Recorder(), Clock()
-    kube.add_job(make_job().body())
+    kube, events, _, clock, op = started()
     attempts = refusing(kube, kinds=("ps",))
-    op = make_reconciler(kube, events, FakeStatus())
-    op.clock = clock
     assert op.reconcile("ns", "j") == 5.0
     st = kube.jobs[("ns", "j")]["status"]
     assert (st["phase"], st["psReady"]) == ("Starting", "0/1")
@@ -332,11 +345,8 @@ def test_a_refused_parameter_server_still_gets_a_status_and_clears_once_created(
 
 
 def test_a_spec_edit_retries_a_refused_create_at_once() -> None:
-    kube, events, clock = FakeKube(), Recorder(), Clock()
-    kube.add_job(make_job().body())
+    kube, events, _, clock, op = started()
     attempts = refusing(kube, kinds=("ps",))
-    op = make_reconciler(kube, events, FakeStatus())
-    op.clock = clock
     op.reconcile("ns", "j")
     clock.seconds = 1
     op.reconcile("ns", "j")
@@ -386,23 +396,17 @@ def test_api_error_status_is_read_for_its_message_and_causes(
 
 
 def test_suspend_asks_for_a_checkpoint_waits_for_it_and_resumes_from_it() -> None:
-    kube, events, status, clock = FakeKube(), Recorder(), FakeStatus(), Clock()
     body = make_job().body()
     body["spec"]["training"]["checkpoint"] = {"directory": "/ckpt"}
-    kube.add_job(body)
+    kube, events, status, clock, op = started(body)
     asked: list[str] = []
 
     def ask(address: str, timeout: float) -> int:
         asked.append(address)
         return 130  # PS 0's step when asked: fresher than the operator's reading
 
-    op = make_reconciler(kube, events, status)
-    op.clock, op.ask_checkpoint = clock, ask
-    op.reconcile("ns", "j")
-    kube.set_pod("ns", "j-ps-0", "Running", ready=True)
-    op.reconcile("ns", "j")
-    for name in ("j-worker-0", "j-worker-1"):
-        kube.set_pod("ns", name, "Running", ready=True)
+    op.ask_checkpoint = ask
+    bring_up(op, kube)
     status.reply = {"global_step": 120, "checkpoint_step": 100,
                     "checkpoint_path": "/ckpt/100.pt"}
     op.reconcile("ns", "j")
@@ -437,16 +441,8 @@ def test_suspend_asks_for_a_checkpoint_waits_for_it_and_resumes_from_it() -> Non
 
 def test_a_refused_replacement_while_running_is_reported_and_running_again_once_created(
 ) -> None:
-    kube, events, clock = FakeKube(), Recorder(), Clock()
-    kube.add_job(make_job().body())
-    op = make_reconciler(kube, events, FakeStatus())
-    op.clock = clock
-    op.reconcile("ns", "j")
-    kube.set_pod("ns", "j-ps-0", "Running", ready=True)
-    op.reconcile("ns", "j")
-    for name in ("j-worker-0", "j-worker-1"):
-        kube.set_pod("ns", name, "Running", ready=True)
-    op.reconcile("ns", "j")
+    kube, events, _, clock, op = started()
+    bring_up(op, kube)
     assert conditions(kube)["Running"]["status"] == "True"
 
     attempts = refusing(kube)
@@ -468,21 +464,9 @@ def test_a_refused_replacement_while_running_is_reported_and_running_again_once_
 
 
 def test_a_stalled_job_restarts_its_trainers_then_fails_with_reason_stalled() -> None:
-    kube, events, status, clock = FakeKube(), Recorder(), FakeStatus(), Clock()
-    kube.add_job(make_job().policy(stallTimeoutSeconds=60, backoffLimit=1).body())
-    op = make_reconciler(kube, events, status)
-    op.clock = clock
-
-    def run_all() -> None:
-        op.reconcile("ns", "j")
-        for name in kube.pod_names():
-            kube.set_pod("ns", name, "Running", ready=True)
-        op.reconcile("ns", "j")
-        for name in kube.pod_names():
-            kube.set_pod("ns", name, "Running", ready=True)
-        op.reconcile("ns", "j")
-
-    run_all()
+    kube, events, status, clock, op = started(
+        make_job().policy(stallTimeoutSeconds=60, backoffLimit=1).body())
+    bring_up(op, kube)
     status.reply = {"global_step": 7}
     op.reconcile("ns", "j")
     assert kube.jobs[("ns", "j")]["status"]["phase"] == "Running"
@@ -498,7 +482,7 @@ def test_a_stalled_job_restarts_its_trainers_then_fails_with_reason_stalled() ->
     assert (st["restarts"], st["disruptions"]) == (1, 0)
     said = events.reasons()
     assert said[0] == "RestartingStalled", said
-    run_all()
+    bring_up(op, kube)
     assert kube.jobs[("ns", "j")]["status"]["phase"] == "Running"
 
     clock.seconds = 61 + 61  # stalled again, backoffLimit (1) used up: Failed, Stalled

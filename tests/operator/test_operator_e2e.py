@@ -48,6 +48,20 @@ def digits_job(namespace: str, name: str = "digits") -> dict[str, Any]:
     }
 
 
+def on_the_fake_node(body: dict[str, Any], operator_process: OperatorProcess, first_ip: int,
+                     ) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """Each pod's own 127.0.0.x address (from `first_ip` on), the /etc/hosts entries for
+    their DNS names, and the environment of the replicas; the operator reads progress
+    every second."""
+    cluster = kubernetes_cluster_spec(TrainingJob.model_validate(body))
+    tasks = cluster.tasks()
+    pod_ip = {cluster.replica_name(t): f"127.0.0.{first_ip + i}" for i, t in enumerate(tasks)}
+    hosts = {cluster.addresses[t].host: pod_ip[cluster.replica_name(t)] for t in tasks}
+    env = {"GRPC_DNS_RESOLVER": "native", "PSTRAIN_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    operator_process.extra_env.update({**env, "PSTRAIN_OPERATOR_PROGRESS_INTERVAL": "1"})
+    return pod_ip, hosts, env
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not hosts_writable(),
                     reason="the fake node maps pod DNS names in /etc/hosts, which needs root")
@@ -55,13 +69,7 @@ def test_digits_trains_to_completion_through_the_operator(
     emulator: EmulatorThread, operator_process: OperatorProcess, tmp_path: Path
 ) -> None:
     body = digits_job(NAMESPACE)
-    job = TrainingJob.model_validate(body)
-    cluster = kubernetes_cluster_spec(job)
-    tasks = cluster.tasks()
-    pod_ip = {cluster.replica_name(t): f"127.0.0.{100 + i}" for i, t in enumerate(tasks)}
-    hosts = {cluster.addresses[t].host: pod_ip[cluster.replica_name(t)] for t in tasks}
-    env = {"GRPC_DNS_RESOLVER": "native", "PSTRAIN_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    operator_process.extra_env.update({**env, "PSTRAIN_OPERATOR_PROGRESS_INTERVAL": "1"})
+    pod_ip, hosts, env = on_the_fake_node(body, operator_process, first_ip=100)
     api = HttpApi(emulator.url)
 
     with hosts_entries(hosts, tag=f"{os.getpid()}-{tmp_path.name}"):
@@ -116,13 +124,7 @@ def test_suspend_checkpoints_first_and_resume_continues_from_it(
     body["spec"]["training"]["steps"] = 6000
     body["spec"]["training"]["checkpoint"] = {"directory": str(tmp_path / "ckpt"),
                                               "intervalSteps": 100000}
-    job = TrainingJob.model_validate(body)
-    cluster = kubernetes_cluster_spec(job)
-    tasks = cluster.tasks()
-    pod_ip = {cluster.replica_name(t): f"127.0.0.{120 + i}" for i, t in enumerate(tasks)}
-    hosts = {cluster.addresses[t].host: pod_ip[cluster.replica_name(t)] for t in tasks}
-    env = {"GRPC_DNS_RESOLVER": "native", "PSTRAIN_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    operator_process.extra_env.update({**env, "PSTRAIN_OPERATOR_PROGRESS_INTERVAL": "1"})
+    pod_ip, hosts, env = on_the_fake_node(body, operator_process, first_ip=120)
     api = HttpApi(emulator.url)
     path = f"/apis/{c.API_VERSION}/namespaces/{NAMESPACE}/{c.PLURAL}/sus"
 

@@ -23,6 +23,7 @@ from pstrain_api import constants as c
 from pstrain_api.cluster import ClusterSpec, Task, kubernetes_cluster_spec
 from pstrain_api.model import (
     CheckpointStatus,
+    CreateRefusal,
     FailureCause,
     Progress,
     Replicas,
@@ -331,12 +332,8 @@ def decide(obs: Observed, settings: PodSettings,
     wanted = {cluster.replica_name(t) for t in cluster.tasks()}
     given_up = refusals.gave_up(old)
     if given_up and old.create_refusal is not None:
-        refused = old.create_refusal.object.split("/")[-1]
-        role = next((t.role for t in cluster.tasks() if cluster.replica_name(t) == refused), "")
-        cause = FailureCause(role=role, pod=refused, reason=refusals.R_CREATE_REJECTED,
-                             message=old.create_refusal.message)
-        return _finish(job, st, obs, "Failed", refusals.R_CREATE_REJECTED, given_up, cause,
-                       events)
+        return _finish(job, st, obs, "Failed", refusals.R_CREATE_REJECTED, given_up,
+                       _refusal_cause(cluster, old.create_refusal), events)
 
     # 6. Pods that are not part of the job (left from another spec) go.
     for p in live:
@@ -345,22 +342,9 @@ def decide(obs: Observed, settings: PodSettings,
             events.append(Event("Normal", R_UNEXPECTED_POD,
                                 f"deleting pod {p.name}: it is not a replica of the spec"))
 
-    # 7. Pods deleted or evicted from outside: name the cause, count the replacement.
-    # A disruption announced by a DisruptionTarget condition (an eviction, a preemption):
-    # ask the chief for a checkpoint once per pod; an eviction cannot be held up.
-    coming = disruption.announced(obs.pods, wanted, uid, st.counted_disruptions)
-    events.extend(disruption.count(st, disruption.from_outside(
-        obs.pods, wanted, uid, st.counted_disruptions)))
-    if coming and old.phase == "Running":
-        st.counted_disruptions = disruption.remembered(
-            st.counted_disruptions, [disruption.ASKED + p.uid for p in coming if not p.deleting])
-        if st.checkpoint_request is None:
-            why = f"disruption of {coming[0].name}"
-            gate = checkpointing.gate(job, st, obs.checkpoint, now, why)
-            st = gate.status
-            events.extend(gate.events)
-            if gate.ask:
-                actions.append(RequestCheckpoint(ps0_address(job), why))
+    # 7. Pods deleted or evicted from outside: name the cause, count the replacement,
+    # and ask for a checkpoint when a DisruptionTarget announces one.
+    st = _note_disruptions(job, old, st, obs, wanted, actions, events)
 
     # 8. Failed replicas: restart within the run policy, or fail the job. Disruptions
     # from outside are restarts, but not the job's own failures (backoffLimit).
@@ -560,6 +544,39 @@ def _decide_suspended(job: TrainingJob, old: TrainingJobStatus, st: TrainingJobS
                                   "The job is suspended.", now)
     return Plan(tuple(actions), _with_counts(job, st, obs.pods, actions), tuple(events),
                 REQUEUE_CLEANUP_S if live else None)
+
+
+def _refusal_cause(cluster: ClusterSpec, refusal: CreateRefusal) -> FailureCause:
+    """The root cause of a job failed by refused creates: the refused pod and its role."""
+    refused = refusal.object.split("/")[-1]
+    role = next((t.role for t in cluster.tasks() if cluster.replica_name(t) == refused), "")
+    return FailureCause(role=role, pod=refused, reason=refusals.R_CREATE_REJECTED,
+                        message=refusal.message)
+
+
+def _note_disruptions(job: TrainingJob, old: TrainingJobStatus, st: TrainingJobStatus,
+                      obs: Observed, wanted: set[str], actions: list[Action],
+                      events: list[Event]) -> TrainingJobStatus:
+    """Pods deleted or evicted from outside get an event naming the cause and count as a
+    restart. A disruption announced by a DisruptionTarget condition (an eviction, a
+    preemption) asks the chief for a checkpoint, once per pod: an eviction cannot be
+    held up, so nothing waits for it."""
+    uid = job.metadata.uid
+    coming = disruption.announced(obs.pods, wanted, uid, st.counted_disruptions)
+    events.extend(disruption.count(st, disruption.from_outside(
+        obs.pods, wanted, uid, st.counted_disruptions)))
+    if not coming or old.phase != "Running":
+        return st
+    st.counted_disruptions = disruption.remembered(
+        st.counted_disruptions, [disruption.ASKED + p.uid for p in coming if not p.deleting])
+    if st.checkpoint_request is not None:
+        return st
+    why = f"disruption of {coming[0].name}"
+    gate = checkpointing.gate(job, st, obs.checkpoint, obs.now, why)
+    events.extend(gate.events)
+    if gate.ask:
+        actions.append(RequestCheckpoint(ps0_address(job), why))
+    return gate.status
 
 
 def _hold(job: TrainingJob, st: TrainingJobStatus, obs: Observed,

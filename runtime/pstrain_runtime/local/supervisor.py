@@ -20,6 +20,9 @@ Invariants:
   `pstrain_api.policy.decide_stall` (the operator's rule too) restarts the workers and
   the chief (one restart; their exits are then expected, not failures) or fails the
   job with reason Stalled.
+- At the deadline, a running job asks the chief for a checkpoint first (`AskCheckpoint`,
+  RequestCheckpoint on PS 0) and fails once it is written (`Checkpointed`), cannot be
+  asked for (`CheckpointUnanswered`), or `checkpoint_wait` has passed.
 """
 
 from __future__ import annotations
@@ -60,10 +63,11 @@ class Settings:
     kill_grace: float = 5.0
     backoff_base: float = 0.5
     backoff_max: float = 10.0
+    checkpoint_wait: float = 30.0
 
     def __post_init__(self) -> None:
         for name in ("health_timeout", "success_grace", "kill_grace", "backoff_base",
-                     "backoff_max"):
+                     "backoff_max", "checkpoint_wait"):
             value = getattr(self, name)
             if value < 0:
                 raise ValueError(f"{name} is {value}; it must be at least 0.")
@@ -145,6 +149,8 @@ class RunState:
     interrupted: bool = False
     step: int = 0  # the global step last reported
     advanced_at: float | None = None  # when it last advanced (the stall watchdog's clock)
+    checkpoint_asked_at: float | None = None  # the deadline's checkpoint request
+    checkpoint_wanted: int = 0  # a checkpoint at or after this step answers it
 
     def replica(self, name: str) -> Replica:
         for rep in self.replicas:
@@ -234,7 +240,23 @@ class Interrupt:
     signum: int = signal.SIGINT
 
 
-Observation = Begin | Healthy | Exited | SpawnFailed | Tick | Interrupt | Progressed
+@dataclass(frozen=True)
+class Checkpointed:
+    """The chief wrote a checkpoint at global step `step`."""
+
+    step: int
+    now: float
+
+
+@dataclass(frozen=True)
+class CheckpointUnanswered:
+    """A checkpoint could not be asked for (PS 0 unreachable, or no job on it)."""
+
+    now: float
+
+
+Observation = (Begin | Healthy | Exited | SpawnFailed | Tick | Interrupt | Progressed
+               | Checkpointed | CheckpointUnanswered)
 
 
 # --------------------------------------------------------------------------- actions
@@ -276,7 +298,12 @@ class Finish:
     interrupted: bool = False
 
 
-Action = Start | Terminate | Kill | Notify | Finish
+@dataclass(frozen=True)
+class AskCheckpoint:
+    """Ask the chief, through PS 0, for a checkpoint (RequestCheckpoint)."""
+
+
+Action = Start | Terminate | Kill | Notify | Finish | AskCheckpoint
 
 
 # --------------------------------------------------------------------------- decisions
@@ -302,6 +329,8 @@ def decide(state: RunState, obs: Observation) -> tuple[RunState, list[Action]]:
         if obs.step != state.step:
             state = replace(state, step=obs.step, advanced_at=obs.now)
         return state, []
+    if isinstance(obs, Checkpointed | CheckpointUnanswered):
+        return _checkpoint_answer(state, obs)
     raise TypeError(f"unknown observation {obs!r}")
 
 
@@ -447,6 +476,15 @@ def _tick(state: RunState, now: float) -> tuple[RunState, list[Action]]:
     if state.stage in ("starting_ps", "running"):
         deadline = s.deadline_seconds
         if deadline is not None and now - state.started_at >= deadline:
+            if (state.stage == "running" and state.checkpoint_asked_at is None
+                    and s.checkpoint_wait > 0):
+                state = replace(state, checkpoint_asked_at=now, checkpoint_wanted=state.step)
+                return state, [Notify("info", f"the deadline of {deadline:g}s is reached; "
+                                              "asking the chief for a checkpoint first (up "
+                                              f"to {s.checkpoint_wait:g}s)"), AskCheckpoint()]
+            asked = state.checkpoint_asked_at
+            if asked is not None and now - asked < s.checkpoint_wait:
+                return state, []
             return _fail(state, now, REASON_DEADLINE,
                          f"the job ran longer than its deadline of {deadline:g}s.", None)
         if state.stage == "starting_ps":
@@ -489,6 +527,20 @@ def _tick(state: RunState, now: float) -> tuple[RunState, list[Action]]:
                 Kill(tuple(live)),
             ]
     return state, actions
+
+
+def _checkpoint_answer(state: RunState, obs: Checkpointed | CheckpointUnanswered,
+                       ) -> tuple[RunState, list[Action]]:
+    """The deadline's checkpoint is written (or cannot be had): the job fails now."""
+    if state.checkpoint_asked_at is None or state.stage not in ("starting_ps", "running"):
+        return state, []
+    if isinstance(obs, Checkpointed) and obs.step < state.checkpoint_wanted:
+        return state, []
+    deadline = state.settings.deadline_seconds or 0.0
+    kept = (f" A checkpoint at step {obs.step} was written first."
+            if isinstance(obs, Checkpointed) else "")
+    return _fail(state, obs.now, REASON_DEADLINE,
+                 f"the job ran longer than its deadline of {deadline:g}s.{kept}", None)
 
 
 def _watch_stall(state: RunState, now: float) -> tuple[RunState, list[Action]]:

@@ -227,8 +227,9 @@ def test_spawn_failure_fails_the_job():
      pytest.param(None, 1e6, "Running", id="no-deadline")],
 )
 def test_deadline(deadline, tick, phase):
-    state, _ = play(state_of(make_job().model(), deadline_seconds=deadline),
-                    [*ALL_STARTED, Tick(tick)])
+    # checkpoint_wait 0: no checkpoint is asked for first (see the tests below)
+    state, _ = play(state_of(make_job().model(), deadline_seconds=deadline,
+                             checkpoint_wait=0.0), [*ALL_STARTED, Tick(tick)])
     assert state.phase == phase
     if phase == "Failed":
         assert state.reason == "DeadlineExceeded"
@@ -363,3 +364,44 @@ def test_stall_watchdog_is_off_by_default():
     state, _ = play(state_of(make_job().model()), ALL_STARTED)
     state, actions = play(state, [Tick(10.0**6)])
     assert (state.phase, state.restarts) == ("Running", 0) and without_notices(actions) == []
+
+
+# --------------------------------------------------------------------------- deadline checkpoint
+
+
+def at_deadline(**settings: object):
+    from pstrain_runtime.local.supervisor import Progressed
+
+    state, _ = play(state_of(make_job().model(), deadline_seconds=100.0, checkpoint_wait=30.0,
+                             **settings), [*ALL_STARTED, Progressed(40, 50.0)])
+    return state
+
+
+def test_deadline_asks_for_a_checkpoint_then_fails_once_it_is_written():
+    from pstrain_runtime.local.supervisor import AskCheckpoint, Checkpointed
+
+    state, actions = decide(at_deadline(), Tick(100.0))
+    assert state.phase == "Running" and AskCheckpoint() in actions
+    state, actions = play(state, [Tick(110.0), Checkpointed(39, 111.0)])
+    assert state.phase == "Running" and actions == []  # an older checkpoint does not count
+    state, actions = decide(state, Checkpointed(41, 112.0))
+    assert (state.phase, state.reason) == ("Failed", "DeadlineExceeded")
+    assert "A checkpoint at step 41 was written first." in state.message
+    assert Terminate((PS, W1, CHIEF)) in actions
+
+
+@pytest.mark.parametrize("answer", ["unanswered", "timeout"])
+def test_deadline_checkpoint_wait_is_bounded(answer):
+    from pstrain_runtime.local.supervisor import CheckpointUnanswered
+
+    state, _ = decide(at_deadline(), Tick(100.0))
+    last = CheckpointUnanswered(100.5) if answer == "unanswered" else Tick(130.0)
+    state, actions = play(state, [Tick(129.9), last])
+    assert (state.phase, state.reason) == ("Failed", "DeadlineExceeded")
+    assert "checkpoint" not in state.message
+
+
+def test_deadline_before_the_workers_run_fails_at_once():
+    state, _ = play(state_of(make_job().model(), deadline_seconds=10.0), [Begin(0.0)])
+    state, _ = decide(state, Tick(10.0))
+    assert (state.phase, state.reason) == ("Failed", "DeadlineExceeded")

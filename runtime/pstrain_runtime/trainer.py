@@ -75,6 +75,13 @@ class TrainResult:
     samples_per_sec: float = 0.0
     wall_seconds: float = 0.0
     lost_steps: int = 0
+    samples: int = 0  # examples in this worker's batches (their real lengths)
+
+    def samples_per_step(self, workers_per_step: int) -> float:
+        """Examples behind one global step: this worker's mean real batch length (a
+        batch may be shorter than batchSize, e.g. a small data set's only batch) times
+        the workers whose gradients one step applies."""
+        return self.samples / max(self.local_steps, 1) * workers_per_step
 
 
 def pick_device() -> torch.device:
@@ -462,6 +469,12 @@ class Trainer:
             except PSError:
                 pass
 
+    @property
+    def _workers_per_step(self) -> int:
+        """Workers whose gradients one global step applies: all of them in sync mode, one
+        push in async mode."""
+        return self.role.num_workers if self.training.mode == "sync" else 1
+
     def run(self) -> TrainResult:
         training, role = self.training, self.role
         started = self.clock()
@@ -480,8 +493,6 @@ class Trainer:
         last_progress = self.clock()
         window_loss: list[float] = []
         local_steps: list[int] | None = None
-        samples_per_step = training.batch_size * (
-            role.num_workers if training.mode == "sync" else 1)
         finished_by_peer = False
         self.model.train()
 
@@ -527,6 +538,7 @@ class Trainer:
                     self._handle(exc)
                     continue
                 result.local_steps += 1
+                result.samples += len(batch[1])
                 local_steps = [x + 1 for x in local_steps]
                 window_loss.append(loss)
                 result.loss = loss
@@ -545,7 +557,8 @@ class Trainer:
                 # chief duties
                 now = self.clock()
                 elapsed = max(now - started, 1e-9)
-                rate = (gstep - start_step) * samples_per_step / elapsed
+                rate = ((gstep - start_step) * result.samples_per_step(self._workers_per_step)
+                        / elapsed)
                 if now - last_progress >= self.progress_interval:
                     avg = sum(window_loss) / len(window_loss)
                     self.emit("progress", step=gstep, loss=round(avg, 6),
@@ -591,9 +604,8 @@ class Trainer:
         self._copy_in()
         result.global_step = gstep
         result.metrics = self._evaluate()
-        samples_per_step = self.training.batch_size * (
-            self.role.num_workers if self.training.mode == "sync" else 1)
-        result.samples_per_sec = ((gstep - start_step) * samples_per_step
+        result.samples_per_sec = ((gstep - start_step)
+                                  * result.samples_per_step(self._workers_per_step)
                                   / max(result.wall_seconds, 1e-9))
         self.emit("eval", step=gstep, **result.metrics)
         if self.ckpt_store is not None and self.last_ckpt_step != gstep:

@@ -287,3 +287,18 @@ def test_restarted_chief_joins_the_running_servers_without_resetting_them() -> N
     assert done["step"] == 120
     # The second chief did only the remaining steps: nothing was re-initialised.
     assert transports[0].store.namespace("ns").epoch == 1
+
+
+def test_throughput_counts_the_examples_in_each_batch_not_the_batch_size() -> None:
+    """A batchSize larger than the worker's data gives batches of the whole data set:
+    samples_per_sec must count those, not 10**9 per step (97 billion samples/s)."""
+    from pstrain_runtime.examples.digits import load_digits_split
+
+    examples = len(load_digits_split(0.25)[1])
+    steps = 6
+    events = Events()
+    run_job(digits_training(steps=steps, batchSize=10**9, mode="sync"),
+            [LocalTransport(ParameterStore())], emit=events)
+    (done,) = events.of("done")
+    counted = done["samples_per_sec"] * done["wall_seconds"]
+    assert counted == pytest.approx(steps * examples, rel=0.1)

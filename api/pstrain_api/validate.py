@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from . import constants as c
+from .cluster import environment_problem
 from .manifest_yaml import ManifestLimitError, UnreadableManifest, load_all, read_manifest_text
 from .model import TrainingJob
 from .quote import quote
@@ -224,6 +225,10 @@ def check_manifest(data: Any, source: str = "") -> tuple[TrainingJob | None, lis
         for err in _strip_union_tags(exc.errors(), data):
             problems.append(Problem(source, _path(err["loc"]), _describe(err, data)))
         return None, problems
+    too_large = environment_problem(job)
+    if too_large:
+        path, message = too_large
+        return None, [Problem(source, path, f"{message}.")]
     return job, []
 
 

@@ -227,6 +227,22 @@ BAD = [
                  "optional DNS subdomain and '/', then at most 63 letters, digits, '-', '_' "
                  "and '.', starting and ending with a letter or digit.",
                  id="label-key-bad-prefix"),
+    # What would not fit in the environment every replica starts with.
+    pytest.param(job().training(args={"blob": "x" * 200_000}).build(),
+                 "spec.training is 200412 bytes as JSON; every replica receives it in the "
+                 "PSTRAIN_TRAINING environment variable, and Linux allows one variable at most "
+                 "131072 bytes ('Argument list too long'); pass large data through a file or a "
+                 "volume, e.g. a path in spec.training.args.", id="training-args-200kb"),
+    pytest.param(job().workers(4000).build(),
+                 "spec.replicas asks for 4001 replicas; every replica receives all their "
+                 "addresses in the PSTRAIN_CLUSTER environment variable, which would be 139078 "
+                 "bytes, and Linux allows one variable at most 131072 bytes ('Argument list "
+                 "too long').", id="workers-4000"),
+    pytest.param(job().workers(10**9).build(),
+                 "spec.replicas asks for 1000000001 replicas; every replica receives all their "
+                 "addresses in the PSTRAIN_CLUSTER environment variable, which would be at "
+                 "least 22000000022 bytes, and Linux allows one variable at most 131072 bytes "
+                 "('Argument list too long').", id="workers-a-billion"),
     # Long values are shortened in the message, not repeated in full.
     pytest.param(job().training(entrypoint="x" * 100_000).build(),
                  "spec.training.entrypoint is 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...xxxxxxxxxxxx"

@@ -490,7 +490,7 @@ class Trainer:
         next_ckpt = (self.last_step // ckpt_every + 1) * ckpt_every
         eval_every = training.eval_interval_steps
         next_eval = (self.last_step // eval_every + 1) * eval_every if eval_every else None
-        last_progress = self.clock()
+        last_progress = -math.inf  # the first step is reported at once: training has begun
         window_loss: list[float] = []
         local_steps: list[int] | None = None
         finished_by_peer = False

@@ -302,3 +302,12 @@ def test_throughput_counts_the_examples_in_each_batch_not_the_batch_size() -> No
     (done,) = events.of("done")
     counted = done["samples_per_sec"] * done["wall_seconds"]
     assert counted == pytest.approx(steps * examples, rel=0.1)
+
+
+def test_the_first_step_is_reported_at_once() -> None:
+    """The runner's progress bar leaves 0/N at the first step, not a progress interval
+    later (which is most of a short job)."""
+    events = Events()
+    run_job(digits_training(steps=5, batchSize=16, mode="sync"),
+            [LocalTransport(ParameterStore())], emit=events, progress_interval=3600.0)
+    assert [p["step"] for p in events.of("progress")] == [1]

@@ -91,7 +91,8 @@ class ManifestLoader(yaml.SafeLoader):
                 if earlier is not key_node:
                     raise ManifestLimitError(
                         f"the key {quote(key)} appears twice in one mapping (first at line "
-                        f"{earlier.start_mark.line + 1}); each key may appear once",
+                        f"{earlier.start_mark.line + 1}, column {earlier.start_mark.column + 1});"
+                        " each key may appear once",
                         key_node.start_mark)
         return super().construct_mapping(node, deep=deep)
 

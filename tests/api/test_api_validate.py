@@ -341,10 +341,10 @@ BAD_FILES = [
                  "not refer to itself.", id="alias-recursive"),
     pytest.param((HEAD + "spec:\n  training:\n    steps: 200\n    steps: 999999\n").encode(),
                  "line 7, column 5: the key 'steps' appears twice in one mapping (first at "
-                 "line 6); each key may appear once.", id="duplicate-key"),
+                 "line 6, column 5); each key may appear once.", id="duplicate-key"),
     pytest.param((HEAD + "metadata: {name: k}\n").encode(),
                  "line 4, column 1: the key 'metadata' appears twice in one mapping (first at "
-                 "line 3); each key may appear once.", id="duplicate-top-level-key"),
+                 "line 3, column 1); each key may appear once.", id="duplicate-top-level-key"),
     pytest.param((HEAD + "spec: {training: {steps: 1e30}}\n").encode(),
                  "spec.training.steps is 1e+30; it must be an integer, not a number.",
                  id="exponent-is-a-number"),

@@ -19,7 +19,7 @@ from . import constants as c
 from .cluster import environment_problem
 from .manifest_yaml import ManifestLimitError, UnreadableManifest, load_all, read_manifest_text
 from .model import TrainingJob
-from .quote import quote
+from .quote import MAX_QUOTED, quote
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,10 @@ def _path(loc: Iterable[int | str]) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out += f".{part}" if out else str(part)
+            part = str(part)
+            if len(part) > MAX_QUOTED:  # a user's key: shortened like any value
+                part = quote(part)
+            out += f".{part}" if out else part
     return out
 
 

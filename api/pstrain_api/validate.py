@@ -208,6 +208,20 @@ def _int64_problems(data: Any, source: str) -> list[Problem]:
     return problems
 
 
+# Problems reported per document; a list of a million bad items gets this many lines and a
+# count, not a million lines.
+MAX_PROBLEMS = 20
+
+
+def _at_most(problems: list[Problem], source: str, total: int | None = None) -> list[Problem]:
+    """The first MAX_PROBLEMS of `total` problems, and a count of the rest."""
+    more = (len(problems) if total is None else total) - MAX_PROBLEMS
+    if more <= 0:
+        return problems
+    return [*problems[:MAX_PROBLEMS],
+            Problem(source, "", f"... and {more} more problems like these.")]
+
+
 def check_manifest(data: Any, source: str = "") -> tuple[TrainingJob | None, list[Problem]]:
     """Validate one parsed manifest; return the job or the problems, never both."""
     if not isinstance(data, dict):
@@ -221,13 +235,14 @@ def check_manifest(data: Any, source: str = "") -> tuple[TrainingJob | None, lis
             problems.append(Problem(source, key, f"{key} is {shown}; it must be {want!r}."))
     problems.extend(_int64_problems(data, source))
     if problems:
-        return None, problems
+        return None, _at_most(problems, source)
     try:
         job = TrainingJob.model_validate(data)
     except ValidationError as exc:
-        for err in _strip_union_tags(exc.errors(), data):
+        errors = _strip_union_tags(exc.errors(), data)
+        for err in errors[:MAX_PROBLEMS]:
             problems.append(Problem(source, _path(err["loc"]), _describe(err, data)))
-        return None, problems
+        return None, _at_most(problems, source, total=len(errors))
     too_large = environment_problem(job)
     if too_large:
         path, message = too_large

@@ -274,6 +274,20 @@ def test_problem_messages_are_one_short_line():
             assert "\n" not in str(problem) and len(str(problem)) < 400, param.id
 
 
+@pytest.mark.parametrize(
+    "doc",
+    [
+        pytest.param(job().template("worker", command=list(range(10_000))).build(),
+                     id="type-errors"),
+        pytest.param(job().training(args={"xs": [2**70] * 10_000}).build(), id="int64"),
+    ],
+)
+def test_a_flood_of_problems_is_cut_to_twenty_and_a_count(doc):
+    _, problems = check_manifest(doc)
+    assert len(problems) == 21
+    assert problems[-1].message == "... and 9980 more problems like these."
+
+
 def test_every_problem_is_reported_not_only_the_first():
     doc = job().ps(0).workers(0).training(mode="fast").build()
     _, problems = check_manifest(doc)

@@ -219,10 +219,12 @@ class Trainer:
         raise TimeoutError("the chief did not finish the job in time after the last step")
 
     # ------------------------------------------------------------------ chief: state
-    def _save_checkpoint(self) -> Path | None:
+    def _save_checkpoint(self, at_step: int = 0) -> Path | None:
+        """Write a checkpoint of the servers' state: the copies they kept at `at_step`
+        (a multiple of the interval) where they have them, else their state now."""
         if self.ckpt_store is None:
             return None
-        state = self._retry(self.client.pull_state)
+        state = self._retry(lambda: self.client.pull_state(at_step))
         params = self.client.assemble(state.params, self.mirror)
         slots: dict[str, dict[str, torch.Tensor]] = {}
         slot_steps: dict[str, int] = {}
@@ -252,7 +254,9 @@ class Trainer:
             num_workers=self.role.num_workers,
             staleness_bound=self.training.staleness_bound,
             fingerprint=self.fingerprint, global_step=global_step,
-            target_steps=self.training.steps, states=states, only=only))
+            target_steps=self.training.steps, states=states, only=only,
+            checkpoint_every=(self.training.checkpoint.interval_steps
+                              if self.ckpt_store is not None else 0)))
 
     def _restore_all(self, ckpt: Checkpoint, path: Path) -> None:
         ckpt.check_matches(self.fingerprint, self.optimizer.name, str(path))
@@ -572,7 +576,7 @@ class Trainer:
                     last_progress = now
                 if self.ckpt_store is not None and gstep >= next_ckpt and gstep < training.steps:
                     try:
-                        self._save_checkpoint()
+                        self._save_checkpoint(at_step=gstep // ckpt_every * ckpt_every)
                     except PSError as exc:  # a server failed under the checkpoint: recover
                         self._fresh = False  # a recovery may reinstall the parameters
                         self._drain()

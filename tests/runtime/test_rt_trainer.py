@@ -355,3 +355,20 @@ def test_the_first_step_is_reported_at_once() -> None:
     run_job(digits_training(steps=5, batchSize=16, mode="sync"),
             [LocalTransport(ParameterStore())], emit=events, progress_interval=3600.0)
     assert [p["step"] for p in events.of("progress")] == [1]
+
+
+def test_async_checkpoints_hold_exactly_the_interval_multiples(tmp_path: Path) -> None:
+    """With two workers pushing asynchronously the step moves on while the chief
+    checkpoints; the servers' copies at each multiple keep the checkpoints at 10, 20, ...
+    (they used to land at 11, 22, 31, ...)."""
+    training = digits_training(steps=80, mode="async",
+                               checkpoint={"directory": str(tmp_path), "intervalSteps": 10,
+                                           "keep": 20})
+    events = Events()
+    run_job(training, [LocalTransport(ParameterStore()), LocalTransport(ParameterStore())],
+            num_workers=2, emit=events)
+    steps = [e["step"] for e in events.of("checkpoint")]
+    assert steps and all(s % 10 == 0 for s in steps), steps
+    assert steps == sorted(set(steps)) and steps[-1] == 80
+    for step in steps:
+        assert load_checkpoint(CheckpointStore(tmp_path).path_for(step)).global_step == step

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pstrain_api import constants as c
+from pstrain_api.names import dns_label_problem
+from pstrain_api.quote import quote
 
 ENV_NAMESPACES = "PSTRAIN_OPERATOR_NAMESPACES"
 ENV_RUNTIME_IMAGE = "PSTRAIN_OPERATOR_RUNTIME_IMAGE"
@@ -80,7 +82,7 @@ def _port(name: str, raw: str) -> int:
     try:
         port = int(raw)
     except ValueError as exc:
-        raise SettingsError(f"{name} is {raw!r}; it must be a port number (0 disables).") from exc
+        raise SettingsError(f"{name} is {quote(raw)}; it must be a port number (0 disables).") from exc
     if not 0 <= port <= 65535:
         raise SettingsError(f"{name} is {port}; it must be between 0 and 65535 (0 disables).")
     return port
@@ -92,24 +94,23 @@ def _bool(name: str, raw: str) -> bool:
         return True
     if value in ("false", "0", "no", "off", ""):
         return False
-    raise SettingsError(f"{name} is {raw!r}; it must be true or false.")
+    raise SettingsError(f"{name} is {quote(raw)}; it must be true or false.")
 
 
 def _choice(name: str, raw: str, allowed: Sequence[str]) -> str:
     value = raw.strip().lower()
     if value not in allowed:
-        raise SettingsError(f"{name} is {raw!r}; it must be one of {', '.join(allowed)}.")
+        raise SettingsError(f"{name} is {quote(raw)}; it must be one of {', '.join(allowed)}.")
     return value
 
 
 def _namespaces(name: str, raw: str) -> tuple[str, ...]:
     items = tuple(dict.fromkeys(p.strip() for p in raw.split(",") if p.strip()))
     for ns in items:
-        if len(ns) > c.DNS_LABEL_MAX or not ns.replace("-", "a").isalnum() or ns != ns.lower():
-            raise SettingsError(
-                f"{name} contains {ns!r}; namespaces are DNS labels (lowercase letters, "
-                "digits and '-'), comma-separated."
-            )
+        problem = dns_label_problem(ns)
+        if problem:
+            raise SettingsError(f"{name} contains {quote(ns)}; {problem} (namespaces are "
+                                "comma-separated).")
     return items
 
 
@@ -172,7 +173,7 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> OperatorSe
     try:
         interval = float(raw)
     except ValueError as exc:
-        raise SettingsError(f"{name} is {raw!r}; it must be a number of seconds.") from exc
+        raise SettingsError(f"{name} is {quote(raw)}; it must be a number of seconds.") from exc
     if not 1 <= interval <= 30:
         raise SettingsError(f"{name} is {raw}; it must be between 1 and 30 seconds (progress "
                             "is refreshed at least every 30 s).")

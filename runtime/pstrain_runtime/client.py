@@ -403,11 +403,13 @@ class ShardedClient:
     # ----------------------------------------------------------------- chief
     def init(self, params: Mapping[str, torch.Tensor], optimizer: OptimizerConfig, *,
              mode: str, num_workers: int, staleness_bound: int | None, fingerprint: str,
-             global_step: int = 0, target_steps: int = 0,
+             global_step: int = 0, target_steps: int = 0, checkpoint_every: int = 0,
              states: Mapping[str, OptimizerState] | None = None,
              only: Iterable[int] | None = None) -> list[pb.StepInfo]:
         """Install `params` (and optimizer `states` keyed by piece key) on the servers
-        (`only` a subset). Without states the servers start fresh optimizer state."""
+        (`only` a subset). Without states the servers start fresh optimizer state. With
+        `checkpoint_every`, each server keeps a copy of its shard at every multiple of
+        it, for `pull_state(at_step=...)`."""
         def one(ps: int) -> pb.StepInfo:
             shard = self.shards[ps]
             header = pb.StreamHeader(
@@ -415,7 +417,7 @@ class ShardedClient:
                 optimizer=optimizer_to_pb(optimizer), mode=mode, num_workers=num_workers,
                 staleness_bound=-1 if staleness_bound is None else staleness_bound,
                 fingerprint=bytes.fromhex(fingerprint), ps_index=ps,
-                target_steps=target_steps)
+                target_steps=target_steps, checkpoint_every=checkpoint_every)
             tensors: list[torch.Tensor] = []
             for piece in shard:
                 t = _piece_view(params[piece.param], piece).detach().contiguous()
@@ -433,13 +435,14 @@ class ShardedClient:
 
         return self._all(one, only)
 
-    def pull_state(self) -> ShardState:
+    def pull_state(self, at_step: int = 0) -> ShardState:
         """Parameters and optimizer state of the whole model, each server's snapshot
-        taken under its apply lock (for checkpoints)."""
+        taken under its apply lock (for checkpoints): the copy each kept when its step
+        reached `at_step` where it has one, else its current state."""
         def one(ps: int) -> tuple[pb.StreamHeader, dict[str, torch.Tensor]]:
             shard = self.shards[ps]
             request = pb.PullRequest(namespace=self.namespace, names=[p.key for p in shard],
-                                     include_slots=True, consistent=True)
+                                     include_slots=True, consistent=True, at_step=at_step)
             out: dict[str, torch.Tensor] = {}
 
             def targets_for(header: pb.StreamHeader) -> list[np.ndarray]:

@@ -31,6 +31,7 @@ from pstrain_api.events import parse_event
 from pstrain_api.model import TrainingJob
 
 from ..status_client import request_checkpoint
+from .capacity import available_memory, capacity_warning
 from .devices import ENV_VISIBLE, DeviceRequest, assign_gpus, visible_gpus
 from .metrics import Metrics, build_summary, fold
 from .processes import (DEFAULT_REPLICA_COMMAND, Line, ProcessTable, find_free_ports,
@@ -238,6 +239,9 @@ def _run(job: TrainingJob, options: RunOptions, out: TextIO, log_stream: TextIO,
     checkpoint_dir = job.spec.training.checkpoint.directory
     reporter.notice("info", f"job {job.name}: " + ", ".join(
         f"{spec.replica_name(t)}@{spec.addresses[t]}" for t in tasks))
+    too_many = capacity_warning(len(tasks), available_memory())
+    if too_many:
+        reporter.notice("warning", too_many)
     if run_policy.suspend:
         reporter.notice("warning", "spec.runPolicy.suspend is true; pstrain run ignores it "
                                    "and runs the job now.")

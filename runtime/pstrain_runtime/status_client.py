@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 
+from .auth import Credentials, client_channel
 from .proto import ps_pb2, ps_pb2_grpc
 
 
@@ -40,15 +41,17 @@ def status_to_dict(status: ps_pb2.JobStatus) -> dict[str, Any]:
     }
 
 
-def fetch_job_status(address: str, timeout: float, namespace: str = "") -> dict[str, Any] | None:
+def fetch_job_status(address: str, timeout: float, namespace: str = "",
+                     credentials: Credentials | None = None) -> dict[str, Any] | None:
     """The job status held by the parameter server at `address` (PS 0), or None when it
     cannot be reached, holds no job yet, or does not answer within `timeout` seconds.
 
     `namespace` is "<k8s namespace>/<job name>"; empty means the job that reported last
-    (a parameter server normally serves one job).
+    (a parameter server normally serves one job). `credentials`: the job's worker key
+    (or chief key) when the servers check them (see `auth`).
     """
     try:
-        with grpc.insecure_channel(address) as channel:
+        with client_channel(address, credentials) as channel:
             stub = ps_pb2_grpc.ParameterServerStub(channel)
             reply = stub.GetJobStatus(ps_pb2.NamespaceRequest(namespace=namespace),
                                       timeout=timeout)

@@ -37,13 +37,22 @@ KEY_CHIEF: Final = "chief"
 KEY_WORKER: Final = "worker"
 KEY_ROLES: Final = (KEY_CHIEF, KEY_WORKER)
 
-# Which role keys each replica role holds (file names in ENV_AUTH_DIR, keys of the
-# Secret). A non-chief worker gets only the worker key.
-KEYS_FOR_ROLE: Final[Mapping[str, tuple[str, ...]]] = {
+KeyHolder = Literal["ps", "chief", "worker"]
+# Which role keys each kind of replica holds (file names in ENV_AUTH_DIR, keys of the
+# Secret): a parameter server every key, the chief (the chief role, or worker 0 when
+# there is none) the chief key, any other worker only the worker key.
+KEYS_FOR_HOLDER: Final[Mapping[str, tuple[str, ...]]] = {
     c.ROLE_PS: (KEY_CHIEF, KEY_WORKER),
-    c.ROLE_CHIEF: (KEY_CHIEF,),
-    c.ROLE_WORKER: (KEY_WORKER,),
+    KEY_CHIEF: (KEY_CHIEF,),
+    KEY_WORKER: (KEY_WORKER,),
 }
+
+
+def key_holder(role: str, is_chief: bool) -> KeyHolder:
+    """Which keys a replica of `role` gets; `is_chief` as `ClusterSpec.is_chief` says."""
+    if role == c.ROLE_PS:
+        return "ps"
+    return "chief" if is_chief else "worker"
 
 _LABEL = b"pstrain/v1 role key "
 

@@ -447,3 +447,12 @@ def offer_handshake(sock: socket.socket, credentials: Credentials,
         raise AuthError("UNAUTHENTICATED", "the server refused this job's credentials on "
                         "the data connection")
     sock.settimeout(None)
+
+
+def write_replica_keys(directory: Path, token: bytes) -> dict[str, Path]:
+    """For a local run: one private key directory per key holder (`security.key_holder`)
+    under `directory`, each with only the keys it may hold. Returns holder -> directory,
+    the value of each replica's `PSTRAIN_AUTH_DIR`."""
+    every = Credentials.from_token(token)
+    return {holder: write_credentials(directory / holder, every.only(*keys))
+            for holder, keys in security.KEYS_FOR_HOLDER.items()}

@@ -26,10 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from pstrain_api import security
 from pstrain_api.cluster import local_cluster_spec, task_count
 from pstrain_api.events import parse_event
 from pstrain_api.model import TrainingJob
 
+from ..auth import write_replica_keys
 from .devices import ENV_VISIBLE, DeviceRequest, assign_gpus, visible_gpus
 from .metrics import Metrics, build_summary, fold
 from .processes import (DEFAULT_REPLICA_COMMAND, Line, ProcessTable, find_free_ports,
@@ -125,13 +127,21 @@ def run_job(job: TrainingJob, options: RunOptions = RunOptions(),
         # A restarted parameter server can only come back from a checkpoint.
         temp_dir = tempfile.mkdtemp(prefix=f"pstrain-{job.name}-ckpt-")
         job = with_checkpoint_dir(job, temp_dir)
+    # A fresh job token per run, in a private directory (0700, files 0600) that goes
+    # with the run; each replica is given the path, never the key.
+    auth_dir = (tempfile.mkdtemp(prefix=f"pstrain-{job.name}-auth-")
+                if job.spec.security.authentication else None)
     try:
+        key_dirs = ({} if auth_dir is None else
+                    write_replica_keys(Path(auth_dir), security.new_token()))
         return _run(job, options, stdout or sys.stdout,
                     (stderr or sys.stderr) if options.json else (stdout or sys.stdout),
-                    temp_dir)
+                    temp_dir, key_dirs)
     finally:
         if temp_dir and not options.keep_temp_checkpoints:
             shutil.rmtree(temp_dir, ignore_errors=True)
+        if auth_dir:
+            shutil.rmtree(auth_dir, ignore_errors=True)
 
 
 class _Executor:
@@ -190,7 +200,7 @@ class _Executor:
 
 
 def _run(job: TrainingJob, options: RunOptions, out: TextIO, log_stream: TextIO,
-         temp_dir: str | None) -> RunResult:
+         temp_dir: str | None, key_dirs: dict[str, Path]) -> RunResult:
     clock = time.monotonic
     spec = local_cluster_spec(job, find_free_ports(task_count(job)))
     tasks = spec.tasks()
@@ -204,6 +214,12 @@ def _run(job: TrainingJob, options: RunOptions, out: TextIO, log_stream: TextIO,
                         for t in tasks], visible_gpus())
     for name, devices in gpus.items():
         environments[name][ENV_VISIBLE] = devices
+    for t in tasks:
+        env = environments[spec.replica_name(t)]
+        env.pop(security.ENV_AUTH_DIR, None)  # never the runner's own
+        if key_dirs:
+            env[security.ENV_AUTH_DIR] = str(
+                key_dirs[security.key_holder(t.role, spec.is_chief(t))])
     run_policy = job.spec.run_policy
     settings = Settings(
         policy=run_policy,

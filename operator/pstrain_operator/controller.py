@@ -51,6 +51,7 @@ from .reconcile import (
     observe_pod,
     status_to_api,
 )
+from .security import ensure_auth_secret
 from .settings import PodSettings
 
 log = logging.getLogger(__name__)
@@ -170,6 +171,11 @@ class Reconciler:
             return decide_invalid(old_status, [p.message for p in problems],
                                   meta.get("generation"), now)
         job = job.model_copy(update={"status": old_status})
+        # The credentials Secret exists before any pod that mounts it (created if absent;
+        # never rewritten). Its worker key lets the progress probe in.
+        keys = (ensure_auth_secret(self.kube, job)
+                if job.spec.security.authentication
+                and old_status.phase not in c.TERMINAL_PHASES else None)
         pods = [observe_pod(p) for p in self.kube.list_pods(job.namespace, job_selector(job.name))]
         observed_pods = tuple(p for p in pods if p is not None)
         service = self.kube.service_exists(job.namespace, job.name)
@@ -182,7 +188,7 @@ class Reconciler:
                 and self._may_ask(f"{job.namespace}/{job.name}")):
             address = str(cluster.addresses[Task(c.ROLE_PS, 0)])
             try:
-                reply = self.fetch_status(address, FETCH_TIMEOUT_S)
+                reply = self.fetch_status(address, FETCH_TIMEOUT_S, keys)
             except Exception as exc:  # a status probe must never break reconciling
                 log.info("progress of %s from %s unavailable: %s", job.name, address, exc)
                 reply = None

@@ -42,6 +42,7 @@ class Kube(Protocol):
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None: ...
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]: ...
     def service_exists(self, namespace: str, name: str) -> bool: ...
+    def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None: ...
     def create(self, manifest: Mapping[str, Any]) -> bool: ...
     def delete_pod(self, namespace: str, name: str, uid: str) -> bool: ...
     def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None: ...
@@ -58,7 +59,7 @@ def core_path(namespace: str, plural: str, name: str | None = None) -> str:
     return f"{path}/{quote(name)}" if name else path
 
 
-_PLURALS = {"Pod": "pods", "Service": "services"}
+_PLURALS = {"Pod": "pods", "Service": "services", "Secret": "secrets"}
 
 
 class RestKube:
@@ -138,6 +139,15 @@ class RestKube:
             return False
         self._check("GET", path, status, data)
         return True
+
+    def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A Secret, or None when there is none. Its data is never logged."""
+        path = core_path(namespace, "secrets", name)
+        status, data = self._call("GET", path)
+        if status == 404:
+            return None
+        self._check("GET", path, status, data)
+        return data
 
     def create(self, manifest: Mapping[str, Any]) -> bool:
         kind = manifest["kind"]

@@ -16,7 +16,9 @@ from pstrain_api.model import CheckpointStatus, Progress
 
 log = logging.getLogger(__name__)
 
-FetchStatus = Callable[[str, float], Mapping[str, Any] | None]
+# (address, timeout, keys): keys are role -> key (the job's worker key) when the job's
+# servers check credentials, else None.
+FetchStatus = Callable[[str, float, Mapping[str, bytes] | None], Mapping[str, Any] | None]
 FETCH_TIMEOUT_S = 1.0
 
 # Keys the runtime may use for each Progress field, first match wins.
@@ -28,18 +30,25 @@ _KEYS = {
 }
 
 
-def _no_status(address: str, timeout: float) -> None:
+def _no_status(address: str, timeout: float, keys: Mapping[str, bytes] | None) -> None:
     return None
 
 
 def default_fetcher() -> FetchStatus:
     """The runtime's client when installed, else a fetcher that knows nothing."""
     try:
+        from pstrain_runtime.auth import Credentials
         from pstrain_runtime.status_client import fetch_job_status
     except ImportError:
         log.info("pstrain_runtime.status_client is not installed; progress is not reported")
         return _no_status
-    return fetch_job_status
+
+    def fetch(address: str, timeout: float,
+              keys: Mapping[str, bytes] | None) -> Mapping[str, Any] | None:
+        credentials = Credentials(keys) if keys else None
+        return fetch_job_status(address, timeout, credentials=credentials)
+
+    return fetch
 
 
 def progress_from_status(data: Mapping[str, Any] | None, now: datetime) -> Progress | None:

@@ -41,6 +41,7 @@ from .build import (
     build_service,
     spec_hash,
 )
+from .security import secure_pod
 from .settings import PodSettings
 
 # How soon to look again when nothing else (a pod or job event) wakes the operator.
@@ -593,7 +594,8 @@ def _how(p: ObservedPod) -> str:
 
 def _create(job: TrainingJob, cluster: ClusterSpec, task: Task,
             settings: PodSettings) -> CreatePod:
-    manifest = build_pod(job, cluster, task, settings)
+    manifest = secure_pod(build_pod(job, cluster, task, settings), job, task.role,
+                          cluster.is_chief(task))
     return CreatePod(manifest["metadata"]["name"], task.role, manifest)
 
 

@@ -37,9 +37,12 @@ class FakeStatus:
     def __init__(self) -> None:
         self.reply: dict[str, Any] | None = None
         self.asked: list[str] = []
+        self.keys: list[Mapping[str, bytes] | None] = []
 
-    def __call__(self, address: str, timeout: float) -> dict[str, Any] | None:
+    def __call__(self, address: str, timeout: float,
+                 keys: Mapping[str, bytes] | None) -> dict[str, Any] | None:
         self.asked.append(address)
+        self.keys.append(keys)
         return self.reply
 
 

@@ -31,10 +31,10 @@ network an attacker can watch or alter, use TLS as well (`spec.security.tls`).
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import hmac
 import logging
+import math
 import os
 import secrets
 import socket
@@ -190,8 +190,7 @@ class RefusalLog:
 
 
 def _grpc_mac(key: bytes, method: str, stamp: str, nonce: str) -> str:
-    message = f"grpc {method} {stamp} {nonce}".encode()
-    return hmac.new(key, message, hashlib.sha256).hexdigest()
+    return hmac.digest(key, f"grpc {method} {stamp} {nonce}".encode(), "sha256").hex()
 
 
 def grpc_proof(credentials: Credentials, method: str, now: float | None = None) -> str:
@@ -203,23 +202,27 @@ def grpc_proof(credentials: Credentials, method: str, now: float | None = None) 
 
 
 class _ReplayCache:
-    """Nonces seen within the proof window (bounded: the oldest are forgotten first)."""
+    """Nonces seen lately, in two generations: the current one, and the one before it,
+    which is dropped when the current one is a window old or holds `limit` nonces. So a
+    nonce is remembered for at least one window (unless more than `limit` calls come in
+    one window) and memory stays bounded, at the cost of a set lookup per call."""
 
     def __init__(self, window_s: float, limit: int = REPLAY_CACHE_MAX) -> None:
         self.window_s = window_s
         self.limit = limit
-        self._seen: collections.OrderedDict[str, float] = collections.OrderedDict()
+        self._current: set[str] = set()
+        self._previous: set[str] = set()
+        self._rotate_at = -math.inf
         self._lock = threading.Lock()
 
     def first_use(self, nonce: str, now: float) -> bool:
         with self._lock:
-            seen = self._seen
-            while seen and (len(seen) >= self.limit
-                            or next(iter(seen.values())) < now - self.window_s):
-                seen.popitem(last=False)
-            if nonce in seen:
+            if now >= self._rotate_at or len(self._current) >= self.limit:
+                self._previous, self._current = self._current, set()
+                self._rotate_at = now + self.window_s
+            if nonce in self._current or nonce in self._previous:
                 return False
-            seen[nonce] = now
+            self._current.add(nonce)
             return True
 
 

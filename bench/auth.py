@@ -1,0 +1,120 @@
+"""Item `auth`: what authentication (and TLS) costs per call, against the same calls
+without it, in the same two processes and interleaved sample by sample.
+
+One process serves a parameter server per mode ("off": no credentials; "auth": the
+job's keys checked on every gRPC call and in every data connection's handshake; "tls":
+authentication over TLS on both channels, when the runtime has it). The other process
+is a worker with one client per mode, and times, round-robin over the modes:
+
+- the fused push_pull of a 0.31 MB tensor (the digits MLP; one PushPullSmall message
+  each way over the data plane), the call a small model pays every step;
+- an Info RPC (gRPC, no tensor): the per-call cost of the gRPC proof;
+- a push of one 64 MiB tensor to its reply (the stream).
+
+Targets (issue 12): authentication adds at most 10 us per small call and makes the
+64 MiB stream at most 3% slower. Per-pair differences are reported, so load that
+changes during the run moves both sides of each pair alike.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from . import rt
+from .core import GB, MIB, SMALL_CALLS, SMALL_WARMUP, Config, Figure, rates, time_repeated
+from .procs import find_free_ports, run_group
+from .transport import SMALL_NUMEL
+
+STREAM_MIB = 64
+TOKEN = bytes(range(32))  # a fixed job token: both processes must know it
+
+
+MODES = ("off", "auth")
+
+
+def _token(mode: str) -> bytes | None:
+    return None if mode == "off" else TOKEN
+
+
+def _peer(rank: int, ports: list[int], cfg: Config) -> dict[str, Any] | None:
+    modes = MODES
+    if rank == 0:
+        servers = [rt.start_ps(0, port, _token(mode)) for mode, port in zip(modes, ports,
+                                                                           strict=True)]
+        deadline = time.monotonic() + cfg.item_time_limit_s
+        for server in servers:
+            if not server.wait(max(0.0, deadline - time.monotonic())):
+                server.stop(grace=0)
+        return None
+    import torch
+
+    out: dict[str, Any] = {}
+    numel = STREAM_MIB * MIB // 4
+    small, big = {}, {}
+    for mode, port in zip(modes, ports, strict=True):
+        small[mode] = rt.connect([port], {"w": (SMALL_NUMEL,)}, "auth-small", token=_token(mode))
+        big[mode] = rt.connect([port], {"w": (numel,)}, "auth-stream", token=_token(mode))
+    s_params, s_grads = {"w": torch.zeros(SMALL_NUMEL)}, {"w": torch.full((SMALL_NUMEL,), 1e-6)}
+    b_params, b_grads = {"w": torch.zeros(numel)}, {"w": torch.full((numel,), 1e-6)}
+    for mode in modes:
+        rt.init(small[mode], s_params, num_workers=1)
+        rt.init(big[mode], b_params, num_workers=1)
+
+    samples = cfg.repeats
+    per_sample = max(1, SMALL_CALLS // samples)
+    calls = {
+        "push_pull_small": lambda c: c.push_pull(s_grads, s_params, worker=0),
+        "info": lambda c: c.info(0),
+    }
+    for kind, fn in calls.items():
+        for mode in modes:  # warm every connection and cache
+            time_repeated(lambda m=mode: fn(small[m]), 0, SMALL_WARMUP)
+        for _ in range(samples):
+            for mode in modes:
+                secs = time_repeated(lambda m=mode: fn(small[m]), 0, per_sample)
+                out.setdefault(f"{kind}.{mode}", []).append(statistics.median(secs))
+    for i in range(cfg.warmup + samples):
+        for mode in modes:
+            t0 = time.perf_counter()
+            big[mode].push(b_grads, worker=0)
+            dt = time.perf_counter() - t0
+            if i >= cfg.warmup:
+                out.setdefault(f"stream.{mode}", []).append(dt)
+    for mode in modes:
+        small[mode].close()
+        rt.shutdown(big[mode])
+    return out
+
+
+def run(cfg: Config) -> list[Figure]:
+    modes = MODES
+    res = run_group(_peer, 2, args=(find_free_ports(len(modes)), cfg),
+                    timeout_s=cfg.item_time_limit_s)[1]
+    figs: list[Figure] = []
+    what = {"off": "without authentication", "auth": "with authentication",
+            "tls": "with authentication over TLS"}
+    for mode in modes:
+        figs.append(Figure.of(f"auth.push_pull_small.{mode}",
+                              f"fused push_pull of a 0.31 MB tensor, {what[mode]}", "us",
+                              [s * 1e6 for s in res[f"push_pull_small.{mode}"]],
+                              note=f"each sample: median of {SMALL_CALLS // cfg.repeats} calls"))
+        figs.append(Figure.of(f"auth.info.{mode}", f"Info RPC (gRPC), {what[mode]}", "us",
+                              [s * 1e6 for s in res[f"info.{mode}"]]))
+        figs.append(Figure.of(f"auth.stream.{STREAM_MIB}MiB.{mode}",
+                              f"push of one {STREAM_MIB} MiB tensor to its reply, {what[mode]}",
+                              "GB/s", rates(STREAM_MIB * MIB / GB, res[f"stream.{mode}"])))
+    for mode in modes[1:]:
+        for kind in ("push_pull_small", "info"):
+            deltas = [(on - off) * 1e6 for on, off in zip(res[f"{kind}.{mode}"],
+                                                          res[f"{kind}.off"], strict=True)]
+            figs.append(Figure.of(f"auth.{kind}.{mode}_minus_off",
+                                  f"{kind}: {what[mode]} less without, per interleaved pair",
+                                  "us", deltas))
+        slower = [(on / off - 1) * 100 for on, off in zip(res[f"stream.{mode}"],
+                                                          res["stream.off"], strict=True)]
+        figs.append(Figure.of(f"auth.stream.{STREAM_MIB}MiB.{mode}_slower_pct",
+                              f"{STREAM_MIB} MiB push: time {what[mode]} over without, less 1, "
+                              "per interleaved pair", "%", slower))
+    return figs

@@ -51,7 +51,7 @@ from .reconcile import (
     observe_pod,
     status_to_api,
 )
-from .security import ensure_auth_secret
+from .security import ensure_auth_secret, ensure_network_policy
 from .settings import PodSettings
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,8 @@ class Reconciler:
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     progress_interval: float = REQUEUE_RUNNING_S
     monotonic: Callable[[], float] = time.monotonic
+    network_policy: bool = False  # a NetworkPolicy per job (the chart turns it on)
+    operator_namespace: str = ""  # admitted to PS 0's gRPC port by that policy
     _jobs: dict[str, _JobState] = field(default_factory=dict, init=False)
     # When progress was last asked for, per job: only to rate-limit the probe (a PS that
     # cannot be reached costs up to the fetch timeout), never to decide anything.
@@ -173,9 +175,12 @@ class Reconciler:
         job = job.model_copy(update={"status": old_status})
         # The credentials Secret exists before any pod that mounts it (created if absent;
         # never rewritten). Its worker key lets the progress probe in.
+        # So does its NetworkPolicy, when the operator makes one per job.
+        running = old_status.phase not in c.TERMINAL_PHASES
         keys = (ensure_auth_secret(self.kube, job)
-                if job.spec.security.authentication
-                and old_status.phase not in c.TERMINAL_PHASES else None)
+                if job.spec.security.authentication and running else None)
+        if self.network_policy and running:
+            ensure_network_policy(self.kube, job, self.operator_namespace)
         pods = [observe_pod(p) for p in self.kube.list_pods(job.namespace, job_selector(job.name))]
         observed_pods = tuple(p for p in pods if p is not None)
         service = self.kube.service_exists(job.namespace, job.name)

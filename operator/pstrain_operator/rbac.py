@@ -20,6 +20,8 @@ Who needs what:
   reads the job's worker key for the progress probe. Namespaced mode grants this in the
   watched namespaces' Roles; all-namespaces mode puts it, as it does pods, in the
   ClusterRole, because Secrets are made in whichever namespace a job is.
+- networkpolicies: the operator gets and creates each job's NetworkPolicy (when
+  PSTRAIN_OPERATOR_JOB_NETWORK_POLICY is true; garbage-collected with the job).
 - events: kopf posts the operator's decisions (core/v1 Events).
 - customresourcedefinitions, namespaces: kopf's resource and namespace discovery.
 - kopfpeerings (namespaced, when PSTRAIN_OPERATOR_NAMESPACES is set) and
@@ -40,6 +42,7 @@ PERMISSIONS: Final[tuple[Permission, ...]] = (
     ("", "pods", ("list", "watch", "create", "delete")),
     ("", "services", ("get", "create")),
     ("", "secrets", ("get", "create")),
+    ("networking.k8s.io", "networkpolicies", ("get", "create")),
     ("", "events", ("create",)),
     ("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),
     ("", "namespaces", ("list", "watch")),

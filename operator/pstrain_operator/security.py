@@ -121,3 +121,46 @@ def secure_pod(pod: dict[str, Any], job: TrainingJob, role: str,
         mounts.append(_volume_mount(TLS_VOLUME, TLS_MOUNT_PATH))
         env.insert(0, {"name": ENV_TLS_DIR, "value": TLS_MOUNT_PATH})
     return out
+
+
+def network_policy_name(job_name: str) -> str:
+    return f"{job_name}-pstrain-ps"[: c.DNS_SUBDOMAIN_MAX]
+
+
+def build_network_policy(job: TrainingJob, operator_namespace: str | None) -> dict[str, Any]:
+    """Ingress to the job's parameter servers only from the job's own pods (both ports),
+    and to the gRPC port from the operator's namespace (the progress probe). Kubelet's
+    readiness probes come from the node, which NetworkPolicies do not restrict."""
+    own = {"matchLabels": job_labels(job)}
+    ports = [{"protocol": "TCP", "port": c.REPLICA_PORT},
+             {"protocol": "TCP", "port": c.DATA_PORT}]
+    ingress: list[dict[str, Any]] = [{"from": [{"podSelector": own}], "ports": ports}]
+    if operator_namespace:
+        ingress.append({
+            "from": [{"namespaceSelector": {"matchLabels": {
+                "kubernetes.io/metadata.name": operator_namespace}}}],
+            "ports": ports[:1],
+        })
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": network_policy_name(job.name),
+            "namespace": job.namespace,
+            "labels": job_labels(job),
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": {
+            "podSelector": {"matchLabels": {**job_labels(job), c.LABEL_ROLE: c.ROLE_PS}},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
+    }
+
+
+def ensure_network_policy(kube: Kube, job: TrainingJob, operator_namespace: str | None) -> None:
+    """Create the job's NetworkPolicy if it does not exist (never rewritten)."""
+    name = network_policy_name(job.name)
+    if not kube.network_policy_exists(job.namespace, name):
+        if kube.create(build_network_policy(job, operator_namespace)):
+            log.info("created the NetworkPolicy %s/%s", job.namespace, name)

@@ -25,6 +25,7 @@ class FakeKube:
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.services: dict[tuple[str, str], dict[str, Any]] = {}
         self.secrets: dict[tuple[str, str], dict[str, Any]] = {}
+        self.network_policies: dict[tuple[str, str], dict[str, Any]] = {}
         self.calls: list[tuple[str, str]] = []
         self.status_patches = 0
 
@@ -45,6 +46,10 @@ class FakeKube:
     def service_exists(self, namespace: str, name: str) -> bool:
         return (namespace, name) in self.services
 
+    def network_policy_exists(self, namespace: str, name: str) -> bool:
+        self.calls.append(("get", f"NetworkPolicy/{name}"))
+        return (namespace, name) in self.network_policies
+
     def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
         self.calls.append(("get", f"Secret/{name}"))
         secret = self.secrets.get((namespace, name))
@@ -52,8 +57,8 @@ class FakeKube:
 
     def create(self, manifest: Mapping[str, Any]) -> bool:
         meta = manifest["metadata"]
-        store = {"Pod": self.pods, "Service": self.services,
-                 "Secret": self.secrets}[manifest["kind"]]
+        store = {"Pod": self.pods, "Service": self.services, "Secret": self.secrets,
+                 "NetworkPolicy": self.network_policies}[manifest["kind"]]
         key = (meta["namespace"], meta["name"])
         self.calls.append(("create", f"{manifest['kind']}/{meta['name']}"))
         if key in store:

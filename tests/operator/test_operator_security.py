@@ -173,3 +173,53 @@ def test_no_secret_without_authentication_or_after_the_end(body: dict[str, Any])
     kube.add_job(body)
     make_reconciler(kube, events, status).reconcile("ns", "j")
     assert kube.secrets == {}
+
+
+# ---------------------------------------------------------------------- NetworkPolicy
+
+
+def test_the_network_policy_admits_only_the_jobs_pods_and_the_operator() -> None:
+    from pstrain_operator.security import build_network_policy
+
+    job = make_job("j", "ns").build()
+    own = {"pstrain.io/job-name": "j", "app.kubernetes.io/managed-by": "pstrain-operator"}
+    ports = [{"protocol": "TCP", "port": 2222}, {"protocol": "TCP", "port": 2223}]
+    policy = build_network_policy(job, "pstrain-system")
+    assert policy == {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "j-pstrain-ps", "namespace": "ns", "labels": own,
+                     "ownerReferences": [owner_reference(job)]},
+        "spec": {
+            "podSelector": {"matchLabels": {**own, "pstrain.io/replica-role": "ps"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": {"matchLabels": own}}], "ports": ports},
+                {"from": [{"namespaceSelector": {"matchLabels": {
+                    "kubernetes.io/metadata.name": "pstrain-system"}}}],
+                 "ports": ports[:1]},
+            ],
+        },
+    }
+    kubernetes_validate.validate(policy, K8S_VERSION, strict=True)
+    assert build_network_policy(job, "")["spec"]["ingress"] == policy["spec"]["ingress"][:1]
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_executor_makes_one_network_policy_per_job_when_enabled(enabled: bool) -> None:
+    kube, events, status = FakeKube(), Recorder(), FakeStatus()
+    kube.add_job(make_job().body())
+    op = make_reconciler(kube, events, status)
+    op.network_policy, op.operator_namespace = enabled, "pstrain-system"
+    op.reconcile("ns", "j")
+    op.reconcile("ns", "j")
+    assert list(kube.network_policies) == ([("ns", "j-pstrain-ps")] if enabled else [])
+    assert kube.calls.count(("create", "NetworkPolicy/j-pstrain-ps")) == int(enabled)
+
+
+def test_settings_turn_the_network_policy_off_and_know_their_namespace() -> None:
+    from pstrain_operator.settings import load_settings
+
+    default = load_settings([], {"PSTRAIN_OPERATOR_NAMESPACE": "ops"})
+    assert default.job_network_policy and default.operator_namespace == "ops"
+    assert not load_settings(["--job-network-policy", "false"], {}).job_network_policy

@@ -31,6 +31,11 @@ TOKEN_BYTES: Final = 32  # 256 bits
 ENV_AUTH_DIR: Final = "PSTRAIN_AUTH_DIR"
 AUTH_MOUNT_PATH: Final = "/var/run/pstrain/auth"
 AUTH_VOLUME: Final = "pstrain-auth"
+# TLS (opt-in): a kubernetes.io/tls Secret the user names, mounted with these files.
+ENV_TLS_DIR: Final = "PSTRAIN_TLS_DIR"
+TLS_MOUNT_PATH: Final = "/var/run/pstrain/tls"
+TLS_VOLUME: Final = "pstrain-tls"
+TLS_FILES: Final = ("tls.crt", "tls.key", "ca.crt")
 
 KeyRole = Literal["chief", "worker"]
 KEY_CHIEF: Final = "chief"

@@ -33,9 +33,6 @@ log = logging.getLogger(__name__)
 # non-root user (65532), so 0400 would be unreadable. 0444 inside the pod's own mount
 # namespace: only the pod's containers see the files.
 KEY_FILE_MODE = 0o444
-TLS_VOLUME = "pstrain-tls"
-TLS_MOUNT_PATH = "/var/run/pstrain/tls"
-ENV_TLS_DIR = "PSTRAIN_TLS_DIR"
 
 
 def build_auth_secret(job: TrainingJob, token: bytes) -> dict[str, Any]:
@@ -114,12 +111,12 @@ def secure_pod(pod: dict[str, Any], job: TrainingJob, role: str,
         mounts.append(_volume_mount(security.AUTH_VOLUME, security.AUTH_MOUNT_PATH))
         env.insert(0, {"name": security.ENV_AUTH_DIR, "value": security.AUTH_MOUNT_PATH})
     if sec.tls is not None:
-        volumes.append({"name": TLS_VOLUME, "secret": {
+        volumes.append({"name": security.TLS_VOLUME, "secret": {
             "secretName": sec.tls.secret_name, "defaultMode": KEY_FILE_MODE,
-            "items": [{"key": k, "path": k} for k in ("tls.crt", "tls.key", "ca.crt")],
+            "items": [{"key": k, "path": k} for k in security.TLS_FILES],
         }})
-        mounts.append(_volume_mount(TLS_VOLUME, TLS_MOUNT_PATH))
-        env.insert(0, {"name": ENV_TLS_DIR, "value": TLS_MOUNT_PATH})
+        mounts.append(_volume_mount(security.TLS_VOLUME, security.TLS_MOUNT_PATH))
+        env.insert(0, {"name": security.ENV_TLS_DIR, "value": security.TLS_MOUNT_PATH})
     return out
 
 

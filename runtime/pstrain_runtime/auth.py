@@ -38,6 +38,7 @@ import math
 import os
 import secrets
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -47,6 +48,9 @@ from typing import Any
 
 import grpc
 from pstrain_api import security
+
+from .tls import TlsFiles
+from .tls import accept as tls_accept
 
 _log = logging.getLogger(__name__)
 
@@ -341,9 +345,12 @@ class ClientAuth(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterce
 
 
 def client_channel(address: str, credentials: Credentials | None,
-                   options: list[tuple[str, Any]] | None = None) -> grpc.Channel:
-    """A channel to `address` whose calls carry `credentials` (none: plain)."""
-    channel = grpc.insecure_channel(address, options=options)
+                   options: list[tuple[str, Any]] | None = None,
+                   tls: TlsFiles | None = None) -> grpc.Channel:
+    """A channel to `address` whose calls carry `credentials` (none: no proof), over
+    TLS when `tls` is given."""
+    channel = (grpc.insecure_channel(address, options=options) if tls is None else
+               grpc.secure_channel(address, tls.grpc_channel_credentials(), options=options))
     if credentials is None:
         return channel
     return grpc.intercept_channel(channel, ClientAuth(credentials))
@@ -378,12 +385,14 @@ def _recv_exactly(sock: socket.socket, size: int, deadline: float) -> bytes:
 
 
 class ConnectionGuard:
-    """The server side of the data-plane handshake, and the limit on handshakes in
-    progress."""
+    """The server side of a data connection's opening: TLS (when configured), then the
+    handshake (when there are credentials); and the limit on openings in progress."""
 
-    def __init__(self, credentials: Credentials, timeout_s: float = HANDSHAKE_TIMEOUT_S,
+    def __init__(self, credentials: Credentials | None, tls: ssl.SSLContext | None = None,
+                 timeout_s: float = HANDSHAKE_TIMEOUT_S,
                  max_pending: int = MAX_PENDING_HANDSHAKES) -> None:
         self.credentials = credentials
+        self.tls = tls
         self.timeout_s = timeout_s
         self._pending = threading.BoundedSemaphore(max_pending)
         self.refusals = RefusalLog("data plane")
@@ -397,15 +406,27 @@ class ConnectionGuard:
                               "in progress")
         return False
 
-    def admit(self, sock: socket.socket, peer: str) -> str | None:
-        """Run the handshake on a connection `may_start` let in; the peer's role, or None
-        when refused (logged; the caller closes the connection)."""
+    def admit(self, sock: socket.socket, peer: str) -> tuple[socket.socket, str | None] | None:
+        """Open a connection `may_start` let in: (the socket to use, the peer's role, None
+        without credentials), or None when refused (logged; the caller closes it)."""
         try:
-            return self._handshake(sock, peer)
+            if self.tls is not None:
+                try:
+                    sock = tls_accept(self.tls, sock, self.timeout_s)
+                except OSError as exc:
+                    self.refusals.refused(peer, f"the TLS handshake failed: "
+                                          f"{type(exc).__name__}")
+                    return None
+            if self.credentials is None:
+                sock.settimeout(None)
+                return sock, None
+            role = self._handshake(sock, peer, self.credentials)
+            return None if role is None else (sock, role)
         finally:
             self._pending.release()
 
-    def _handshake(self, sock: socket.socket, peer: str) -> str | None:
+    def _handshake(self, sock: socket.socket, peer: str,
+                   credentials: Credentials) -> str | None:
         deadline = time.monotonic() + self.timeout_s
         nonce = secrets.token_bytes(NONCE_BYTES)
         try:
@@ -417,7 +438,7 @@ class ConnectionGuard:
                                       "handshake")
                 return None
             role = ROLES_BY_CODE.get(answer[0])
-            key = self.credentials.keys.get(role) if role else None
+            key = credentials.keys.get(role) if role else None
             if key is None or not hmac.compare_digest(_handshake_mac(key, nonce, answer[0]),
                                                       answer[1:]):
                 self.refusals.refused(peer, "the handshake did not prove this job's "

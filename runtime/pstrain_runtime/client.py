@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from . import auth, dataplane, wire
+from .tls import TlsFiles
 from .optim import SLOT_NAMES, OptimizerConfig, OptimizerState
 from .placement import Piece, Placement
 from .proto import ps_pb2 as pb
@@ -96,10 +97,12 @@ def _ps_error(exc: grpc.RpcError, address: str) -> PSError:
 class GrpcTransport:
     """A parameter server at `address` over gRPC (raw-bytes frame streams)."""
 
-    def __init__(self, address: str, credentials: auth.Credentials | None = None) -> None:
+    def __init__(self, address: str, credentials: auth.Credentials | None = None,
+                 tls: TlsFiles | None = None) -> None:
         self.address = address
         self.credentials = credentials  # proven on every call (None: authentication off)
-        self.channel = auth.client_channel(address, credentials, list(wire.GRPC_OPTIONS))
+        self.tls = tls  # None: plain TCP
+        self.channel = auth.client_channel(address, credentials, list(wire.GRPC_OPTIONS), tls)
         m = f"/{SERVICE}/"
         self._push = self.channel.stream_unary(m + "Push", request_serializer=None,
                                                response_deserializer=pb.PushReply.FromString)
@@ -175,8 +178,9 @@ class TcpTransport(GrpcTransport):
     reply, asked once and again after a data connection failed (a restarted server may
     listen elsewhere); a server that announces none gets every call over gRPC."""
 
-    def __init__(self, address: str, credentials: auth.Credentials | None = None) -> None:
-        super().__init__(address, credentials)
+    def __init__(self, address: str, credentials: auth.Credentials | None = None,
+                 tls: TlsFiles | None = None) -> None:
+        super().__init__(address, credentials, tls)
         self._data: dataplane.DataClient | None = None
         self._data_known = False
         self._data_lock = threading.Lock()
@@ -191,7 +195,8 @@ class TcpTransport(GrpcTransport):
                 if port:
                     self._data = dataplane.DataClient(
                         self.address, dataplane.split_host(self.address), port,
-                        credentials=self.credentials)
+                        credentials=self.credentials,
+                        tls_context=self.tls and self.tls.client_context())
                 self._data_known = True
             return self._data
 
@@ -236,14 +241,15 @@ class TcpTransport(GrpcTransport):
 
 
 def connect(address: str, transport: str = "tcp",
-            credentials: auth.Credentials | None = None) -> Transport:
+            credentials: auth.Credentials | None = None,
+            tls: TlsFiles | None = None) -> Transport:
     """The transport to a parameter server at `address`, as `spec.training.transport`
     names it: "tcp" (`TcpTransport`) or "grpc" (`GrpcTransport`, tensors over gRPC),
-    proving `credentials` on every call (see `auth`)."""
+    proving `credentials` on every call (see `auth`), over TLS with `tls`."""
     if transport == "grpc":
-        return GrpcTransport(address, credentials)
+        return GrpcTransport(address, credentials, tls)
     if transport == "tcp":
-        return TcpTransport(address, credentials)
+        return TcpTransport(address, credentials, tls)
     raise ValueError(f"transport is {transport!r}; it must be tcp or grpc")
 
 

@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from . import auth, wire
+from . import auth, tls, wire
 from .proto import ps_pb2 as pb
 from .store import ParameterStore, PSError
 
@@ -135,6 +136,10 @@ class Link:
     # ------------------------------------------------------------------ sending
     def _send_parts(self, parts: list[bytes | memoryview]) -> None:
         views = [memoryview(p).cast("B") for p in parts if len(p)]
+        if isinstance(self.sock, ssl.SSLSocket):  # TLS has no sendmsg: buffer by buffer
+            for view in views:
+                self.sock.sendall(view)
+            return
         while views:
             sent = self.sock.sendmsg(views[:MAX_IOVECS])
             while views and sent >= len(views[0]):
@@ -347,9 +352,10 @@ class DataServer:
     def _serve(self, link: Link, peer: str = "") -> None:
         try:
             if self.guard is not None:
-                link.role = self.guard.admit(link.sock, peer)
-                if link.role is None:
+                admitted = self.guard.admit(link.sock, peer)
+                if admitted is None:
                     return  # refused (logged): the connection closes
+                link.sock, link.role = admitted
             while True:
                 op = link.recv_op()
                 if op is None:
@@ -458,11 +464,13 @@ class DataClient:
 
     def __init__(self, address: str, host: str, port: int,
                  connect_timeout: float = 10.0,
-                 credentials: auth.Credentials | None = None) -> None:
+                 credentials: auth.Credentials | None = None,
+                 tls_context: ssl.SSLContext | None = None) -> None:
         self.address = address  # the server's control address, for messages
         self.host, self.port = host, port
         self.connect_timeout = connect_timeout
         self.credentials = credentials  # proven in each new connection's handshake
+        self.tls_context = tls_context  # None: plain TCP
         self._idle: list[Link] = []
         self._lock = threading.Lock()
         self.broken = False  # a connection failed: the server may have moved
@@ -480,6 +488,8 @@ class DataClient:
         sock: socket.socket | None = None
         try:
             sock = socket.create_connection((self.host, self.port), self.connect_timeout)
+            if self.tls_context is not None:
+                sock = tls.connect(self.tls_context, sock, self.host)
             if self.credentials is not None:
                 auth.offer_handshake(sock, self.credentials)
         except auth.AuthError as exc:

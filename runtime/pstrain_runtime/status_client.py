@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 
 from .auth import Credentials, client_channel
+from .tls import TlsFiles
 from .proto import ps_pb2, ps_pb2_grpc
 
 
@@ -42,7 +43,8 @@ def status_to_dict(status: ps_pb2.JobStatus) -> dict[str, Any]:
 
 
 def fetch_job_status(address: str, timeout: float, namespace: str = "",
-                     credentials: Credentials | None = None) -> dict[str, Any] | None:
+                     credentials: Credentials | None = None,
+                     tls: TlsFiles | None = None) -> dict[str, Any] | None:
     """The job status held by the parameter server at `address` (PS 0), or None when it
     cannot be reached, holds no job yet, or does not answer within `timeout` seconds.
 
@@ -51,7 +53,7 @@ def fetch_job_status(address: str, timeout: float, namespace: str = "",
     (or chief key) when the servers check them (see `auth`).
     """
     try:
-        with client_channel(address, credentials) as channel:
+        with client_channel(address, credentials, tls=tls) as channel:
             stub = ps_pb2_grpc.ParameterServerStub(channel)
             reply = stub.GetJobStatus(ps_pb2.NamespaceRequest(namespace=namespace),
                                       timeout=timeout)

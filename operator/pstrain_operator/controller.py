@@ -51,7 +51,7 @@ from .reconcile import (
     observe_pod,
     status_to_api,
 )
-from .security import ensure_auth_secret, ensure_network_policy
+from .security import ensure_auth_secret, ensure_network_policy, probe_security
 from .settings import PodSettings
 
 log = logging.getLogger(__name__)
@@ -193,7 +193,8 @@ class Reconciler:
                 and self._may_ask(f"{job.namespace}/{job.name}")):
             address = str(cluster.addresses[Task(c.ROLE_PS, 0)])
             try:
-                reply = self.fetch_status(address, FETCH_TIMEOUT_S, keys)
+                reply = self.fetch_status(address, FETCH_TIMEOUT_S,
+                                          probe_security(self.kube, job, keys))
             except Exception as exc:  # a status probe must never break reconciling
                 log.info("progress of %s from %s unavailable: %s", job.name, address, exc)
                 reply = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,9 +17,18 @@ from pstrain_api.model import CheckpointStatus, Progress
 
 log = logging.getLogger(__name__)
 
-# (address, timeout, keys): keys are role -> key (the job's worker key) when the job's
-# servers check credentials, else None.
-FetchStatus = Callable[[str, float, Mapping[str, bytes] | None], Mapping[str, Any] | None]
+
+
+@dataclass(frozen=True)
+class ProbeSecurity:
+    """What the probe needs to be let in: the job's worker key (when its servers check
+    credentials) and the CA of its TLS certificates (when they serve TLS)."""
+
+    keys: Mapping[str, bytes] = field(default_factory=dict)
+    ca: bytes | None = None
+
+
+FetchStatus = Callable[[str, float, ProbeSecurity | None], Mapping[str, Any] | None]
 FETCH_TIMEOUT_S = 1.0
 
 # Keys the runtime may use for each Progress field, first match wins.
@@ -30,7 +40,7 @@ _KEYS = {
 }
 
 
-def _no_status(address: str, timeout: float, keys: Mapping[str, bytes] | None) -> None:
+def _no_status(address: str, timeout: float, security: ProbeSecurity | None) -> None:
     return None
 
 
@@ -39,14 +49,17 @@ def default_fetcher() -> FetchStatus:
     try:
         from pstrain_runtime.auth import Credentials
         from pstrain_runtime.status_client import fetch_job_status
+        from pstrain_runtime.tls import TrustedCa
     except ImportError:
         log.info("pstrain_runtime.status_client is not installed; progress is not reported")
         return _no_status
 
     def fetch(address: str, timeout: float,
-              keys: Mapping[str, bytes] | None) -> Mapping[str, Any] | None:
-        credentials = Credentials(keys) if keys else None
-        return fetch_job_status(address, timeout, credentials=credentials)
+              security: ProbeSecurity | None) -> Mapping[str, Any] | None:
+        security = security or ProbeSecurity()
+        return fetch_job_status(
+            address, timeout, credentials=Credentials(security.keys) if security.keys else None,
+            tls=TrustedCa(security.ca) if security.ca else None)
 
     return fetch
 

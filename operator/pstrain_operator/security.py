@@ -26,6 +26,7 @@ from pstrain_api.model import TrainingJob
 
 from .build import job_labels, owner_reference
 from .kube import Kube
+from .progress import ProbeSecurity
 
 log = logging.getLogger(__name__)
 
@@ -161,3 +162,16 @@ def ensure_network_policy(kube: Kube, job: TrainingJob, operator_namespace: str 
     if not kube.network_policy_exists(job.namespace, name):
         if kube.create(build_network_policy(job, operator_namespace)):
             log.info("created the NetworkPolicy %s/%s", job.namespace, name)
+
+
+def probe_security(kube: Kube, job: TrainingJob,
+                   keys: Mapping[str, bytes] | None) -> ProbeSecurity:
+    """What the status probe proves and trusts: the job's worker key, and the ca.crt of
+    its TLS Secret when it names one (read when probing, never stored)."""
+    ca = None
+    tls = job.spec.security.tls
+    if tls is not None:
+        secret = kube.get_secret(job.namespace, tls.secret_name) or {}
+        raw = (secret.get("data") or {}).get("ca.crt")
+        ca = base64.b64decode(raw) if raw else None
+    return ProbeSecurity(keys=dict(keys or {}), ca=ca)

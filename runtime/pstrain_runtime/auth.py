@@ -49,7 +49,7 @@ from typing import Any
 import grpc
 from pstrain_api import security
 
-from .tls import TlsFiles
+from .tls import TlsFiles, TrustedCa
 from .tls import accept as tls_accept
 
 _log = logging.getLogger(__name__)
@@ -346,7 +346,7 @@ class ClientAuth(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterce
 
 def client_channel(address: str, credentials: Credentials | None,
                    options: list[tuple[str, Any]] | None = None,
-                   tls: TlsFiles | None = None) -> grpc.Channel:
+                   tls: TlsFiles | TrustedCa | None = None) -> grpc.Channel:
     """A channel to `address` whose calls carry `credentials` (none: no proof), over
     TLS when `tls` is given."""
     channel = (grpc.insecure_channel(address, options=options) if tls is None else

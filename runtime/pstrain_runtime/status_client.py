@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 
 from .auth import Credentials, client_channel
-from .tls import TlsFiles
+from .tls import TlsFiles, TrustedCa
 from .proto import ps_pb2, ps_pb2_grpc
 
 
@@ -44,7 +44,7 @@ def status_to_dict(status: ps_pb2.JobStatus) -> dict[str, Any]:
 
 def fetch_job_status(address: str, timeout: float, namespace: str = "",
                      credentials: Credentials | None = None,
-                     tls: TlsFiles | None = None) -> dict[str, Any] | None:
+                     tls: TlsFiles | TrustedCa | None = None) -> dict[str, Any] | None:
     """The job status held by the parameter server at `address` (PS 0), or None when it
     cannot be reached, holds no job yet, or does not answer within `timeout` seconds.
 

@@ -62,6 +62,17 @@ class TlsFiles:
         return grpc.ssl_channel_credentials(root_certificates=self.ca.read_bytes())
 
 
+@dataclass(frozen=True)
+class TrustedCa:
+    """Only a CA to trust, in memory (what the operator's status probe has: the ca.crt
+    of the job's TLS Secret)."""
+
+    pem: bytes
+
+    def grpc_channel_credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(root_certificates=self.pem)
+
+
 def load_tls(environ: Mapping[str, str]) -> TlsFiles | None:
     """The TLS files in PSTRAIN_TLS_DIR, or None when it is unset (TLS off). Raises
     ValueError naming a missing file."""

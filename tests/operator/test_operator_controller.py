@@ -11,7 +11,7 @@ import pytest
 
 from pstrain_operator.controller import Reconciler, parse_status
 from pstrain_operator.metrics import Metrics
-from pstrain_operator.progress import progress_from_status
+from pstrain_operator.progress import ProbeSecurity, progress_from_status
 from pstrain_operator.reconcile import Event
 from pstrain_operator.settings import PodSettings
 
@@ -37,12 +37,12 @@ class FakeStatus:
     def __init__(self) -> None:
         self.reply: dict[str, Any] | None = None
         self.asked: list[str] = []
-        self.keys: list[Mapping[str, bytes] | None] = []
+        self.security: list[ProbeSecurity | None] = []
 
     def __call__(self, address: str, timeout: float,
-                 keys: Mapping[str, bytes] | None) -> dict[str, Any] | None:
+                 security: ProbeSecurity | None) -> dict[str, Any] | None:
         self.asked.append(address)
-        self.keys.append(keys)
+        self.security.append(security)
         return self.reply
 
 

@@ -151,7 +151,8 @@ def test_the_executor_makes_the_secret_first_and_never_shows_a_key(
     creates = [what for verb, what in kube.calls if verb == "create"]
     assert creates[0] == "Secret/j-pstrain-auth"
     secret = kube.secrets[("ns", "j-pstrain-auth")]
-    assert status.keys[-1] == worker_keys(secret)  # the probe proves the worker key
+    probe = status.security[-1]  # the probe proves the worker key
+    assert probe is not None and probe.keys == worker_keys(secret) and probe.ca is None
     shown = "\n".join([
         json.dumps(kube.jobs[("ns", "j")].get("status")),
         *(f"{e.reason} {e.message}" for e in events.events),
@@ -223,3 +224,13 @@ def test_settings_turn_the_network_policy_off_and_know_their_namespace() -> None
     default = load_settings([], {"PSTRAIN_OPERATOR_NAMESPACE": "ops"})
     assert default.job_network_policy and default.operator_namespace == "ops"
     assert not load_settings(["--job-network-policy", "false"], {}).job_network_policy
+
+
+def test_the_probe_trusts_the_ca_of_the_jobs_tls_secret() -> None:
+    kube, events, status = FakeKube(), Recorder(), FakeStatus()
+    kube.add_job(make_job().security(tls={"secretName": "cert"}).status(phase="Running")
+                 .body())
+    kube.secrets[("ns", "cert")] = {"data": {"ca.crt": base64.b64encode(b"PEM").decode()}}
+    make_reconciler(kube, events, status).reconcile("ns", "j")
+    probe = status.security[-1]
+    assert probe is not None and probe.ca == b"PEM" and "worker" in probe.keys

@@ -104,3 +104,23 @@ def test_tls_files_are_named_when_missing(tmp_path: Path) -> None:
     (tmp_path / "tls.crt").write_text("x")
     with pytest.raises(ValueError, match=r"it holds no tls.key \(a kubernetes.io/tls Secret"):
         load_tls({security.ENV_TLS_DIR: str(tmp_path)})
+
+
+def test_the_operators_probe_reads_status_with_the_worker_key_and_the_ca(
+        server: PSServer, tls_files: TlsFiles) -> None:
+    from pstrain_operator.progress import ProbeSecurity, default_fetcher
+    from pstrain_runtime.proto import ps_pb2 as pb
+
+    client = sharded(server, TcpTransport, tls_files)
+    try:
+        client.init({"w": torch.zeros(BIG), "b": torch.zeros(7)}, OptimizerConfig(),
+                     mode="async", num_workers=1, staleness_bound=None, fingerprint=FP)
+        client.report(pb.StatusReport(loss=0.25))
+    finally:
+        client.close()
+    fetch = default_fetcher()
+    worker = dict(auth.Credentials.from_token(TOKEN).only("worker").keys)
+    status = fetch(server.address, 5.0, ProbeSecurity(keys=worker, ca=tls_files.ca.read_bytes()))
+    assert status is not None and status["loss"] == 0.25
+    assert fetch(server.address, 2.0, ProbeSecurity(keys=worker)) is None  # no TLS: refused
+    assert fetch(server.address, 2.0, ProbeSecurity(ca=tls_files.ca.read_bytes())) is None

@@ -243,6 +243,9 @@ def _run(job: TrainingJob, options: RunOptions, out: TextIO, log_stream: TextIO,
     if run_policy.suspend:
         reporter.notice("warning", "spec.runPolicy.suspend is true; pstrain run ignores it "
                                    "and runs the job now.")
+    if job.spec.security.tls is not None:
+        reporter.notice("warning", "spec.security.tls names a Kubernetes Secret; pstrain run "
+                                   "cannot read it and runs on loopback without TLS.")
     if gpus:
         reporter.notice("info", "GPUs: " + ", ".join(
             f"{n}={d}" for n, d in gpus.items() if d))

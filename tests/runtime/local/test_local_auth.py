@@ -22,7 +22,9 @@ from pstrain_runtime import auth
 from pstrain_runtime.client import GrpcTransport
 from pstrain_runtime.store import PSError
 
+from .local_builders import make_job
 from .test_local_e2e import DIGITS, RUN_LIMIT, Run
+from .test_local_processes import fake  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.timeout(RUN_LIMIT + 60)
 
@@ -146,3 +148,25 @@ def test_digits_trains_while_an_outsider_floods_the_parameter_server() -> None:
     assert "UNAUTHENTICATED" in outsider.grpc_codes
     for text in [*run.lines, str(s)]:
         assert not HEX_KEY.search(text), f"a key-like string in the output: {text[:80]}"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("authentication", [True, False])
+def test_the_runner_gives_each_replica_only_its_keys(fake, authentication: bool) -> None:
+    builder = make_job("j").set("spec.security", {"authentication": authentication})
+    builder.set("spec.security.tls", {"secretName": "cert"})
+    result, lines, starts = fake(builder, {})
+    assert result.exit_code == 0
+    assert any("spec.security.tls names a Kubernetes Secret; pstrain run cannot read it"
+               in line for line in lines)
+    got = {s["name"]: s.get("auth") for s in starts}
+    for record in filter(None, got.values()):
+        assert not os.path.exists(record.pop("dir")), "the run's keys outlive it"
+    if not authentication:
+        assert got == {"j-ps-0": None, "j-worker-0": None, "j-worker-1": None}
+        return
+    assert got == {
+        "j-ps-0": {"mode": "0o700", "keys": ["chief", "worker"]},
+        "j-worker-0": {"mode": "0o700", "keys": ["chief"]},  # worker 0 is the chief
+        "j-worker-1": {"mode": "0o700", "keys": ["worker"]},
+    }

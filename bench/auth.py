@@ -3,7 +3,7 @@ without it, in the same two processes and interleaved sample by sample.
 
 One process serves a parameter server per mode ("off": no credentials; "auth": the
 job's keys checked on every gRPC call and in every data connection's handshake; "tls":
-authentication over TLS on both channels, when the runtime has it). The other process
+authentication over TLS on both channels, with a test CA). The other process
 is a worker with one client per mode, and times, round-robin over the modes:
 
 - the fused push_pull of a 0.31 MB tensor (the digits MLP; one PushPullSmall message
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 from . import rt
@@ -28,21 +29,26 @@ from .procs import find_free_ports, run_group
 from .transport import SMALL_NUMEL
 
 STREAM_MIB = 64
+CALLS_PER_SAMPLE = 50  # each small-call sample is the median of this many calls
 TOKEN = bytes(range(32))  # a fixed job token: both processes must know it
 
 
-MODES = ("off", "auth")
+MODES = ("off", "auth", "tls")
 
 
 def _token(mode: str) -> bytes | None:
     return None if mode == "off" else TOKEN
 
 
-def _peer(rank: int, ports: list[int], cfg: Config) -> dict[str, Any] | None:
+def _tls(mode: str, tls_dir: str) -> str | None:
+    return tls_dir if mode == "tls" else None
+
+
+def _peer(rank: int, ports: list[int], cfg: Config, tls_dir: str) -> dict[str, Any] | None:
     modes = MODES
     if rank == 0:
-        servers = [rt.start_ps(0, port, _token(mode)) for mode, port in zip(modes, ports,
-                                                                           strict=True)]
+        servers = [rt.start_ps(0, port, _token(mode), _tls(mode, tls_dir))
+                   for mode, port in zip(modes, ports, strict=True)]
         deadline = time.monotonic() + cfg.item_time_limit_s
         for server in servers:
             if not server.wait(max(0.0, deadline - time.monotonic())):
@@ -54,8 +60,10 @@ def _peer(rank: int, ports: list[int], cfg: Config) -> dict[str, Any] | None:
     numel = STREAM_MIB * MIB // 4
     small, big = {}, {}
     for mode, port in zip(modes, ports, strict=True):
-        small[mode] = rt.connect([port], {"w": (SMALL_NUMEL,)}, "auth-small", token=_token(mode))
-        big[mode] = rt.connect([port], {"w": (numel,)}, "auth-stream", token=_token(mode))
+        small[mode] = rt.connect([port], {"w": (SMALL_NUMEL,)}, "auth-small",
+                                 token=_token(mode), tls_dir=_tls(mode, tls_dir))
+        big[mode] = rt.connect([port], {"w": (numel,)}, "auth-stream", token=_token(mode),
+                               tls_dir=_tls(mode, tls_dir))
     s_params, s_grads = {"w": torch.zeros(SMALL_NUMEL)}, {"w": torch.full((SMALL_NUMEL,), 1e-6)}
     b_params, b_grads = {"w": torch.zeros(numel)}, {"w": torch.full((numel,), 1e-6)}
     for mode in modes:
@@ -63,7 +71,7 @@ def _peer(rank: int, ports: list[int], cfg: Config) -> dict[str, Any] | None:
         rt.init(big[mode], b_params, num_workers=1)
 
     samples = cfg.repeats
-    per_sample = max(1, SMALL_CALLS // samples)
+    per_sample = max(CALLS_PER_SAMPLE, SMALL_CALLS // samples)
     calls = {
         "push_pull_small": lambda c: c.push_pull(s_grads, s_params, worker=0),
         "info": lambda c: c.info(0),
@@ -89,9 +97,16 @@ def _peer(rank: int, ports: list[int], cfg: Config) -> dict[str, Any] | None:
 
 
 def run(cfg: Config) -> list[Figure]:
+    import tempfile
+
+    # Test certificates (a CA and a cert for 127.0.0.1), made with `cryptography`.
+    from tests.runtime.tls_certs import write_tls_dir
+
     modes = MODES
-    res = run_group(_peer, 2, args=(find_free_ports(len(modes)), cfg),
-                    timeout_s=cfg.item_time_limit_s)[1]
+    with tempfile.TemporaryDirectory(prefix="pstrain-bench-tls-") as tmp:
+        tls_dir = str(write_tls_dir(Path(tmp)))
+        res = run_group(_peer, 2, args=(find_free_ports(len(modes)), cfg, tls_dir),
+                        timeout_s=cfg.item_time_limit_s)[1]
     figs: list[Figure] = []
     what = {"off": "without authentication", "auth": "with authentication",
             "tls": "with authentication over TLS"}
@@ -99,7 +114,8 @@ def run(cfg: Config) -> list[Figure]:
         figs.append(Figure.of(f"auth.push_pull_small.{mode}",
                               f"fused push_pull of a 0.31 MB tensor, {what[mode]}", "us",
                               [s * 1e6 for s in res[f"push_pull_small.{mode}"]],
-                              note=f"each sample: median of {SMALL_CALLS // cfg.repeats} calls"))
+                              note=f"each sample: median of "
+                              f"{max(CALLS_PER_SAMPLE, SMALL_CALLS // cfg.repeats)} calls"))
         figs.append(Figure.of(f"auth.info.{mode}", f"Info RPC (gRPC), {what[mode]}", "us",
                               [s * 1e6 for s in res[f"info.{mode}"]]))
         figs.append(Figure.of(f"auth.stream.{STREAM_MIB}MiB.{mode}",

@@ -21,22 +21,32 @@ def serve_ps(ps_index: int, port: int, timeout_s: float, token: bytes | None = N
         server.stop(grace=0)
 
 
-def start_ps(ps_index: int, port: int, token: bytes | None = None):  # noqa: ANN201
-    """A started parameter server on 127.0.0.1:`port` (authenticated with `token`)."""
+def start_ps(ps_index: int, port: int, token: bytes | None = None,
+             tls_dir: str | None = None):  # noqa: ANN201
+    """A started parameter server on 127.0.0.1:`port` (authenticated with `token`, over
+    TLS with the files in `tls_dir`)."""
+    from pathlib import Path
+
     from pstrain_runtime.auth import Credentials
     from pstrain_runtime.server import PSServer
+    from pstrain_runtime.tls import TlsFiles
 
     credentials = Credentials.from_token(token) if token else None
-    server = PSServer(f"{LOOPBACK}:{port}", ps_index=ps_index, credentials=credentials)
+    server = PSServer(f"{LOOPBACK}:{port}", ps_index=ps_index, credentials=credentials,
+                      tls=TlsFiles(Path(tls_dir)) if tls_dir else None)
     server.start()
     return server
 
 
 def connect(ports: Sequence[int], shapes: Mapping[str, Sequence[int]], namespace: str,
             wire_dtype: str = "float32", transport: str = "tcp",
-            token: bytes | None = None):  # noqa: ANN201 - runtime type, imported lazily
+            token: bytes | None = None,
+            tls_dir: str | None = None):  # noqa: ANN201 - runtime type, imported lazily
     """A ShardedClient for a model of `shapes` over the servers on `ports`, once every
-    server answers; with `token`, it proves that job token's chief key."""
+    server answers; with `token`, it proves that job token's chief key; with `tls_dir`,
+    over TLS trusting its ca.crt."""
+    from pathlib import Path
+
     import torch
     from pstrain_runtime.auth import Credentials
     from pstrain_runtime.client import ShardedClient, retry_unavailable
@@ -44,7 +54,10 @@ def connect(ports: Sequence[int], shapes: Mapping[str, Sequence[int]], namespace
     from pstrain_runtime.placement import build_placement, param_specs
 
     credentials = Credentials.from_token(token).only("chief") if token else None
-    transports = [connect_one(f"{LOOPBACK}:{p}", transport, credentials) for p in ports]
+    from pstrain_runtime.tls import TlsFiles
+
+    tls = TlsFiles(Path(tls_dir)) if tls_dir else None
+    transports = [connect_one(f"{LOOPBACK}:{p}", transport, credentials, tls) for p in ports]
     for t in transports:
         retry_unavailable(lambda t=t: t.info(namespace), CONNECT_DEADLINE_S)
     placement = build_placement(param_specs(shapes), len(ports))

@@ -25,11 +25,11 @@ from typing import Any
 
 from . import rt
 from .core import GB, MIB, SMALL_CALLS, SMALL_WARMUP, Config, Figure, rates, time_repeated
-from .procs import find_free_ports, run_group
+from .procs import cpu_seconds, find_free_ports, run_group
 from .transport import SMALL_NUMEL
 
 STREAM_MIB = 64
-CALLS_PER_SAMPLE = 50  # each small-call sample is the median of this many calls
+CALLS_PER_SAMPLE = 100  # each small-call sample is the median of this many calls
 TOKEN = bytes(range(32))  # a fixed job token: both processes must know it
 
 
@@ -44,7 +44,11 @@ def _tls(mode: str, tls_dir: str) -> str | None:
     return tls_dir if mode == "tls" else None
 
 
-def _peer(rank: int, ports: list[int], cfg: Config, tls_dir: str) -> dict[str, Any] | None:
+def _peer(rank: int, ports: list[int], cfg: Config, tls_dir: str,
+          pids: Any) -> dict[str, Any] | None:
+    import os
+
+    pids[rank] = os.getpid()
     modes = MODES
     if rank == 0:
         servers = [rt.start_ps(0, port, _token(mode), _tls(mode, tls_dir))
@@ -76,20 +80,27 @@ def _peer(rank: int, ports: list[int], cfg: Config, tls_dir: str) -> dict[str, A
         "push_pull_small": lambda c: c.push_pull(s_grads, s_params, worker=0),
         "info": lambda c: c.info(0),
     }
+    def cpu() -> float:  # both processes: CPU time is what load cannot inflate
+        return cpu_seconds(pids[0]) + cpu_seconds(pids[1])
+
     for kind, fn in calls.items():
         for mode in modes:  # warm every connection and cache
             time_repeated(lambda m=mode: fn(small[m]), 0, SMALL_WARMUP)
         for _ in range(samples):
             for mode in modes:
+                c0 = cpu()
                 secs = time_repeated(lambda m=mode: fn(small[m]), 0, per_sample)
+                out[f"cpu.{kind}.{mode}"] = out.get(f"cpu.{kind}.{mode}", 0.0) + cpu() - c0
                 out.setdefault(f"{kind}.{mode}", []).append(statistics.median(secs))
+        out[f"calls.{kind}"] = samples * per_sample
     for i in range(cfg.warmup + samples):
         for mode in modes:
-            t0 = time.perf_counter()
+            c0, t0 = cpu(), time.perf_counter()
             big[mode].push(b_grads, worker=0)
-            dt = time.perf_counter() - t0
+            dt, used = time.perf_counter() - t0, cpu() - c0
             if i >= cfg.warmup:
                 out.setdefault(f"stream.{mode}", []).append(dt)
+                out[f"cpu.stream.{mode}"] = out.get(f"cpu.stream.{mode}", 0.0) + used
     for mode in modes:
         small[mode].close()
         rt.shutdown(big[mode])
@@ -97,6 +108,7 @@ def _peer(rank: int, ports: list[int], cfg: Config, tls_dir: str) -> dict[str, A
 
 
 def run(cfg: Config) -> list[Figure]:
+    import multiprocessing as mp
     import tempfile
 
     # Test certificates (a CA and a cert for 127.0.0.1), made with `cryptography`.
@@ -105,7 +117,8 @@ def run(cfg: Config) -> list[Figure]:
     modes = MODES
     with tempfile.TemporaryDirectory(prefix="pstrain-bench-tls-") as tmp:
         tls_dir = str(write_tls_dir(Path(tmp)))
-        res = run_group(_peer, 2, args=(find_free_ports(len(modes)), cfg, tls_dir),
+        pids = mp.get_context("spawn").Array("i", 2)
+        res = run_group(_peer, 2, args=(find_free_ports(len(modes)), cfg, tls_dir, pids),
                         timeout_s=cfg.item_time_limit_s)[1]
     figs: list[Figure] = []
     what = {"off": "without authentication", "auth": "with authentication",
@@ -128,6 +141,18 @@ def run(cfg: Config) -> list[Figure]:
             figs.append(Figure.of(f"auth.{kind}.{mode}_minus_off",
                                   f"{kind}: {what[mode]} less without, per interleaved pair",
                                   "us", deltas))
+        for kind in ("push_pull_small", "info"):
+            extra = (res[f"cpu.{kind}.{mode}"] - res[f"cpu.{kind}.off"]) / res[f"calls.{kind}"]
+            figs.append(Figure(f"auth.cpu.{kind}.{mode}_minus_off",
+                               f"{kind}: CPU per call (worker + PS) {what[mode]} less without",
+                               "us", extra * 1e6,
+                               note=f"over {res[f'calls.{kind}']} calls each; clock tick "
+                               "10 ms"))
+        gb = cfg.repeats * STREAM_MIB * MIB / GB
+        figs.append(Figure(f"auth.cpu.stream.{STREAM_MIB}MiB.{mode}_per_gb",
+                           f"{STREAM_MIB} MiB push: CPU seconds per GB (worker + PS), "
+                           f"{what[mode]}", "CPU-s/GB", res[f"cpu.stream.{mode}"] / gb,
+                           note=f"without: {res['cpu.stream.off'] / gb:.2f} CPU-s/GB"))
         slower = [(on / off - 1) * 100 for on, off in zip(res[f"stream.{mode}"],
                                                           res["stream.off"], strict=True)]
         figs.append(Figure.of(f"auth.stream.{STREAM_MIB}MiB.{mode}_slower_pct",

@@ -145,30 +145,23 @@ class RestKube:
         self._check("GET", path, status, data)
         return list(data.get("items") or [])
 
-    def service_exists(self, namespace: str, name: str) -> bool:
-        path = core_path(namespace, "services", name)
-        status, data = self._call("GET", path)
-        if status == 404:
-            return False
-        self._check("GET", path, status, data)
-        return True
-
-    def network_policy_exists(self, namespace: str, name: str) -> bool:
-        path = network_policy_path(namespace, name)
-        status, data = self._call("GET", path)
-        if status == 404:
-            return False
-        self._check("GET", path, status, data)
-        return True
-
-    def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """A Secret, or None when there is none. Its data is never logged."""
-        path = core_path(namespace, "secrets", name)
+    def _get(self, path: str) -> dict[str, Any] | None:
+        """The object at `path`, or None on 404."""
         status, data = self._call("GET", path)
         if status == 404:
             return None
         self._check("GET", path, status, data)
-        return data
+        return data if isinstance(data, dict) else {}
+
+    def service_exists(self, namespace: str, name: str) -> bool:
+        return self._get(core_path(namespace, "services", name)) is not None
+
+    def network_policy_exists(self, namespace: str, name: str) -> bool:
+        return self._get(network_policy_path(namespace, name)) is not None
+
+    def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A Secret, or None when there is none. Its data is never logged."""
+        return self._get(core_path(namespace, "secrets", name))
 
     def create(self, manifest: Mapping[str, Any]) -> bool:
         kind = manifest["kind"]

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from . import rt
-from .core import GB, MIB, SMALL_CALLS, SMALL_WARMUP, Config, Figure, rates, time_repeated
+from .core import (GB, MIB, SMALL_CALLS, SMALL_WARMUP, Config, Figure, latency_samples, rates,
+                   time_repeated)
 from .procs import cpu_seconds, find_free_ports, run_group
 from .transport import SMALL_NUMEL
 
@@ -86,8 +87,8 @@ def _peer(rank: int, ports: list[int], cfg: Config, tls_dir: str,
     for kind, fn in calls.items():
         for mode in modes:  # warm every connection and cache
             time_repeated(lambda m=mode: fn(small[m]), 0, SMALL_WARMUP)
-        for _ in range(samples):
-            for mode in modes:
+        for i in range(samples):
+            for mode in modes[i % len(modes):] + modes[:i % len(modes)]:  # rotate the order
                 c0 = cpu()
                 secs = time_repeated(lambda m=mode: fn(small[m]), 0, per_sample)
                 out[f"cpu.{kind}.{mode}"] = out.get(f"cpu.{kind}.{mode}", 0.0) + cpu() - c0
@@ -107,6 +108,38 @@ def _peer(rank: int, ports: list[int], cfg: Config, tls_dir: str,
     return out
 
 
+def _compute_costs(samples: int) -> dict[str, list[float]]:
+    """Seconds of the work authentication adds, in this process without sockets' noise:
+    a gRPC call's proof (client) and its check (server); a data connection's handshake
+    (both sides, over a socketpair)."""
+    import socket
+    import threading
+
+    from pstrain_runtime import auth
+
+    every = auth.Credentials.from_token(TOKEN)
+    chief = every.only("chief")
+    guard = auth.ServerGuard(every)
+    method = "/pstrain.v1.ParameterServer/PushPullSmall"
+
+    def grpc_call() -> None:
+        guard.check(method, [(auth.METADATA_KEY, auth.grpc_proof(chief, method))])
+
+    connections = auth.ConnectionGuard(every)
+
+    def handshake() -> None:
+        a, b = socket.socketpair()
+        with a, b:
+            assert connections.may_start("bench")
+            server = threading.Thread(target=connections.admit, args=(a, "bench"))
+            server.start()
+            auth.offer_handshake(b, chief)
+            server.join()
+
+    return {"grpc_call": latency_samples(grpc_call, samples, calls=2000),
+            "handshake": latency_samples(handshake, samples, warmup=5, calls=200)}
+
+
 def run(cfg: Config) -> list[Figure]:
     import multiprocessing as mp
     import tempfile
@@ -120,7 +153,15 @@ def run(cfg: Config) -> list[Figure]:
         pids = mp.get_context("spawn").Array("i", 2)
         res = run_group(_peer, 2, args=(find_free_ports(len(modes)), cfg, tls_dir, pids),
                         timeout_s=cfg.item_time_limit_s)[1]
-    figs: list[Figure] = []
+    compute = _compute_costs(cfg.repeats)
+    figs: list[Figure] = [
+        Figure.of("auth.compute.grpc_call", "authentication work per gRPC call: the "
+                  "client's proof and the server's check (one process, no socket)", "us",
+                  [s * 1e6 for s in compute["grpc_call"]]),
+        Figure.of("auth.compute.handshake", "a data connection's handshake, both sides "
+                  "(socketpair; once per pooled connection, not per call)", "us",
+                  [s * 1e6 for s in compute["handshake"]]),
+    ]
     what = {"off": "without authentication", "auth": "with authentication",
             "tls": "with authentication over TLS"}
     for mode in modes:

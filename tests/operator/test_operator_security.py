@@ -234,3 +234,17 @@ def test_the_probe_trusts_the_ca_of_the_jobs_tls_secret() -> None:
     make_reconciler(kube, events, status).reconcile("ns", "j")
     probe = status.security[-1]
     assert probe is not None and probe.ca == b"PEM" and "worker" in probe.keys
+
+
+def test_security_cannot_change_under_running_pods() -> None:
+    kube, events, status = FakeKube(), Recorder(), FakeStatus()
+    kube.add_job(make_job().body())
+    op = make_reconciler(kube, events, status)
+    op.reconcile("ns", "j")
+    kube.jobs[("ns", "j")]["spec"]["security"] = {"authentication": False}
+    op.reconcile("ns", "j")
+    conditions = kube.jobs[("ns", "j")]["status"]["conditions"]
+    rejected = next(cond for cond in conditions if cond["type"] == "SpecChangeRejected")
+    assert rejected["status"] == "True"
+    assert rejected["message"].startswith("spec.security changed while pods built from the "
+                                          "previous spec are running (j-ps-0)")

@@ -29,6 +29,8 @@ class ProbeSecurity:
 
 
 FetchStatus = Callable[[str, float, ProbeSecurity | None], Mapping[str, Any] | None]
+# Ask PS 0 for a checkpoint; returns the step asked at, None when it cannot be reached.
+AskCheckpoint = Callable[[str, float, ProbeSecurity | None], int | None]
 FETCH_TIMEOUT_S = 1.0
 
 # Keys the runtime may use for each Progress field, first match wins.
@@ -47,21 +49,44 @@ def _no_status(address: str, timeout: float, security: ProbeSecurity | None) -> 
 def default_fetcher() -> FetchStatus:
     """The runtime's client when installed, else a fetcher that knows nothing."""
     try:
-        from pstrain_runtime.auth import Credentials
         from pstrain_runtime.status_client import fetch_job_status
-        from pstrain_runtime.tls import TrustedCa
     except ImportError:
         log.info("pstrain_runtime.status_client is not installed; progress is not reported")
         return _no_status
 
     def fetch(address: str, timeout: float,
               security: ProbeSecurity | None) -> Mapping[str, Any] | None:
-        security = security or ProbeSecurity()
-        return fetch_job_status(
-            address, timeout, credentials=Credentials(security.keys) if security.keys else None,
-            tls=TrustedCa(security.ca) if security.ca else None)
+        return fetch_job_status(address, timeout, **_secured(security))
 
     return fetch
+
+
+def _no_checkpoint(address: str, timeout: float, security: ProbeSecurity | None) -> None:
+    return None
+
+
+def _secured(security: ProbeSecurity | None) -> dict[str, Any]:
+    """The runtime client's keyword arguments for `security` (imports the runtime)."""
+    from pstrain_runtime.auth import Credentials
+    from pstrain_runtime.tls import TrustedCa
+
+    security = security or ProbeSecurity()
+    return {"credentials": Credentials(security.keys) if security.keys else None,
+            "tls": TrustedCa(security.ca) if security.ca else None}
+
+
+def default_asker() -> AskCheckpoint:
+    """The runtime's RequestCheckpoint client when installed, else one that reaches no one
+    (the operator then waits out its bound and goes on)."""
+    try:
+        from pstrain_runtime.status_client import request_checkpoint
+    except ImportError:
+        return _no_checkpoint
+
+    def ask(address: str, timeout: float, security: ProbeSecurity | None) -> int | None:
+        return request_checkpoint(address, timeout, **_secured(security))
+
+    return ask
 
 
 def progress_from_status(data: Mapping[str, Any] | None, now: datetime) -> Progress | None:

@@ -70,6 +70,14 @@ def worker_keys(secret: Mapping[str, Any]) -> dict[str, bytes]:
         return {}
 
 
+def stored_worker_keys(kube: Kube, job: TrainingJob) -> dict[str, bytes]:
+    """The worker key of the job's credentials Secret as it is ({} when the job has no
+    authentication or no Secret yet); never creates one."""
+    if not job.spec.security.authentication:
+        return {}
+    return worker_keys(kube.get_secret(job.namespace, security.secret_name(job.name)) or {})
+
+
 def ensure_auth_secret(kube: Kube, job: TrainingJob) -> dict[str, bytes]:
     """Make sure the job's credentials Secret exists (create it if absent); returns its
     worker key. Idempotent: a Secret that exists is used as it is."""

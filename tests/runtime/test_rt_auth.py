@@ -75,13 +75,17 @@ def sharded(ps: PSServer, credentials: auth.Credentials | None,
     return ShardedClient([transport(ps.address, credentials)], placement, NS)
 
 
-def state_of(ps: PSServer) -> tuple[int, list[float], bool]:
-    """(global step, w, serving) read with A's chief key."""
+def state_of(ps: PSServer) -> tuple[int, list[float], bool, bool, bool, str]:
+    """(global step, w, serving, done, checkpoint asked for, reported loss), read with A's
+    chief key."""
     client = sharded(ps, CHIEF_A)
     try:
         out = {"w": torch.empty(4)}
         step = client.pull(out)
-        return step, out["w"].tolist(), not ps.wait(0)
+        info = ps.store.info(NS, 0)
+        loss = repr(ps.store.job_status(NS).loss)  # nan when none yet: compare as text
+        return (step, out["w"].tolist(), not ps.wait(0), info.done,
+                info.checkpoint_requested, loss)
     finally:
         client.close()
 
@@ -115,6 +119,9 @@ CALLS: dict[str, Callable[[GrpcTransport], object]] = {
     "GetJobStatus": lambda t: t.channel.unary_unary(
         f"/{SERVICE}/GetJobStatus", pb.NamespaceRequest.SerializeToString,
         pb.JobStatus.FromString)(pb.NamespaceRequest(namespace=NS), timeout=5),
+    "RequestCheckpoint": lambda t: t.channel.unary_unary(
+        f"/{SERVICE}/RequestCheckpoint", pb.NamespaceRequest.SerializeToString,
+        pb.StepInfo.FromString)(pb.NamespaceRequest(namespace=NS), timeout=5),
 }
 DATA_CALLS = ("Push", "Init", "Pull", "PushPull", "PushPullSmall")
 

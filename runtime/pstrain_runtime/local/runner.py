@@ -31,17 +31,22 @@ from pstrain_api.cluster import local_cluster_spec, task_count
 from pstrain_api.events import parse_event
 from pstrain_api.model import TrainingJob
 
-from ..auth import write_replica_keys
+from ..auth import Credentials, load_credentials, write_replica_keys
+from ..status_client import request_checkpoint
 from .devices import ENV_VISIBLE, DeviceRequest, assign_gpus, visible_gpus
 from .metrics import Metrics, build_summary, fold
 from .processes import (DEFAULT_REPLICA_COMMAND, Line, ProcessTable, find_free_ports,
                         replica_environment)
 from .render import PlainReporter, Reporter, RichReporter, format_result
-from .supervisor import (Action, Begin, Finish, Interrupt, Kill, Notify, RunState, Settings,
+from .supervisor import (Action, AskCheckpoint, Begin, CheckpointUnanswered, Checkpointed,
+                         Finish, Interrupt, Kill, Notify, Progressed, RunState, Settings,
                          SpawnFailed, Start, Terminate, Tick, decide, effective_deadline,
                          initial_state)
 
 TICK_SECONDS = 0.1
+ASK_TIMEOUT_S = 2.0  # RequestCheckpoint on PS 0 at the deadline
+# Replica events that carry the global step (the stall watchdog's input).
+STEP_EVENTS = frozenset({"progress", "eval", "checkpoint", "restored", "done"})
 FAILURE_CONTEXT_LINES = 12
 
 
@@ -148,8 +153,10 @@ class _Executor:
     """Carries out supervisor actions: spawns, signals, prints."""
 
     def __init__(self, table: ProcessTable, reporter: Reporter, addresses: dict[str, str],
-                 command: Sequence[str], clock: Callable[[], float]):
+                 command: Sequence[str], clock: Callable[[], float],
+                 credentials: Credentials | None = None):
         self.table = table
+        self.credentials = credentials  # the worker key, for control calls to PS 0
         self.reporter = reporter
         self.addresses = addresses
         self.command = command
@@ -171,6 +178,10 @@ class _Executor:
                 if context:
                     context = [f"last output of {action.replica}:", *context]
             self.reporter.notice(action.level, action.text, context)
+        elif isinstance(action, AskCheckpoint):
+            ps0 = next(r.address for r in state.replicas if r.is_ps and r.index == 0)
+            if request_checkpoint(ps0, ASK_TIMEOUT_S, credentials=self.credentials) is None:
+                self.inbox.append(CheckpointUnanswered(self.clock()))
         elif isinstance(action, Finish):
             return action
         return None
@@ -196,6 +207,11 @@ class _Executor:
             return metrics
         metrics = fold(metrics, item.name, event)
         self.reporter.event(item.name, event, metrics)
+        step = event.get("step")
+        if event.get("event") in STEP_EVENTS and isinstance(step, int):
+            self.inbox.append(Progressed(step, self.clock()))  # the stall watchdog's input
+        if event.get("event") == "checkpoint" and isinstance(step, int):
+            self.inbox.append(Checkpointed(step, self.clock()))
         return metrics
 
 
@@ -234,8 +250,10 @@ def _run(job: TrainingJob, options: RunOptions, out: TextIO, log_stream: TextIO,
     table = ProcessTable(options.replica_command, environments, clock)
     metrics = Metrics(total_steps=job.spec.training.steps)
     reporter = _make_reporter(options, log_stream, names, job)
+    worker_key = (load_credentials({security.ENV_AUTH_DIR: str(key_dirs[security.KEY_WORKER])})
+                  if key_dirs else None)
     executor = _Executor(table, reporter, {r.name: r.address for r in state.replicas},
-                         options.replica_command, clock)
+                         options.replica_command, clock, worker_key)
 
     checkpoint_dir = job.spec.training.checkpoint.directory
     reporter.notice("info", f"job {job.name}: " + ", ".join(

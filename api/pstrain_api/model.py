@@ -425,6 +425,31 @@ class RunPolicy(ApiModel):
     )
 
 
+# --------------------------------------------------------------------------- security
+
+
+class Tls(ApiModel):
+    secret_name: str = Field(
+        min_length=1, max_length=253,
+        description="A kubernetes.io/tls Secret in the job's namespace (e.g. one that "
+        "cert-manager issues) with tls.crt, tls.key and ca.crt: the parameter servers "
+        "serve with tls.crt/tls.key, and every replica trusts only ca.crt.",
+    )
+
+
+class Security(ApiModel):
+    authentication: bool = Field(
+        default=True,
+        description="Every call to a parameter server proves the job's key (a Secret the "
+        "operator creates per job); only the chief may initialise, restore or stop the "
+        "servers. Turn off only on a network no one else can reach.",
+    )
+    tls: Tls | None = Field(
+        default=None,
+        description="Encrypt both parameter-server channels with TLS (off when unset).",
+    )
+
+
 # --------------------------------------------------------------------------- spec & status
 
 
@@ -433,6 +458,11 @@ class TrainingJobSpec(ApiModel):
     training: Training = Field(default_factory=Training, description="The training run.")
     run_policy: RunPolicy = Field(
         default_factory=RunPolicy, description="Restarts, deadlines and clean-up."
+    )
+    security: Security = Field(
+        default_factory=Security,
+        description="Authentication (on by default) and TLS (opt-in) of the job's "
+        "parameter-server channels.",
     )
 
 

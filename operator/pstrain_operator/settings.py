@@ -14,6 +14,11 @@ Every setting is an environment variable (what the Helm chart sets) and a flag o
 | PSTRAIN_OPERATOR_LEADER_ELECTION     | --leader-election     | false                   |
 | PSTRAIN_OPERATOR_JOB_POD_SECURITY    | --job-pod-security    | restricted              |
 | PSTRAIN_OPERATOR_PROGRESS_INTERVAL   | --progress-interval   | 10 (seconds, 1 to 30)   |
+| PSTRAIN_OPERATOR_JOB_NETWORK_POLICY  | --job-network-policy  | true                    |
+| PSTRAIN_OPERATOR_NAMESPACE           | (downward API)        | "" (unknown)            |
+
+PSTRAIN_OPERATOR_NAMESPACE is the operator's own namespace (the chart sets it from the
+pod's metadata); a job's NetworkPolicy admits the progress probe from it.
 
 The last one is optional tuning (how often training progress is refreshed while a job
 runs); the others are the chart's contract.
@@ -38,6 +43,8 @@ ENV_LOG_LEVEL = "PSTRAIN_OPERATOR_LOG_LEVEL"
 ENV_LEADER_ELECTION = "PSTRAIN_OPERATOR_LEADER_ELECTION"
 ENV_JOB_POD_SECURITY = "PSTRAIN_OPERATOR_JOB_POD_SECURITY"
 ENV_PROGRESS_INTERVAL = "PSTRAIN_OPERATOR_PROGRESS_INTERVAL"
+ENV_JOB_NETWORK_POLICY = "PSTRAIN_OPERATOR_JOB_NETWORK_POLICY"
+ENV_OPERATOR_NAMESPACE = "PSTRAIN_OPERATOR_NAMESPACE"
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 PodSecurity = Literal["restricted", "none"]
@@ -68,6 +75,8 @@ class OperatorSettings:
     leader_election: bool = False
     job_pod_security: PodSecurity = "restricted"
     progress_interval: float = 10.0
+    job_network_policy: bool = True
+    operator_namespace: str = ""
 
     @property
     def clusterwide(self) -> bool:
@@ -133,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--job-pod-security", help=f"restricted: job pods get a restrictive "
                         f"securityContext unless their template sets one; none: no default. "
                         f"[{ENV_JOB_POD_SECURITY}]")
+    parser.add_argument("--job-network-policy", help=f"true: a NetworkPolicy per job admits "
+                        f"traffic to its parameter servers only from its own pods (and the "
+                        f"operator). [{ENV_JOB_NETWORK_POLICY}]")
     parser.add_argument("--progress-interval", help=f"Seconds between training-progress "
                         f"refreshes while a job runs, 1 to 30. [{ENV_PROGRESS_INTERVAL}]")
     return parser
@@ -177,7 +189,11 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> OperatorSe
     if not 1 <= interval <= 30:
         raise SettingsError(f"{name} is {raw}; it must be between 1 and 30 seconds (progress "
                             "is refreshed at least every 30 s).")
+    name, raw = pick(args.job_network_policy, ENV_JOB_NETWORK_POLICY, "true")
+    network_policy = _bool(name, raw)
     return OperatorSettings(
+        job_network_policy=network_policy,
+        operator_namespace=environ.get(ENV_OPERATOR_NAMESPACE, "").strip(),
         namespaces=namespaces,
         progress_interval=interval,
         runtime_image=image,

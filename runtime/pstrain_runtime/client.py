@@ -27,7 +27,8 @@ import grpc
 import numpy as np
 import torch
 
-from . import dataplane, wire
+from . import auth, dataplane, wire
+from .tls import TlsFiles
 from .optim import SLOT_NAMES, OptimizerConfig, OptimizerState
 from .placement import Piece, Placement
 from .proto import ps_pb2 as pb
@@ -96,9 +97,12 @@ def _ps_error(exc: grpc.RpcError, address: str) -> PSError:
 class GrpcTransport:
     """A parameter server at `address` over gRPC (raw-bytes frame streams)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, credentials: auth.Credentials | None = None,
+                 tls: TlsFiles | None = None) -> None:
         self.address = address
-        self.channel = grpc.insecure_channel(address, options=list(wire.GRPC_OPTIONS))
+        self.credentials = credentials  # proven on every call (None: authentication off)
+        self.tls = tls  # None: plain TCP
+        self.channel = auth.client_channel(address, credentials, list(wire.GRPC_OPTIONS), tls)
         m = f"/{SERVICE}/"
         self._push = self.channel.stream_unary(m + "Push", request_serializer=None,
                                                response_deserializer=pb.PushReply.FromString)
@@ -174,8 +178,9 @@ class TcpTransport(GrpcTransport):
     reply, asked once and again after a data connection failed (a restarted server may
     listen elsewhere); a server that announces none gets every call over gRPC."""
 
-    def __init__(self, address: str) -> None:
-        super().__init__(address)
+    def __init__(self, address: str, credentials: auth.Credentials | None = None,
+                 tls: TlsFiles | None = None) -> None:
+        super().__init__(address, credentials, tls)
         self._data: dataplane.DataClient | None = None
         self._data_known = False
         self._data_lock = threading.Lock()
@@ -189,7 +194,9 @@ class TcpTransport(GrpcTransport):
                 port = super().info("").data_port  # raises UNAVAILABLE while it is down
                 if port:
                     self._data = dataplane.DataClient(
-                        self.address, dataplane.split_host(self.address), port)
+                        self.address, dataplane.split_host(self.address), port,
+                        credentials=self.credentials,
+                        tls_context=self.tls and self.tls.client_context())
                 self._data_known = True
             return self._data
 
@@ -233,13 +240,16 @@ class TcpTransport(GrpcTransport):
         super().close()
 
 
-def connect(address: str, transport: str = "tcp") -> Transport:
+def connect(address: str, transport: str = "tcp",
+            credentials: auth.Credentials | None = None,
+            tls: TlsFiles | None = None) -> Transport:
     """The transport to a parameter server at `address`, as `spec.training.transport`
-    names it: "tcp" (`TcpTransport`) or "grpc" (`GrpcTransport`, tensors over gRPC)."""
+    names it: "tcp" (`TcpTransport`) or "grpc" (`GrpcTransport`, tensors over gRPC),
+    proving `credentials` on every call (see `auth`), over TLS with `tls`."""
     if transport == "grpc":
-        return GrpcTransport(address)
+        return GrpcTransport(address, credentials, tls)
     if transport == "tcp":
-        return TcpTransport(address)
+        return TcpTransport(address, credentials, tls)
     raise ValueError(f"transport is {transport!r}; it must be tcp or grpc")
 
 

@@ -85,7 +85,7 @@ BAD = [
                  "replicas, resources, template.", id="unknown-field-typo"),
     pytest.param(job().set("spec.foo", 1).build(),
                  "spec.foo is not a known field; known fields here are: replicas, runPolicy, "
-                 "training.", id="unknown-spec-field"),
+                 "security, training.", id="unknown-spec-field"),
     pytest.param(job().ps(1, gpus=1).build(),
                  "spec.replicas.ps.gpus is 1; parameter servers keep parameters and optimizer "
                  "state on the CPU, so a parameter server may not request GPUs.",

@@ -4,9 +4,6 @@ over one or two servers; two workers train; bad pushes are refused on the server
 
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 import torch
 
@@ -30,36 +27,8 @@ def one_thread() -> None:
     torch.set_num_threads(1)
 
 
-def run(job, transports, num_workers: int = 1, **trainer_kw) -> list[Trainer]:
-    trainers = [Trainer(job, WorkerRole("ns", w, num_workers), transports,
-                        emit=lambda *a, **k: None, progress_interval=0.05,
-                        task=sparse_tasks.make_task(), **trainer_kw)
-                for w in range(num_workers)]
-    errors: list[BaseException] = []
-
-    def go(trainer: Trainer) -> None:
-        try:
-            trainer.run()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test
-            errors.append(exc)
-
-    threads = [threading.Thread(target=go, args=(t,), daemon=True) for t in reversed(trainers)]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + 90
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    if any(t.is_alive() for t in threads):
-        for transport in transports:
-            store = getattr(transport, "store", None)
-            if store is not None:
-                store.stop()
-        raise AssertionError("a trainer did not finish within 90 s")
-    for trainer in trainers:
-        trainer.close()
-    if errors:
-        raise errors[0]
-    return trainers
+def run(job, transports, num_workers: int = 1, **kw) -> list[Trainer]:
+    return sparse_tasks.run_job(job, transports, num_workers, **kw)
 
 
 def reference(config: OptimizerConfig, steps: int, seed: int) -> sparse_tasks.Net:

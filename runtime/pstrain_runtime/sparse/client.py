@@ -132,9 +132,10 @@ class SparseClient:
         return total
 
     def export(self, ps: int, spec: TableSpec, slots: Sequence[str],
-               page_rows: int = EXPORT_ROWS) -> Iterator[RowBlock]:
-        """Server `ps`'s rows of a table, page by page."""
+               page_rows: int | None = None) -> Iterator[RowBlock]:
+        """Server `ps`'s rows of a table, page by page (EXPORT_ROWS rows at most)."""
         dim = spec.embedding_dim
+        page_rows = page_rows or EXPORT_ROWS
         start = 0
         while True:
             reply, frames = self._call(ps, {"op": "export", "table": spec.name,

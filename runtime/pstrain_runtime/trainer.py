@@ -341,6 +341,16 @@ class Trainer:
         except PSError as exc:  # status is best effort; training goes on
             print(f"pstrain: could not report status to parameter server 0: {exc}", flush=True)
 
+    def _table_fields(self) -> dict[str, Any]:
+        """Sparse tables' live rows and memory for an event (best effort, like status)."""
+        if self.sparse is None:
+            return {}
+        try:
+            return self.sparse.progress_fields()
+        except PSError as exc:
+            print(f"pstrain: could not read the sparse tables' size: {exc}", flush=True)
+            return {}
+
     def _evaluate(self) -> dict[str, float]:
         self.model.eval()
         try:
@@ -570,7 +580,7 @@ class Trainer:
                 if now - last_progress >= self.progress_interval:
                     avg = sum(window_loss) / len(window_loss)
                     self.emit("progress", step=gstep, loss=round(avg, 6),
-                              samples_per_sec=round(rate, 1))
+                              samples_per_sec=round(rate, 1), **self._table_fields())
                     self._report(loss=avg, samples_per_sec=rate)
                     window_loss.clear()
                     last_progress = now
@@ -624,7 +634,8 @@ class Trainer:
         self.emit("done", step=gstep, loss=result.loss,
                   accuracy=result.metrics.get("accuracy"),
                   samples_per_sec=round(result.samples_per_sec, 1),
-                  wall_seconds=round(result.wall_seconds, 3), lost_steps=self.lost_steps)
+                  wall_seconds=round(result.wall_seconds, 3), lost_steps=self.lost_steps,
+                  **self._table_fields())
         self._retry(self.client.finish)
         return result
 

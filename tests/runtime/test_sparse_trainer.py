@@ -73,8 +73,14 @@ def test_two_workers_train_sparse_tables_over_two_servers(mode: str) -> None:
     job = training(steps=30, batchSize=BATCH, mode=mode,
                    optimizer={"name": "adagrad", "learningRate": 0.1}, stalenessBound=1)
     stores = [ParameterStore(i) for i in range(2)]
-    chief = run(job, [LocalTransport(s) for s in stores], num_workers=2)[0]
+    events = sparse_tasks.Events()
+    run(job, [LocalTransport(s) for s in stores], num_workers=2, emit=events)
     assert stores[0].info("ns").global_step == 30
+    done = events.of("done")[0]  # the chief reports the tables' size
+    assert done["sparse_tables"]["items"]["rows"] == sparse_tasks.ITEMS // 4
+    assert done["sparse_rows"] == sum(t["rows"] for t in done["sparse_tables"].values())
+    assert done["sparse_bytes"] > done["sparse_rows"] * 4 * (sparse_tasks.TAG_DIM * 2)
+    assert all("sparse_rows" in e for e in events.of("progress"))
     stats = SparseClient([LocalTransport(s) for s in stores], "ns").stats()
     assert stats["items"]["rows"] == sparse_tasks.ITEMS // 4  # only touched ids have rows
     assert stats["tags"]["rows"] == len(sparse_tasks.all_tag_ids())

@@ -106,6 +106,8 @@ class JobReport:
     checkpoint_time: float = 0.0
     target_steps: int = 0
     updated_time: float = 0.0
+    sparse_rows: int = -1  # -1: no sparse tables
+    sparse_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -660,6 +662,8 @@ class ParameterStore:
                 r.checkpoint_path = report.checkpoint_path
                 r.checkpoint_time = report.checkpoint_time
             r.target_steps = report.target_steps or r.target_steps
+            if report.sparse_rows >= 0 and (report.sparse_rows or report.sparse_bytes):
+                r.sparse_rows, r.sparse_bytes = report.sparse_rows, report.sparse_bytes
             r.updated_time = time.time()
 
     def job_status(self, namespace: str) -> pb.JobStatus:
@@ -683,7 +687,8 @@ class ParameterStore:
                 checkpoint_path=r.checkpoint_path, checkpoint_time=r.checkpoint_time,
                 has_checkpoint=r.checkpoint_step is not None, done=ns.done,
                 target_steps=r.target_steps, initialized=ns.initialized,
-                updated_time=r.updated_time,
+                updated_time=r.updated_time, sparse_rows=r.sparse_rows,
+                sparse_bytes=r.sparse_bytes,
             )
 
     def workers_informed(self) -> bool:

@@ -328,7 +328,8 @@ class Trainer:
 
     def _report(self, *, loss: float | None = None, samples_per_sec: float = 0.0,
                 accuracy: float | None = None,
-                checkpoint: tuple[int, str, float] | None = None) -> None:
+                checkpoint: tuple[int, str, float] | None = None,
+                tables: Mapping[str, Any] | None = None) -> None:
         report = pb.StatusReport(
             loss=loss if loss is not None else math.nan, samples_per_sec=samples_per_sec,
             eval_accuracy=accuracy if accuracy is not None else math.nan,
@@ -336,6 +337,8 @@ class Trainer:
             target_steps=self.training.steps)
         if checkpoint is not None:
             report.checkpoint_step, report.checkpoint_path, report.checkpoint_time = checkpoint
+        if tables:
+            report.sparse_rows, report.sparse_bytes = tables["sparse_rows"], tables["sparse_bytes"]
         try:
             self.client.report(report)
         except PSError as exc:  # status is best effort; training goes on
@@ -579,9 +582,10 @@ class Trainer:
                 rate = (gstep - start_step) * samples_per_step / elapsed
                 if now - last_progress >= self.progress_interval:
                     avg = sum(window_loss) / len(window_loss)
+                    tables = self._table_fields()
                     self.emit("progress", step=gstep, loss=round(avg, 6),
-                              samples_per_sec=round(rate, 1), **self._table_fields())
-                    self._report(loss=avg, samples_per_sec=rate)
+                              samples_per_sec=round(rate, 1), **tables)
+                    self._report(loss=avg, samples_per_sec=rate, tables=tables)
                     window_loss.clear()
                     last_progress = now
                 if self.ckpt_store is not None and gstep >= next_ckpt and gstep < training.steps:
@@ -629,13 +633,14 @@ class Trainer:
         self.emit("eval", step=gstep, **result.metrics)
         if self.ckpt_store is not None and self.last_ckpt_step != gstep:
             self._save_checkpoint()
+        tables = self._table_fields()
         self._report(loss=result.loss, samples_per_sec=result.samples_per_sec,
-                     accuracy=result.metrics.get("accuracy"))
+                     accuracy=result.metrics.get("accuracy"), tables=tables)
         self.emit("done", step=gstep, loss=result.loss,
                   accuracy=result.metrics.get("accuracy"),
                   samples_per_sec=round(result.samples_per_sec, 1),
                   wall_seconds=round(result.wall_seconds, 3), lost_steps=self.lost_steps,
-                  **self._table_fields())
+                  **tables)
         self._retry(self.client.finish)
         return result
 

@@ -81,6 +81,9 @@ def test_two_workers_train_sparse_tables_over_two_servers(mode: str) -> None:
     assert done["sparse_rows"] == sum(t["rows"] for t in done["sparse_tables"].values())
     assert done["sparse_bytes"] > done["sparse_rows"] * 4 * (sparse_tasks.TAG_DIM * 2)
     assert all("sparse_rows" in e for e in events.of("progress"))
+    status = stores[0].job_status("ns")  # what the operator reads
+    assert (status.sparse_rows, status.sparse_bytes) == (done["sparse_rows"],
+                                                         done["sparse_bytes"])
     stats = SparseClient([LocalTransport(s) for s in stores], "ns").stats()
     assert stats["items"]["rows"] == sparse_tasks.ITEMS // 4  # only touched ids have rows
     assert stats["tags"]["rows"] == len(sparse_tasks.all_tag_ids())

@@ -12,6 +12,7 @@ from pstrain_runtime.optim import OptimizerConfig, torch_optimizer
 from pstrain_runtime.sparse.client import SparseClient
 from pstrain_runtime.sparse.protocol import encode
 from pstrain_runtime.server import PSServer
+from pstrain_runtime.status_client import status_to_dict
 from pstrain_runtime.store import ParameterStore, PSError
 from pstrain_runtime.trainer import Trainer, WorkerRole
 
@@ -81,9 +82,9 @@ def test_two_workers_train_sparse_tables_over_two_servers(mode: str) -> None:
     assert done["sparse_rows"] == sum(t["rows"] for t in done["sparse_tables"].values())
     assert done["sparse_bytes"] > done["sparse_rows"] * 4 * (sparse_tasks.TAG_DIM * 2)
     assert all("sparse_rows" in e for e in events.of("progress"))
-    status = stores[0].job_status("ns")  # what the operator reads
-    assert (status.sparse_rows, status.sparse_bytes) == (done["sparse_rows"],
-                                                         done["sparse_bytes"])
+    status = status_to_dict(stores[0].job_status("ns"))  # what the operator reads
+    assert (status["sparse_rows"], status["sparse_bytes"]) == (done["sparse_rows"],
+                                                               done["sparse_bytes"])
     stats = SparseClient([LocalTransport(s) for s in stores], "ns").stats()
     assert stats["items"]["rows"] == sparse_tasks.ITEMS // 4  # only touched ids have rows
     assert stats["tags"]["rows"] == len(sparse_tasks.all_tag_ids())

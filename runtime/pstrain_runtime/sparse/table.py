@@ -183,7 +183,8 @@ class RowTable:
 
     def _take_rows(self, count: int) -> torch.Tensor:
         reuse = min(count, len(self.free))
-        taken = [self.free.pop() for _ in range(reuse)]
+        taken = self.free[len(self.free) - reuse:]
+        del self.free[len(self.free) - reuse:]
         fresh = count - reuse
         if self.used + fresh > self.capacity:
             self._grow(self.used + fresh)
@@ -195,12 +196,13 @@ class RowTable:
     def _create(self, ids: torch.Tensor, now: int) -> torch.Tensor:
         """Rows for `ids` (unique, absent), set to their initial values."""
         where = self._take_rows(int(ids.numel()))
-        self.rows[where] = idrule.initial_rows(ids, self.dim, self.spec.init_std, self.stream)
+        self.rows.index_copy_(0, where, idrule.initial_rows(ids, self.dim, self.spec.init_std,
+                                                            self.stream))
         fill = self.spec.optimizer.initial_accumulator_value  # type: ignore[union-attr]
         for name, tensor in self.slots.items():
-            tensor[where] = fill if name == "sum" else 0.0
-        self.last[where] = now
-        self.owner[where] = ids
+            tensor.index_fill_(0, where, fill if name == "sum" else 0.0)
+        self.last.index_fill_(0, where, now)
+        self.owner.index_copy_(0, where, ids)
         self.index.put(ids.numpy(), where.numpy())
         return where
 
@@ -217,7 +219,8 @@ class RowTable:
             there = where >= 0
             if bool(there.all()):
                 return torch.index_select(self.rows, 0, where, out=out)
-            out[there] = self.rows[where[there]]
+            present = torch.nonzero(there).reshape(-1)
+            out.index_copy_(0, present, self.rows.index_select(0, where[present]))
         absent = ~there
         out[absent] = idrule.initial_rows(ids[absent], self.dim, self.spec.init_std,
                                           self.stream)
@@ -236,13 +239,14 @@ class RowTable:
             if bool(absent.any()):
                 where[absent] = self._create(ids[absent], now)
             if where.numel():
-                rows = self.rows[where]
-                slots = {name: t_[where] for name, t_ in self.slots.items()}
+                # Gather the rows and their state, update them, scatter them back.
+                rows = self.rows.index_select(0, where)
+                slots = {name: t_.index_select(0, where) for name, t_ in self.slots.items()}
                 apply_rows(self.spec.optimizer, rows, grads, slots, t)  # type: ignore[arg-type]
-                self.rows[where] = rows
+                self.rows.index_copy_(0, where, rows)
                 for name, value in slots.items():
-                    self.slots[name][where] = value
-                self.last[where] = now
+                    self.slots[name].index_copy_(0, where, value)
+                self.last.index_fill_(0, where, now)
             self._maybe_sweep(now)
             return int(where.numel())
 

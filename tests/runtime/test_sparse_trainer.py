@@ -4,6 +4,8 @@ over one or two servers; two workers train; bad pushes are refused on the server
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -28,7 +30,7 @@ def one_thread() -> None:
     torch.set_num_threads(1)
 
 
-def run(job, transports, num_workers: int = 1, **kw) -> list[Trainer]:
+def run(job, transports, num_workers: int = 1, **kw: Any) -> list[Trainer]:
     return sparse_tasks.run_job(job, transports, num_workers, **kw)
 
 
@@ -159,3 +161,35 @@ def test_one_worker_over_real_servers_and_calls_split_by_size(transport: str) ->
     finally:
         for server in servers:
             server.stop(0)
+
+
+def test_admission_and_eviction_on_the_servers() -> None:
+    job = training(steps=1, batchSize=4, mode="async", optimizer={"name": "sgd"})
+    stores = [ParameterStore(i) for i in range(2)]
+    run(job, [LocalTransport(s) for s in stores],
+        table_options={"admit_after": 2, "evict_after_steps": 4})
+    for store in stores:  # reopen the finished job: pushes after its end are not applied
+        store.namespace("ns").done = False
+    client = SparseClient([LocalTransport(s) for s in stores], "ns")
+    try:
+        spec = table_spec(stores, "tags")
+        before = client.stats()["tags"]["rows"]
+        new = torch.tensor([(1 << 50) + 11, (1 << 50) + 12])  # ids never seen
+        initial = client.pull(spec, new)
+        client.push({"tags": (new, torch.ones(2, spec.embedding_dim))}, 0, [0, 0])
+        assert client.stats()["tags"]["rows"] == before  # seen once: not admitted
+        assert torch.equal(client.pull(spec, new), initial)
+        client.push({"tags": (new, torch.ones(2, spec.embedding_dim))}, 0, [0, 0])
+        assert client.stats()["tags"]["rows"] == before + 2  # admitted, and updated
+        torch.testing.assert_close(client.pull(spec, new), initial - 0.1)
+        # Ten steps later only rows updated since then are left.
+        for store in stores:
+            store.namespace("ns").global_step += 10
+        client.push({"tags": (new, torch.ones(2, spec.embedding_dim))}, 0, [0, 0])
+        assert client.stats()["tags"]["rows"] == 2
+    finally:
+        client.close()
+
+
+def table_spec(stores: list[ParameterStore], name: str) -> Any:
+    return stores[0].namespace("ns").sparse.tables[name].spec

@@ -13,9 +13,10 @@ Invariants:
 - Every method takes the table's lock; `apply` validates nothing (the caller has).
 
 Storage is a row block [capacity, dim] per tensor (rows and each optimizer slot),
-grown by doubling, plus an open-addressing hash map from id to row index held in
-numpy arrays (about 32 bytes per row at the load factor kept), so lookups and inserts
-of a batch's ids are vectorised.
+grown by half when full, 16 bytes of bookkeeping per row (its id, its last update),
+plus an open-addressing hash map from id to row index held in numpy arrays (16 bytes
+per entry at a load of 0.25 to 0.5: 32 to 64 bytes per row), so lookups and inserts of
+a batch's ids are vectorised.
 """
 
 from __future__ import annotations
@@ -108,8 +109,8 @@ class IdIndex:
         self.size += len(keys)
 
     def _rebuild(self, keys: np.ndarray, vals: np.ndarray) -> None:
-        capacity = max(MIN_CAPACITY, int(len(keys) / MAX_LOAD) + 1)
-        fresh = IdIndex(2 * capacity)
+        # A power of two above len / MAX_LOAD: the load is 0.25..0.5 after a rebuild.
+        fresh = IdIndex(max(MIN_CAPACITY, int(len(keys) / MAX_LOAD) + 1))
         fresh._insert(keys, vals)
         self.keys, self.vals, self.size = fresh.keys, fresh.vals, fresh.size
 
@@ -166,7 +167,7 @@ class RowTable:
     def _grow(self, need: int) -> None:
         capacity = max(MIN_CAPACITY, self.capacity)
         while capacity < need:
-            capacity *= 2
+            capacity = capacity * 3 // 2
         if capacity == self.capacity:
             return
 

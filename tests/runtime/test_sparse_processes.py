@@ -22,19 +22,9 @@ def test_killed_ps_gets_its_table_rows_back_and_the_job_finishes(tmp_path: Path)
                           optimizer={"name": "adagrad", "learningRate": 0.1},
                           checkpoint={"intervalSteps": 20})
                 .build())
-    run = ProcessJob(manifest, tmp_path)
-    try:
-        run.start()
-        ckpt = run.chief.wait_event(lambda e: e["event"] == "checkpoint" and e["step"] >= 40,
-                                    timeout=150)
-        run.ps(1).kill()
-        run.ps(1).start()
-        restored = run.chief.wait_event(lambda e: e["event"] == "restored", timeout=120)
-        done = run.chief.wait_event(lambda e: e["event"] == "done", timeout=180)
-        codes = run.wait_all(timeout=60)
-    finally:
-        run.stop_all()
-    assert restored["step"] >= ckpt["step"]
+    ended = ProcessJob(manifest, tmp_path).kill_ps_after_checkpoint(1, step=40)
+    restored, done, codes = ended["restored"], ended["done"], ended["codes"]
+    assert restored["step"] >= ended["checkpoint"]["step"]
     # every kept checkpoint has its rows beside it, and no other rows are left
     kept = sorted(p.name.removesuffix(".pt") for p in tmp_path.glob("ckpt-*.pt"))
     assert sorted(p.name.removesuffix(".sparse") for p in tmp_path.glob("ckpt-*.sparse")) == kept

@@ -16,7 +16,7 @@ from pstrain_runtime.sparse.protocol import encode
 from pstrain_runtime.server import PSServer
 from pstrain_runtime.status_client import status_to_dict
 from pstrain_runtime.store import ParameterStore, PSError
-from pstrain_runtime.trainer import Trainer, WorkerRole
+from pstrain_runtime.trainer import Trainer
 
 from . import sparse_tasks
 from .builders import training

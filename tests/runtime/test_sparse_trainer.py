@@ -16,7 +16,7 @@ from pstrain_runtime.sparse.protocol import encode
 from pstrain_runtime.server import PSServer
 from pstrain_runtime.status_client import status_to_dict
 from pstrain_runtime.store import ParameterStore, PSError
-from pstrain_runtime.trainer import Trainer
+from pstrain_runtime.trainer import Trainer, WorkerRole
 
 from . import sparse_tasks
 from .builders import training
@@ -193,3 +193,15 @@ def test_admission_and_eviction_on_the_servers() -> None:
 
 def table_spec(stores: list[ParameterStore], name: str) -> Any:
     return stores[0].namespace("ns").sparse.tables[name].spec
+
+
+def test_a_job_optimizer_without_a_row_wise_form_needs_a_table_optimizer() -> None:
+    job = training(steps=1, optimizer={"name": "momentum", "learningRate": 0.1})
+    with pytest.raises(ValueError, match="optimizer 'momentum' has no row-wise form; sparse "
+                                         "tables use one of"):
+        Trainer(job, WorkerRole("ns", 0, 1), [LocalTransport(ParameterStore())],
+                task=sparse_tasks.make_task())
+    trainer = Trainer(job, WorkerRole("ns", 0, 1), [LocalTransport(ParameterStore())],
+                      task=sparse_tasks.make_task({"optimizer": {"name": "adagrad"}}))
+    assert trainer.sparse.specs["items"].optimizer.name == "adagrad"
+    trainer.close()

@@ -81,7 +81,10 @@ class IdIndex:
         pos = self.find(keys)
         there = pos >= 0
         self.vals[pos[there]] = vals[there]
-        new_keys, new_vals = keys[~there], vals[~there]
+        self.add(keys[~there], vals[~there])
+
+    def add(self, new_keys: np.ndarray, new_vals: np.ndarray) -> None:
+        """Insert keys that are unique and absent (the caller knows)."""
         if len(new_keys) == 0:
             return
         if (self.size + len(new_keys)) > MAX_LOAD * len(self.keys):
@@ -204,7 +207,7 @@ class RowTable:
             tensor.index_fill_(0, where, fill if name == "sum" else 0.0)
         self.last.index_fill_(0, where, now)
         self.owner.index_copy_(0, where, ids)
-        self.index.put(ids.numpy(), where.numpy())
+        self.index.add(ids.numpy(), where.numpy())
         return where
 
     def _where(self, ids: torch.Tensor) -> torch.Tensor:

@@ -205,3 +205,18 @@ def test_a_job_optimizer_without_a_row_wise_form_needs_a_table_optimizer() -> No
                       task=sparse_tasks.make_task({"optimizer": {"name": "adagrad"}}))
     assert trainer.sparse.specs["items"].optimizer.name == "adagrad"
     trainer.close()
+
+
+def test_export_pages_stay_under_the_call_size_limit() -> None:
+    job = training(steps=3, batchSize=16, mode="sync")
+    stores = [ParameterStore()]
+    run(job, [LocalTransport(s) for s in stores])
+    client = SparseClient([LocalTransport(stores[0])], "ns", max_call_bytes=(4 * 8 + 8) * 3)
+    try:
+        spec = table_spec(stores, "items")  # 8 values a row: 3 rows a page here
+        pages = list(client.export(0, spec, ()))
+    finally:
+        client.close()
+    assert len(pages) >= 3 and all(len(p.ids) <= 3 for p in pages)
+    assert sum(len(p.ids) for p in pages) == stores[0].namespace("ns").sparse.tables[
+        "items"].stats().rows

@@ -115,7 +115,7 @@ class SparseClient:
     # ------------------------------------------------------------------ chief
     def configure(self, specs: Sequence[TableSpec], reset: bool,
                   only: Sequence[int] | None = None) -> None:
-        header = {"op": "configure", "reset": reset,
+        header = {"op": "configure", "reset": reset, "num_ps": self.num_ps,
                   "tables": [spec.to_json() for spec in specs]}
         self._each(lambda ps: self._call(ps, header),
                    list(range(self.num_ps)) if only is None else list(only))

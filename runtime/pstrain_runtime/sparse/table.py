@@ -13,7 +13,8 @@ Invariants:
 - Every method takes the table's lock; `apply` validates nothing (the caller has).
 
 Storage is a row block [capacity, dim] per tensor (rows and each optimizer slot),
-grown by half when full, 16 bytes of bookkeeping per row (its id, its last update),
+grown by half when full (or reserved up front for the expected shard of a fixed-size
+table), 16 bytes of bookkeeping per row (its id, its last update),
 plus an open-addressing hash map from id to row index held in numpy arrays (16 bytes
 per entry at a load of 0.25 to 0.5: 32 to 64 bytes per row), so lookups and inserts of
 a batch's ids are vectorised.
@@ -147,7 +148,9 @@ class RowBlock:
 class RowTable:
     """One shard of one table; `spec.optimizer` must be set (the row optimizer)."""
 
-    def __init__(self, spec: TableSpec) -> None:
+    def __init__(self, spec: TableSpec, reserve: int = 0) -> None:
+        """`reserve`: rows to allocate up front (the expected shard of a fixed-size
+        table; allocated, not touched, so it saves growing without costing memory)."""
         if spec.optimizer is None:
             raise ValueError(f"sparse table {spec.name!r} has no optimizer")
         self.spec = spec
@@ -165,24 +168,29 @@ class RowTable:
         self.used = 0  # rows ever handed out (high-water mark)
         self.free: list[int] = []
         self.last_sweep = 0
+        if reserve:
+            self._grow(reserve)
 
     # ------------------------------------------------------------------ storage
     def _grow(self, need: int) -> None:
+        """Room for `need` rows. New blocks are allocated, not filled: the pages past
+        the rows in use are never written, so the OS maps them only once rows arrive
+        (a reserved, mostly untouched shard costs no resident memory)."""
         capacity = max(MIN_CAPACITY, self.capacity)
         while capacity < need:
             capacity = capacity * 3 // 2
         if capacity == self.capacity:
             return
 
-        def grown(old: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
-            new = torch.full((capacity, *old.shape[1:]), fill, dtype=old.dtype)
-            new[:len(old)] = old
+        def grown(old: torch.Tensor) -> torch.Tensor:
+            new = torch.empty((capacity, *old.shape[1:]), dtype=old.dtype)
+            new[:self.used] = old[:self.used]
             return new
 
         self.rows = grown(self.rows)
         self.slots = {name: grown(t) for name, t in self.slots.items()}
         self.last = grown(self.last)
-        self.owner = grown(self.owner, EMPTY)
+        self.owner = grown(self.owner)
         self.capacity = capacity
 
     def _take_rows(self, count: int) -> torch.Tensor:
@@ -291,8 +299,10 @@ class RowTable:
     # ------------------------------------------------------------------ whole table
     def stats(self) -> TableStats:
         with self.lock:
-            tensors = [self.rows, self.last, self.owner, *self.slots.values()]
-            held = sum(t.numel() * t.element_size() for t in tensors) + self.index.nbytes
+            # Rows past `used` were never written (see `_grow`): they hold no memory.
+            per_row = (self.dim * 4 * (1 + len(self.slots))
+                       + self.last.element_size() + self.owner.element_size())
+            held = self.used * per_row + self.index.nbytes
             if self.seen is not None:
                 held += self.seen.nbytes
             return TableStats(rows=self.index.size, bytes=int(held))

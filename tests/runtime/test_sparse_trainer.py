@@ -34,14 +34,17 @@ def run(job, transports, num_workers: int = 1, **kw: Any) -> list[Trainer]:
     return sparse_tasks.run_job(job, transports, num_workers, **kw)
 
 
-def reference(config: OptimizerConfig, steps: int, seed: int) -> sparse_tasks.Net:
+def reference(config: OptimizerConfig, steps: int, seed: int,
+              num_workers: int = 1) -> sparse_tasks.Net:
+    """The plain loop; with several workers, each step's gradient is the mean of the
+    workers' gradients (what sync mode computes)."""
     model = sparse_tasks.Net(reference=True, tag_ids=sparse_tasks.all_tag_ids(), seed=seed)
     opt = torch_optimizer(config, list(model.parameters()))
-    data = sparse_tasks.batches(0, 1, BATCH, seed)
+    data = [sparse_tasks.batches(w, num_workers, BATCH, seed) for w in range(num_workers)]
     for _ in range(steps):
-        x, y = next(data)
         opt.zero_grad()
-        sparse_tasks.loss(model(x), y).backward()
+        losses = [sparse_tasks.loss(model(x), y) for x, y in (next(d) for d in data)]
+        (sum(losses) / num_workers).backward()
         opt.step()
     return model
 
@@ -65,6 +68,17 @@ def test_one_worker_equals_plain_pytorch_with_sparse_embeddings(optimizer, mode,
     for name, value in ref.head.named_parameters():
         torch.testing.assert_close(chief.mirror[f"head.{name}"], value.detach(),
                                    rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(table_rows(chief, "items", torch.arange(sparse_tasks.ITEMS)),
+                               ref.items.weight.detach(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(table_rows(chief, "tags", sparse_tasks.all_tag_ids()),
+                               ref.tags.weight.detach(), rtol=1e-6, atol=1e-6)
+
+
+def test_sync_mode_applies_the_mean_of_the_workers_rows() -> None:
+    job = training(steps=STEPS, batchSize=BATCH, mode="sync", seed=3,
+                   optimizer={"name": "sgd", "learningRate": 0.1})
+    chief = run(job, [LocalTransport(ParameterStore(i)) for i in range(2)], num_workers=2)[0]
+    ref = reference(OptimizerConfig.from_model(job.optimizer), STEPS, seed=3, num_workers=2)
     torch.testing.assert_close(table_rows(chief, "items", torch.arange(sparse_tasks.ITEMS)),
                                ref.items.weight.detach(), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(table_rows(chief, "tags", sparse_tasks.all_tag_ids()),

@@ -1,7 +1,7 @@
 """The data plane: tensor calls over one plain TCP connection per worker and server.
 
 gRPC stays the control plane (health, Info, Finish, Shutdown, status reports). The
-tensor calls (Init, Push, Pull, PushPull, PushPullSmall) carry the very same frames
+tensor calls (Init, Push, Pull, PushPull, PushPullSmall, Sparse) carry the very same frames
 (see `wire`) over a plain TCP connection as well, because grpcio's Python receive path
 costs two to three times the CPU per byte of a socket (bench/RESULTS.md), and on a
 busy machine CPU per byte is throughput. A server announces its data port in the
@@ -35,11 +35,12 @@ from collections.abc import Callable, Iterable, Iterator
 
 from . import auth, tls, wire
 from .proto import ps_pb2 as pb
+from .sparse import service as sparse_service
 from .store import ParameterStore, PSError
 
-OP_INIT, OP_PUSH, OP_PULL, OP_PUSH_PULL, OP_PUSH_PULL_SMALL = 1, 2, 3, 4, 5
+OP_INIT, OP_PUSH, OP_PULL, OP_PUSH_PULL, OP_PUSH_PULL_SMALL, OP_SPARSE = 1, 2, 3, 4, 5, 6
 OPS = {OP_INIT: "Init", OP_PUSH: "Push", OP_PULL: "Pull", OP_PUSH_PULL: "PushPull",
-       OP_PUSH_PULL_SMALL: "PushPullSmall"}
+       OP_PUSH_PULL_SMALL: "PushPullSmall", OP_SPARSE: "Sparse"}
 END = 0xFFFFFFFF
 ERROR = 0xFFFFFFFE
 _LEN = struct.Struct("<I")
@@ -387,7 +388,7 @@ class DataServer:
         try:
             if link.role is not None and not auth.may_call(link.role, call):
                 raise PSError("PERMISSION_DENIED", f"{call} needs the chief's credentials")
-            reply = self._dispatch(op, call, request)
+            reply = self._dispatch(op, call, request, link.role)
         except PSError as exc:
             error = exc
         except OSError:
@@ -408,8 +409,8 @@ class DataServer:
         except Exception:  # noqa: BLE001 - answered with INTERNAL, the link is in step
             _log.exception("data plane: %s failed while answering", call)
 
-    def _dispatch(self, op: int, call: str,
-                  request: Iterator[memoryview]) -> Iterable[bytes | memoryview]:
+    def _dispatch(self, op: int, call: str, request: Iterator[memoryview],
+                  role: str | None) -> Iterable[bytes | memoryview]:
         store = self.store
         if op == OP_PUSH:
             return [store.push(request).SerializeToString()]
@@ -417,6 +418,8 @@ class DataServer:
             return [store.init(request).SerializeToString()]
         if op == OP_PUSH_PULL:
             return store.push_pull(request)
+        if op == OP_SPARSE:  # frames are views of the link's buffer: copy each
+            return sparse_service.handle(store, [bytes(frame) for frame in request], role)
         message = bytes(_only_frame(request, call))
         if op == OP_PULL:
             try:

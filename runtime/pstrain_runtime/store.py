@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -108,6 +109,8 @@ class JobReport:
     checkpoint_time: float = 0.0
     target_steps: int = 0
     updated_time: float = 0.0
+    sparse_rows: int = -1  # -1: no sparse tables
+    sparse_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,7 @@ class Namespace:
         self.skipped_nonfinite = 0
         self.checkpoint_wanted = -1  # RequestCheckpoint: a checkpoint at/after this step
         self.report = JobReport()
+        self.sparse: Any = None  # sparse.service.NamespaceTables, made by the chief's configure
         self.shapes: dict[str, tuple[int, ...]] = {}  # of params, for push checks
         self.metas: dict[str, pb.TensorMeta] = {}  # of params, for pull headers
         self.optimizer_pb = pb.OptimizerSpec()  # of config, for pull headers
@@ -624,6 +628,8 @@ class ParameterStore:
                 torch._foreach_div_(totals, len(bucket.contributors))
             apply_gradients(ns.config, [ns.params[key] for key in bucket.sums], totals,
                             [ns.states[key] for key in bucket.sums])
+            if ns.sparse is not None:  # the step's sparse rows, pushed before its bucket
+                ns.sparse.apply_step(ns, ns.global_step, len(bucket.contributors))
             for key, total in bucket.sums.items():
                 ns.give(key, total)
             ns.global_step += 1
@@ -706,6 +712,8 @@ class ParameterStore:
                 r.checkpoint_path = report.checkpoint_path
                 r.checkpoint_time = report.checkpoint_time
             r.target_steps = report.target_steps or r.target_steps
+            if report.sparse_rows >= 0 and (report.sparse_rows or report.sparse_bytes):
+                r.sparse_rows, r.sparse_bytes = report.sparse_rows, report.sparse_bytes
             r.updated_time = time.time()
 
     def _reported(self, namespace: str) -> Namespace:
@@ -742,7 +750,8 @@ class ParameterStore:
                 checkpoint_path=r.checkpoint_path, checkpoint_time=r.checkpoint_time,
                 has_checkpoint=r.checkpoint_step is not None, done=ns.done,
                 target_steps=r.target_steps, initialized=ns.initialized,
-                updated_time=r.updated_time,
+                updated_time=r.updated_time, sparse_rows=r.sparse_rows,
+                sparse_bytes=r.sparse_bytes,
             )
 
     def workers_informed(self) -> bool:

@@ -251,7 +251,7 @@ BAD = [
                  "name).", id="long-value-shortened"),
     pytest.param(job().set("spec." + "k" * 100_000, 1).build(),
                  f"spec.'{'k' * 37}...{'k' * 38}' (100000 characters) is not a known field; "
-                 "known fields here are: replicas, runPolicy, training.", id="long-key-shortened"),
+                 "known fields here are: replicas, runPolicy, security, training.", id="long-key-shortened"),
     pytest.param(job().set("spec.replicas.worker.replicas", list(range(100_000))).build(),
                  "spec.replicas.worker.replicas is [0, 1, 2, 3, 4, 5, ...]; it must be an "
                  "integer, not a list.", id="long-list-shortened"),

@@ -114,7 +114,7 @@ def test_job_status_for_the_operator(servers: list[PSServer]) -> None:
         "namespace": "default/digits", "global_step": 1, "loss": 0.5,
         "samples_per_sec": 100.0, "eval_accuracy": 0.9, "checkpoint_step": 1,
         "checkpoint_path": "/c/ckpt-1.pt", "checkpoint_time": 123.0, "done": False,
-        "target_steps": 10, "initialized": True,
+        "target_steps": 10, "initialized": True, "sparse_rows": None, "sparse_bytes": None,
     }
     assert fetch_job_status("127.0.0.1:1", timeout=0.5) is None
 

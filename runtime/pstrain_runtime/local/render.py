@@ -34,8 +34,12 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def format_progress(metrics: Metrics) -> str:
-    return (f"step {metrics.step}/{metrics.total_steps}  loss {_fmt(metrics.loss, '.4f')}  "
+    line = (f"step {metrics.step}/{metrics.total_steps}  loss {_fmt(metrics.loss, '.4f')}  "
             f"{_fmt(metrics.samples_per_sec, '.0f')} samples/s")
+    if metrics.sparse_rows is not None:
+        line += (f"  {metrics.sparse_rows} table rows "
+                 f"({(metrics.sparse_bytes or 0) / 2**20:.1f} MiB on the ps)")
+    return line
 
 
 def format_event(replica: str, event: Mapping[str, Any], metrics: Metrics) -> str | None:

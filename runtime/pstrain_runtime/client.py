@@ -35,6 +35,9 @@ from .server import SERVICE
 from .store import SLOT_SEPARATOR, ParameterStore, PSError, optimizer_to_pb
 
 
+RETRIED_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"})
+
+
 class Transport(Protocol):
     """One parameter server, as a worker sees it."""
 
@@ -511,15 +514,16 @@ class ShardedClient:
 def retry_unavailable(fn: Callable[[], object], deadline_s: float,
                       clock: Callable[[], float] = time.monotonic,
                       sleep: Callable[[float], None] = time.sleep) -> object:
-    """Call fn until it stops failing with UNAVAILABLE, with exponential backoff, for
-    at most `deadline_s` seconds; then re-raise the last error."""
+    """Call fn until it stops failing with UNAVAILABLE (or a server's refusal for now:
+    DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED), with exponential backoff, for at most
+    `deadline_s` seconds; then re-raise the last error."""
     end = clock() + deadline_s
     delay = 0.05
     while True:
         try:
             return fn()
         except PSError as exc:
-            if exc.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED") or clock() >= end:
+            if exc.code not in RETRIED_CODES or clock() >= end:
                 raise
         sleep(min(delay, max(0.0, end - clock())))
         delay = min(delay * 2, 2.0)

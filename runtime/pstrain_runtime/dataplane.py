@@ -88,6 +88,17 @@ class Link:
         except OSError:  # pragma: no cover
             pass
 
+    def peer_gone(self) -> bool:
+        """The peer closed (or reset) the connection. Asked while a call waits, after
+        its whole request was read: nothing more is due from the peer until the answer,
+        so readable end-of-stream means it went away."""
+        try:
+            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
+
     # ------------------------------------------------------------------ receiving
     def _recv_exact(self, view: memoryview) -> None:
         got, size = 0, len(view)
@@ -368,7 +379,7 @@ class DataServer:
         request = link.frames()
         error: PSError | None = None
         try:
-            reply = self._dispatch(op, call, request)
+            reply = self._dispatch(op, call, request, link.peer_gone)
         except PSError as exc:
             error = exc
         except OSError:
@@ -389,24 +400,27 @@ class DataServer:
         except Exception:  # noqa: BLE001 - answered with INTERNAL, the link is in step
             _log.exception("data plane: %s failed while answering", call)
 
-    def _dispatch(self, op: int, call: str,
-                  request: Iterator[memoryview]) -> Iterable[bytes | memoryview]:
+    def _dispatch(self, op: int, call: str, request: Iterator[memoryview],
+                  gone: Callable[[], bool]) -> Iterable[bytes | memoryview]:
+        """The answer to one call. A wait in the store ends when the peer is `gone`."""
         store = self.store
         if op == OP_PUSH:
-            return [store.push(request).SerializeToString()]
+            return [store.push(request, gone=gone).SerializeToString()]
         if op == OP_INIT:
             return [store.init(request).SerializeToString()]
         if op == OP_PUSH_PULL:
-            return store.push_pull(request)
+            return store.push_pull(request, gone=gone)
         message = bytes(_only_frame(request, call))
+        for _ in request:  # read up to END: a wait then sees the peer's close
+            pass
         if op == OP_PULL:
             try:
                 pull = pb.PullRequest.FromString(message)
             except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and kin
                 raise PSError("INVALID_ARGUMENT", f"Pull: the request could not be "
                               f"decoded: {exc}") from exc
-            return store.pull(pull)
-        return [store.push_pull_small(message)]
+            return store.pull(pull, gone=gone)
+        return [store.push_pull_small(message, gone=gone)]
 
 
 # ---------------------------------------------------------------------- client side

@@ -50,6 +50,7 @@ from .store import PSError
 from .task import Task, load_task
 
 EmitFn = Callable[..., None]
+BUSY_BACKOFF_S = 0.2  # before retrying a call a busy server refused
 
 
 class TrainingDiverged(RuntimeError):
@@ -341,6 +342,9 @@ class Trainer:
         """React to a refused or failed call; return to retry the step, or raise."""
         if exc.code == "INVALID_ARGUMENT" and "NaN or inf" in exc.message:
             raise TrainingDiverged(f"training diverged: {exc.message}") from exc
+        if exc.code == "RESOURCE_EXHAUSTED":  # the server is busy: back off, retry
+            time.sleep(BUSY_BACKOFF_S)
+            return
         if exc.code in ("UNAVAILABLE", "FAILED_PRECONDITION", "DEADLINE_EXCEEDED",
                         "CANCELLED"):
             if self.role.is_chief:

@@ -1,0 +1,118 @@
+"""A parameter server under hostile or careless use (issue 11): waits that never end,
+bogus headers, transient accept failures, stale pushes. What must hold: the server
+stays healthy and answers, and nothing it holds changes on a refusal."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from collections.abc import Callable, Iterator
+
+import grpc
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from pstrain_runtime import dataplane
+from pstrain_runtime.client import GrpcTransport, ShardedClient, retry_unavailable
+from pstrain_runtime.optim import OptimizerConfig
+from pstrain_runtime.placement import build_placement, param_specs
+from pstrain_runtime.proto import ps_pb2 as pb
+from pstrain_runtime.server import SERVICE, PSServer
+from pstrain_runtime.store import PSError
+
+pytestmark = pytest.mark.timeout(60)
+
+FP = "34" * 32
+WAIT_S = 10.0  # upper bound on anything that should take well under a second
+NEVER = 10**9  # a step that never comes
+
+
+@pytest.fixture
+def server() -> Iterator[PSServer]:
+    started = PSServer("127.0.0.1:0")
+    started.start()
+    client = ShardedClient([GrpcTransport(started.address)],
+                           build_placement(param_specs({"w": (4,)}), 1), "ns")
+    client.init({"w": torch.zeros(4)}, OptimizerConfig(name="sgd", learning_rate=0.1),
+                mode="sync", num_workers=2, staleness_bound=None, fingerprint=FP)
+    client.close()
+    yield started
+    started.stop(0)
+
+
+def wait_until(predicate: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {WAIT_S} s: {what}")
+        time.sleep(0.02)  # bounded poll of another thread's state
+
+
+def assert_control_answers(channel: grpc.Channel) -> None:
+    health = health_pb2_grpc.HealthStub(channel)
+    reply = health.Check(health_pb2.HealthCheckRequest(service=SERVICE), timeout=2)
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    info = channel.unary_unary(f"/{SERVICE}/Info", pb.NamespaceRequest.SerializeToString,
+                               pb.StepInfo.FromString)
+    assert info(pb.NamespaceRequest(namespace="ns"), timeout=2).initialized
+
+
+# ---------------------------------------------------------------------- item 1
+
+
+def test_hundreds_of_waiting_pulls_leave_health_and_info_answering(server: PSServer) -> None:
+    channel = grpc.insecure_channel(server.address)
+    pull = channel.unary_stream(f"/{SERVICE}/Pull", pb.PullRequest.SerializeToString, None)
+    calls = [pull(pb.PullRequest(namespace="ns", min_step=NEVER), timeout=1.0)
+             for _ in range(300)]
+    try:
+        wait_until(lambda: server.tensor_slots.in_use == server.tensor_slots.size,
+                   "every tensor slot is taken by a waiting pull")
+        assert_control_answers(channel)  # while the pulls wait
+        refused = 0
+        for call in calls:  # every call ends: at its deadline, or refused at once
+            try:
+                list(call)
+            except grpc.RpcError as exc:
+                refused += exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert refused >= 300 - server.tensor_slots.size
+        wait_until(lambda: server.tensor_slots.in_use == 0,
+                   "the waits ended with their callers' deadlines")
+        assert_control_answers(channel)
+    finally:
+        for call in calls:
+            call.cancel()
+        channel.close()
+
+
+def test_a_data_plane_wait_ends_when_its_caller_disconnects(server: PSServer) -> None:
+    assert server.data is not None
+    message = pb.PullRequest(namespace="ns", min_step=NEVER).SerializeToString()
+    socks = []
+    for _ in range(20):
+        sock = socket.create_connection(("127.0.0.1", server.data_port), timeout=WAIT_S)
+        sock.sendall(bytes([dataplane.OP_PULL]) + struct.pack("<I", len(message)) + message
+                     + struct.pack("<I", dataplane.END))
+        socks.append(sock)
+    wait_until(lambda: server.data._busy == 20, "the pulls wait for their step")  # type: ignore[union-attr]
+    for sock in socks:
+        sock.close()
+    wait_until(lambda: server.data._busy == 0 and not server.data._links,  # type: ignore[union-attr]
+               "the server ended the waits of callers that went away")
+
+
+def test_a_busy_server_is_retried_like_an_unreachable_one() -> None:
+    answers = iter([PSError("RESOURCE_EXHAUSTED", "busy"), PSError("UNAVAILABLE", "down"),
+                    "ok"])
+
+    def call() -> object:
+        answer = next(answers)
+        if isinstance(answer, PSError):
+            raise answer
+        return answer
+
+    slept: list[float] = []
+    assert retry_unavailable(call, 10.0, clock=lambda: 0.0, sleep=slept.append) == "ok"
+    assert len(slept) == 2

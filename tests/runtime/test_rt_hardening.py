@@ -116,3 +116,41 @@ def test_a_busy_server_is_retried_like_an_unreachable_one() -> None:
     slept: list[float] = []
     assert retry_unavailable(call, 10.0, clock=lambda: 0.0, sleep=slept.append) == "ok"
     assert len(slept) == 2
+
+
+# ---------------------------------------------------------------------- item 3
+
+
+def bogus_init(shape: list[int], total_bytes: int) -> list[bytes]:
+    """An Init header claiming one float32 tensor of `shape`, and a body of 8 bytes."""
+    header = pb.StreamHeader(kind=pb.STREAM_KIND_INIT, namespace="ns", mode="sync",
+                             num_workers=2, fingerprint=bytes.fromhex(FP),
+                             optimizer=pb.OptimizerSpec(name="sgd", learning_rate=0.1),
+                             tensors=[pb.TensorMeta(name="w", dtype="float32", shape=shape)],
+                             total_bytes=total_bytes)
+    chunk = pb.Frame(seq=0, offset=0, data=b"\0" * 8)
+    return [pb.Frame(header=header).SerializeToString(), chunk.SerializeToString()]
+
+
+HUGE = [25_000_000_000]  # 100 GB of float32
+
+
+@pytest.mark.parametrize(("frames", "code", "message"), [
+    pytest.param(bogus_init(HUGE, 8), grpc.StatusCode.INVALID_ARGUMENT,
+                 "shapes add up to 100000000000 bytes but the header announces a body "
+                 "of 8 bytes", id="body-disagrees"),
+    pytest.param(bogus_init(HUGE, 100_000_000_000), grpc.StatusCode.RESOURCE_EXHAUSTED,
+                 "the tensors hold 100000000000 bytes, more than the", id="over-the-limit"),
+])
+def test_an_init_claiming_a_huge_tensor_is_refused_before_allocating(
+        server: PSServer, frames: list[bytes], code: grpc.StatusCode, message: str) -> None:
+    server.store.max_init_bytes = 1 << 30
+    before = server.store.namespace("ns").params["w"].clone()
+    with grpc.insecure_channel(server.address) as channel:
+        init = channel.stream_unary(f"/{SERVICE}/Init", None, pb.StepInfo.FromString)
+        with pytest.raises(grpc.RpcError) as caught:
+            init(iter(frames), timeout=WAIT_S)
+    assert caught.value.code() == code
+    assert message in caught.value.details()
+    ns = server.store.namespace("ns")
+    assert ns.mode == "sync" and ns.num_workers == 2 and torch.equal(ns.params["w"], before)

@@ -24,6 +24,7 @@ network.
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import struct
@@ -45,6 +46,12 @@ _END = _LEN.pack(END)
 COALESCE_BYTES = 64 * 1024  # smaller frames are gathered into one send
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 MAX_IOVECS = 512  # buffers per sendmsg call (the kernel's limit, IOV_MAX, is 1024)
+CONNECT_TIMEOUT_S = 10.0
+# A client waits this long for each read or write of a call, more than a server ever
+# holds one (its store's waits end within `store.MAX_WAIT`); then the call fails with
+# UNAVAILABLE and takes the usual retry path (a server that stopped answering).
+IO_TIMEOUT_S = 120.0
+ACCEPT_BACKOFF_S = (0.01, 1.0)  # first and longest pause after a failed accept
 _log = logging.getLogger(__name__)
 
 
@@ -304,6 +311,7 @@ class DataServer:
         self._quiet = threading.Condition(self._lock)  # notified when a call ends
         self._busy = 0  # calls being answered
         self._closed = False
+        self._stopping = threading.Event()  # wakes the accept loop's backoff
         self._thread = threading.Thread(target=self._accept, name="ps-data-accept",
                                         daemon=True)
 
@@ -317,6 +325,7 @@ class DataServer:
         still running fail."""
         with self._lock:
             self._closed = True
+        self._stopping.set()
         try:
             self._listener.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -334,11 +343,23 @@ class DataServer:
                 pass
 
     def _accept(self) -> None:
+        """Accept connections until stopped. A failed accept (out of file descriptors,
+        a connection aborted before it was accepted, ...) is logged and retried after a
+        pause that grows while it keeps failing: the listener never dies of it."""
+        pause = ACCEPT_BACKOFF_S[0]
         while True:
             try:
                 sock, _ = self._listener.accept()
-            except OSError:
-                return  # closed by stop()
+            except OSError as exc:
+                if self._stopping.is_set():
+                    return  # closed by stop()
+                _log.warning("data plane: accept failed (%s); retrying in %.2f s",
+                             errno.errorcode.get(exc.errno or 0, exc), pause)
+                if self._stopping.wait(pause):
+                    return
+                pause = min(pause * 2, ACCEPT_BACKOFF_S[1])
+                continue
+            pause = ACCEPT_BACKOFF_S[0]
             link = Link(sock)
             with self._lock:
                 if self._closed:
@@ -458,10 +479,12 @@ class DataClient:
     per call in flight, reused across calls."""
 
     def __init__(self, address: str, host: str, port: int,
-                 connect_timeout: float = 10.0) -> None:
+                 connect_timeout: float = CONNECT_TIMEOUT_S,
+                 io_timeout: float = IO_TIMEOUT_S) -> None:
         self.address = address  # the server's control address, for messages
         self.host, self.port = host, port
         self.connect_timeout = connect_timeout
+        self.io_timeout = io_timeout
         self._idle: list[Link] = []
         self._lock = threading.Lock()
         self.broken = False  # a connection failed: the server may have moved
@@ -482,7 +505,7 @@ class DataClient:
             self.broken = True
             raise PSError("UNAVAILABLE", f"{self.address}: cannot connect to the data port "
                           f"{self.host}:{self.port}: {exc}") from exc
-        sock.settimeout(None)
+        sock.settimeout(self.io_timeout)  # a timeout is an OSError: UNAVAILABLE, retried
         return Link(sock)
 
     def _give(self, link: Link) -> None:

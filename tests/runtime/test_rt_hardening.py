@@ -4,6 +4,8 @@ stays healthy and answers, and nothing it holds changes on a refusal."""
 
 from __future__ import annotations
 
+import errno
+import os
 import socket
 import struct
 import time
@@ -20,7 +22,7 @@ from pstrain_runtime.optim import OptimizerConfig
 from pstrain_runtime.placement import build_placement, param_specs
 from pstrain_runtime.proto import ps_pb2 as pb
 from pstrain_runtime.server import SERVICE, PSServer
-from pstrain_runtime.store import PSError
+from pstrain_runtime.store import ParameterStore, PSError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -154,3 +156,59 @@ def test_an_init_claiming_a_huge_tensor_is_refused_before_allocating(
     assert message in caught.value.details()
     ns = server.store.namespace("ns")
     assert ns.mode == "sync" and ns.num_workers == 2 and torch.equal(ns.params["w"], before)
+
+
+# ---------------------------------------------------------------------- item 2
+
+
+class FailingListener:
+    """A listening socket whose next `failures` accepts fail with `code`, as a burst of
+    connections under a low open-files limit makes them fail."""
+
+    def __init__(self, listener: socket.socket, failures: int, code: int) -> None:
+        self.listener = listener
+        self.failures = failures
+        self.code = code
+
+    def accept(self) -> tuple[socket.socket, object]:
+        if self.failures:
+            self.failures -= 1
+            raise OSError(self.code, os.strerror(self.code))
+        return self.listener.accept()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.listener, name)
+
+
+@pytest.mark.parametrize("code", [errno.EMFILE, errno.ENFILE, errno.ECONNABORTED],
+                         ids=errno.errorcode.get)
+def test_the_data_plane_keeps_accepting_after_transient_accept_failures(code: int) -> None:
+    store = ParameterStore()
+    data = dataplane.DataServer(store, "127.0.0.1")
+    data._listener = FailingListener(data._listener, 3, code)  # type: ignore[assignment]
+    data.start()
+    try:
+        client = dataplane.DataClient("test", "127.0.0.1", data.port, io_timeout=WAIT_S)
+        message = pb.PullRequest(namespace="ns").SerializeToString()
+        with pytest.raises(PSError) as caught:  # answered: the namespace does not exist
+            client.unary(dataplane.OP_PULL, [message], bytes)
+        assert caught.value.code == "FAILED_PRECONDITION"
+        assert data._listener.failures == 0  # type: ignore[attr-defined]
+        client.close()
+    finally:
+        data.stop()
+
+
+def test_a_data_call_to_a_server_that_never_answers_fails_unavailable() -> None:
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts (backlog), never answers
+    try:
+        client = dataplane.DataClient("silent", "127.0.0.1", silent.getsockname()[1],
+                                      io_timeout=0.3)
+        message = pb.PullRequest(namespace="ns").SerializeToString()
+        started = time.monotonic()
+        with pytest.raises(PSError) as caught:
+            client.unary(dataplane.OP_PULL, [message], bytes)
+        assert caught.value.code == "UNAVAILABLE" and client.broken
+        assert time.monotonic() - started < WAIT_S
+    finally:
+        silent.close()

@@ -32,7 +32,7 @@ from pstrain_api.model import (
     TrainingJob,
     TrainingJobStatus,
 )
-from pstrain_api.policy import decide_restart
+from pstrain_api.policy import decide_ps_exit, decide_restart
 
 from .build import (
     ANNOTATION_APPLIED_SPEC,
@@ -47,6 +47,9 @@ from .settings import PodSettings
 REQUEUE_STARTING_S = 5.0
 REQUEUE_RUNNING_S = 10.0  # progress is refreshed at least this often while Running
 REQUEUE_CLEANUP_S = 5.0
+# A PS exits 0 when the chief, done, tells it to stop: just before the chief's own
+# success. One that exited 0 this long ago while the chief has not succeeded failed.
+PS_EXIT_GRACE_S = 30.0
 
 # Reasons (machine-readable, CamelCase) used in conditions and events.
 R_INVALID_SPEC = "InvalidSpec"
@@ -92,15 +95,16 @@ class ObservedPod:
     spec_hash: str = ""
     applied_spec: str = ""
     owner_uid: str = ""
+    finished_at: datetime | None = None  # when the main container terminated
 
     @property
     def active(self) -> bool:
         return not self.deleting and self.phase in ACTIVE_PHASES
 
 
-def _terminated(pod: Mapping[str, Any]) -> tuple[int | None, str, str]:
-    """Exit code, reason and message of the container that explains the pod's end:
-    the main container when it terminated, else the first one that failed."""
+def _terminated(pod: Mapping[str, Any]) -> tuple[int | None, str, str, datetime | None]:
+    """Exit code, reason, message and finish time of the container that explains the
+    pod's end: the main container when it terminated, else the first one that failed."""
     statuses = list((pod.get("status") or {}).get("containerStatuses") or [])
     statuses.sort(key=lambda s: s.get("name") != c.MAIN_CONTAINER)
     for cs in statuses:
@@ -113,8 +117,19 @@ def _terminated(pod: Mapping[str, Any]) -> tuple[int | None, str, str]:
                 int(code) if code is not None else None,
                 str(state.get("reason") or ""),
                 str(state.get("message") or ""),
+                _timestamp(state.get("finishedAt")),
             )
-    return None, "", ""
+    return None, "", "", None
+
+
+def _timestamp(value: Any) -> datetime | None:
+    """An RFC 3339 time of the API ("2026-01-01T12:00:00Z"), or None."""
+    if isinstance(value, datetime):
+        return value
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")) if value else None
+    except ValueError:
+        return None
 
 
 def observe_pod(pod: Mapping[str, Any]) -> ObservedPod | None:
@@ -134,7 +149,7 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod | None:
         cond.get("type") == "Ready" and cond.get("status") == "True"
         for cond in status.get("conditions") or []
     )
-    exit_code, reason, message = _terminated(pod)
+    exit_code, reason, message, finished_at = _terminated(pod)
     phase = str(status.get("phase") or "Pending")
     if status.get("reason"):  # pod-level: Evicted, DeadlineExceeded, NodeLost, ...
         reason = str(status["reason"])
@@ -156,6 +171,7 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod | None:
         applied_spec=str(annotations.get(ANNOTATION_APPLIED_SPEC, "")),
         owner_uid=next((str(ref.get("uid") or "") for ref in meta.get("ownerReferences") or []
                         if ref.get("controller")), ""),
+        finished_at=finished_at,
     )
 
 
@@ -472,13 +488,21 @@ def decide(obs: Observed, settings: PodSettings,
             events.append(Event("Normal", R_UNEXPECTED_POD,
                                 f"deleting pod {p.name}: it is not a replica of the spec"))
 
-    # 6. Failed replicas: restart within the run policy, or fail the job.
+    # 6. Failed replicas: restart within the run policy, or fail the job. A PS that
+    # exited 0 while the chief has not succeeded (past the grace) failed too.
+    chief = by_name.get(cluster.replica_name(cluster.chief))
+    chief_done = chief is not None and not chief.deleting and chief.phase == "Succeeded"
     restarted: set[str] = set()
     for task in cluster.tasks():
         p = by_name.get(cluster.replica_name(task))
-        if p is None or p.deleting or p.phase != "Failed":
+        if p is None or p.deleting:
             continue
-        decision = decide_restart(policy, p.name, p.exit_code, st.restarts, p.reason)
+        if p.phase == "Failed":
+            decision = decide_restart(policy, p.name, p.exit_code, st.restarts, p.reason)
+        elif task.role == c.ROLE_PS and not chief_done and _exited_early(p, now):
+            decision = decide_ps_exit(policy, p.name, st.restarts)
+        else:
+            continue
         how = _how(p)
         if decision.action == "fail":
             cause = FailureCause(role=p.role, pod=p.name, exit_code=p.exit_code,
@@ -498,8 +522,7 @@ def decide(obs: Observed, settings: PodSettings,
                             f"{decision.message}"))
 
     # 7. Success: the chief completed.
-    chief = by_name.get(cluster.replica_name(cluster.chief))
-    if chief is not None and not chief.deleting and chief.phase == "Succeeded":
+    if chief is not None and chief_done:
         step = st.progress.global_step if st.progress else None
         if obs.progress is not None:
             st.progress = obs.progress
@@ -529,7 +552,8 @@ def decide(obs: Observed, settings: PodSettings,
     all_ps_ready = ps_ready == len(ps_pods)
     # A PS exits 0 only once the chief is done: the chief's own completion is about to
     # be seen, so this is no reason to go back to Starting.
-    ps_finished = any(p is not None and p.phase == "Succeeded" for p in ps_pods)
+    ps_finished = any(p is not None and p.phase == "Succeeded" and p.name not in restarted
+                      for p in ps_pods)
 
     workers = [t for t in cluster.tasks() if t.role != c.ROLE_PS and not cluster.is_chief(t)]
     chief_created = False
@@ -582,6 +606,12 @@ def decide(obs: Observed, settings: PodSettings,
         left = deadline - (now - st.start_time).total_seconds()
         requeue = max(0.5, min(requeue, left))
     return Plan(tuple(actions), _with_counts(job, st, obs.pods, actions), tuple(events), requeue)
+
+
+def _exited_early(p: ObservedPod, now: datetime) -> bool:
+    """`p` exited 0 more than PS_EXIT_GRACE_S ago (an unknown finish time: not yet)."""
+    return (p.phase == "Succeeded" and p.finished_at is not None
+            and (now - p.finished_at).total_seconds() >= PS_EXIT_GRACE_S)
 
 
 def _how(p: ObservedPod) -> str:

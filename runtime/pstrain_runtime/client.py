@@ -281,6 +281,9 @@ class ShardedClient:
                                           thread_name_prefix="ps-client")
         self._wire_buffers: dict[str, torch.Tensor] = {}
         self.last_pull_steps: list[int] = [0] * placement.num_ps  # per server, last pull
+        # Per server, the generation of the parameters last pulled: pushes carry it, and
+        # a server initialised again since refuses them (ABORTED).
+        self.generations: list[int] = [0] * placement.num_ps
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -315,6 +318,7 @@ class ShardedClient:
                                      worker=worker, min_step=min_step if ps == 0 else 0)
             targets = [wire.byte_view(_piece_view(params[p.param], p)) for p in shard]
             header = self._read(self.transports[ps].pull(request), shard, targets)
+            self.generations[ps] = header.generation
             return header.global_step
 
         steps = [int(x) for x in self._all(one)]
@@ -350,7 +354,7 @@ class ShardedClient:
         shard = self.shards[ps]
         tensors = [self._wire_grad(p, grads[p.param]) for p in shard]
         header = pb.StreamHeader(kind=pb.STREAM_KIND_PUSH, namespace=self.namespace,
-                                 worker=worker, step=step,
+                                 worker=worker, step=step, generation=self.generations[ps],
                                  tensors=[wire.meta_of(p.key, t) for p, t in zip(shard, tensors,
                                                                                  strict=True)])
         return self.writer.frames(header, tensors)
@@ -388,6 +392,7 @@ class ShardedClient:
         if not header.HasField("push_reply"):
             raise PSError("INTERNAL", "the server answered a PushPull without the push's "
                           "reply")
+        self.generations[ps] = header.generation
         return header.push_reply, int(header.global_step)
 
     def push_pull(self, grads: Mapping[str, torch.Tensor], params: Mapping[str, torch.Tensor],

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -147,6 +148,7 @@ class Namespace:
         self.target_steps = 0  # 0: unbounded
         self.done = False
         self.epoch = 0  # bumped by every init: blocked waits end when it changes
+        self.generation = 0  # random and new at every init; pulls carry it
         self.told_done: set[int] = set()
         self.worker_pushes: dict[int, int] = {}
         self.buckets: dict[int, Bucket] = {}
@@ -245,6 +247,16 @@ def _read_body(header: pb.StreamHeader, messages: Iterator[bytes],
         wire.read_body(reader, messages)
     except wire.WireError as exc:
         raise _invalid(str(exc)) from exc
+
+
+def new_generation(previous: int) -> int:
+    """A random nonzero 64-bit generation other than `previous` (0 means "unknown" on
+    the wire). Random rather than counted, so that a restarted server, which counts
+    from nothing, never repeats the generation of its previous incarnation."""
+    while True:
+        generation = secrets.randbits(64)
+        if generation not in (0, previous):
+            return generation
 
 
 def physical_memory() -> int:
@@ -441,6 +453,7 @@ class ParameterStore:
             ns.told_done.clear()
             ns.initialized = True
             ns.epoch += 1
+            ns.generation = new_generation(ns.generation)
             ns.cond.notify_all()
             return ns.info()
 
@@ -490,6 +503,12 @@ class ParameterStore:
                 pass
             return pb.PushReply(info=ns.info(header.worker), applied=False,
                                 note="the job is done; the push was not applied")
+        if header.generation and header.generation != ns.generation:
+            raise PSError("ABORTED",
+                          f"push: the gradients of worker {header.worker} were computed on "
+                          f"parameters of generation {header.generation:#x}; parameter "
+                          f"server {self.ps_index} was initialised again since (generation "
+                          f"{ns.generation:#x}): pull the parameters again")
         mode = ns.mode
         checked: dict[str, torch.dtype] = {}
         for meta in header.tensors:
@@ -674,7 +693,7 @@ class ParameterStore:
                                      global_step=ns.global_step, ps_index=self.ps_index,
                                      fingerprint=ns.fingerprint,
                                      optimizer=ns.optimizer_pb, mode=ns.mode,
-                                     num_workers=ns.num_workers)
+                                     num_workers=ns.num_workers, generation=ns.generation)
             tensors: list[torch.Tensor] = []
             for name in names:
                 tensors.append(ns.params[name])

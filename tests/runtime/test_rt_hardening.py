@@ -17,12 +17,19 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pstrain_runtime import dataplane
-from pstrain_runtime.client import GrpcTransport, ShardedClient, retry_unavailable
+from pstrain_api.model import Training
+from pstrain_runtime.client import (
+    GrpcTransport,
+    LocalTransport,
+    ShardedClient,
+    retry_unavailable,
+)
 from pstrain_runtime.optim import OptimizerConfig
 from pstrain_runtime.placement import build_placement, param_specs
 from pstrain_runtime.proto import ps_pb2 as pb
 from pstrain_runtime.server import SERVICE, PSServer
 from pstrain_runtime.store import ParameterStore, PSError
+from pstrain_runtime.trainer import Trainer, WorkerRole
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -212,3 +219,67 @@ def test_a_data_call_to_a_server_that_never_answers_fails_unavailable() -> None:
         assert time.monotonic() - started < WAIT_S
     finally:
         silent.close()
+
+
+# ---------------------------------------------------------------------- item 5
+
+
+def test_a_push_computed_before_a_restore_is_refused_and_applies_after_a_pull() -> None:
+    store = ParameterStore()
+    placement = build_placement(param_specs({"w": (4,)}), 1)
+    worker = ShardedClient([LocalTransport(store)], placement, "ns")
+    chief = ShardedClient([LocalTransport(store)], placement, "ns")
+    sgd = OptimizerConfig(name="sgd", learning_rate=1.0)
+
+    def install(value: float) -> None:
+        chief.init({"w": torch.full((4,), value)}, sgd, mode="async", num_workers=1,
+                   staleness_bound=None, fingerprint=FP)
+
+    install(0.0)
+    mirror = {"w": torch.zeros(4)}
+    worker.pull(mirror)
+    before = worker.generations[0]
+    install(5.0)  # the chief restores: a new incarnation of the server's state
+    with pytest.raises(PSError) as caught:
+        worker.push({"w": torch.ones(4)})
+    assert caught.value.code == "ABORTED"
+    assert "pull the parameters again" in caught.value.message
+    assert torch.equal(store.namespace("ns").params["w"], torch.full((4,), 5.0))
+    worker.pull(mirror)
+    assert worker.generations[0] not in (0, before)
+    assert worker.push({"w": torch.ones(4)})[0].applied
+    assert torch.equal(store.namespace("ns").params["w"], torch.full((4,), 4.0))
+
+
+class RestoringTransport(LocalTransport):
+    """Runs `restore` once, just before the `at`-th push reaches the server: a
+    restore by the chief that lands between a worker's pull and its push."""
+
+    def __init__(self, store: ParameterStore, at: int) -> None:
+        super().__init__(store)
+        self.at = at
+        self.pushes = 0
+        self.refused: list[str] = []
+        self.restore: Callable[[], None] = lambda: None
+
+    def push(self, frames: Iterator[bytes]) -> pb.PushReply:
+        self.pushes += 1
+        if self.pushes == self.at:
+            self.restore()
+        try:
+            return super().push(frames)
+        except PSError as exc:
+            self.refused.append(exc.code)
+            raise
+
+
+def test_a_trainer_whose_push_is_refused_as_stale_pulls_again_and_finishes() -> None:
+    training = Training.model_validate({"steps": 6, "batchSize": 16, "mode": "sync",
+                                        "optimizer": {"name": "sgd", "learningRate": 0.1}})
+    transport = RestoringTransport(ParameterStore(), at=3)
+    trainer = Trainer(training, WorkerRole("ns", 0, 1), [transport], emit=lambda *a, **k: None)
+    transport.restore = lambda: trainer._install(trainer.mirror, None, 2)
+    result = trainer.run()
+    trainer.close()
+    assert transport.refused == ["ABORTED"]
+    assert result.global_step == 6 and result.local_steps == 6

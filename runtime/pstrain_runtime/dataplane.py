@@ -78,6 +78,17 @@ def _tune(sock: socket.socket) -> None:
             pass
 
 
+def _set_io_timeout(sock: socket.socket, seconds: float) -> None:
+    """Make each receive and send on `sock` fail (EAGAIN, an OSError: UNAVAILABLE for
+    the caller, retried) after `seconds` without progress. Set in the kernel
+    (SO_RCVTIMEO/SO_SNDTIMEO) with the socket left blocking: Python's own timeout would
+    poll() before every call on the data path."""
+    whole = int(seconds)
+    timeval = struct.pack("ll", whole, int((seconds - whole) * 1_000_000))
+    for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+        sock.setsockopt(socket.SOL_SOCKET, option, timeval)
+
+
 class Link:
     """One TCP connection speaking the frame protocol. Frames read from it are views of
     one reused buffer: each is valid until the next frame is read; chunk frames can
@@ -505,7 +516,8 @@ class DataClient:
             self.broken = True
             raise PSError("UNAVAILABLE", f"{self.address}: cannot connect to the data port "
                           f"{self.host}:{self.port}: {exc}") from exc
-        sock.settimeout(self.io_timeout)  # a timeout is an OSError: UNAVAILABLE, retried
+        sock.settimeout(None)
+        _set_io_timeout(sock, self.io_timeout)
         return Link(sock)
 
     def _give(self, link: Link) -> None:

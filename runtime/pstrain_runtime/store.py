@@ -17,6 +17,13 @@ Invariants:
   optimizer, no lock spans servers). sync mode adds one gradient per worker into the
   bucket of its step and applies the mean when every worker has contributed, in step
   order. `staleness_bound` N lets a worker run at most N steps ahead.
+- Every wait ends: at the caller's deadline, when the caller is gone (cancelled or
+  disconnected), when the job is done, the server stops or the namespace is
+  initialised again, and in any case after `max_wait` seconds.
+- Init allocates only what its header announces as the body, within `max_init_bytes`.
+- Every Init starts a new generation of the namespace; a push computed on parameters
+  of another generation is refused (ABORTED), so no gradient computed before a
+  restore is applied after it.
 """
 
 from __future__ import annotations

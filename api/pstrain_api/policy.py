@@ -61,6 +61,22 @@ def decide_restart(
     )
 
 
+REASON_PS_EXITED = "ParameterServerExited"
+
+
+def decide_ps_exit(policy: RunPolicy, replica: str, restarts_used: int) -> RestartDecision:
+    """What to do about parameter server `replica`, which exited with code 0 before the
+    chief finished. A PS serves until the job ends, so this is a failure of that PS, as
+    any other exit would be, whatever its code says: restart it or fail the job under
+    the run policy, with a message that names the exit."""
+    decision = decide_restart(policy, replica, 0, restarts_used)
+    what = (f"parameter server {replica} exited with code 0 before the chief finished; "
+            "a parameter server must serve until the job ends")
+    if decision.action == "fail":
+        return RestartDecision("fail", REASON_PS_EXITED, f"{what}. {decision.message}")
+    return RestartDecision("restart", decision.reason, f"{what}: {decision.message}")
+
+
 REASON_STALLED = "Stalled"
 
 

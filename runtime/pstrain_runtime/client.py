@@ -37,6 +37,9 @@ from .sparse import service as sparse_service
 from .store import SLOT_SEPARATOR, ParameterStore, PSError, optimizer_to_pb
 
 
+RETRIED_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"})
+
+
 class Transport(Protocol):
     """One parameter server, as a worker sees it."""
 
@@ -304,6 +307,9 @@ class ShardedClient:
                                           thread_name_prefix="ps-client")
         self._wire_buffers: dict[str, torch.Tensor] = {}
         self.last_pull_steps: list[int] = [0] * placement.num_ps  # per server, last pull
+        # Per server, the generation of the parameters last pulled: pushes carry it, and
+        # a server initialised again since refuses them (ABORTED).
+        self.generations: list[int] = [0] * placement.num_ps
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -338,6 +344,7 @@ class ShardedClient:
                                      worker=worker, min_step=min_step if ps == 0 else 0)
             targets = [wire.byte_view(_piece_view(params[p.param], p)) for p in shard]
             header = self._read(self.transports[ps].pull(request), shard, targets)
+            self.generations[ps] = header.generation
             return header.global_step
 
         steps = [int(x) for x in self._all(one)]
@@ -373,7 +380,7 @@ class ShardedClient:
         shard = self.shards[ps]
         tensors = [self._wire_grad(p, grads[p.param]) for p in shard]
         header = pb.StreamHeader(kind=pb.STREAM_KIND_PUSH, namespace=self.namespace,
-                                 worker=worker, step=step,
+                                 worker=worker, step=step, generation=self.generations[ps],
                                  tensors=[wire.meta_of(p.key, t) for p, t in zip(shard, tensors,
                                                                                  strict=True)])
         return self.writer.frames(header, tensors)
@@ -411,6 +418,7 @@ class ShardedClient:
         if not header.HasField("push_reply"):
             raise PSError("INTERNAL", "the server answered a PushPull without the push's "
                           "reply")
+        self.generations[ps] = header.generation
         return header.push_reply, int(header.global_step)
 
     def push_pull(self, grads: Mapping[str, torch.Tensor], params: Mapping[str, torch.Tensor],
@@ -540,15 +548,16 @@ class ShardedClient:
 def retry_unavailable(fn: Callable[[], object], deadline_s: float,
                       clock: Callable[[], float] = time.monotonic,
                       sleep: Callable[[float], None] = time.sleep) -> object:
-    """Call fn until it stops failing with UNAVAILABLE, with exponential backoff, for
-    at most `deadline_s` seconds; then re-raise the last error."""
+    """Call fn until it stops failing with UNAVAILABLE (or a server's refusal for now:
+    DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED), with exponential backoff, for at most
+    `deadline_s` seconds; then re-raise the last error."""
     end = clock() + deadline_s
     delay = 0.05
     while True:
         try:
             return fn()
         except PSError as exc:
-            if exc.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED") or clock() >= end:
+            if exc.code not in RETRIED_CODES or clock() >= end:
                 raise
         sleep(min(delay, max(0.0, end - clock())))
         delay = min(delay * 2, 2.0)

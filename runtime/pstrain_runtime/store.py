@@ -17,11 +17,20 @@ Invariants:
   optimizer, no lock spans servers). sync mode adds one gradient per worker into the
   bucket of its step and applies the mean when every worker has contributed, in step
   order. `staleness_bound` N lets a worker run at most N steps ahead.
+- Every wait ends: at the caller's deadline, when the caller is gone (cancelled or
+  disconnected), when the job is done, the server stops or the namespace is
+  initialised again, and in any case after `max_wait` seconds.
+- Init allocates only what its header announces as the body, within `max_init_bytes`.
+- Every Init starts a new generation of the namespace; a push computed on parameters
+  of another generation is refused (ABORTED), so no gradient computed before a
+  restore is applied after it.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -152,6 +161,7 @@ class Namespace:
         self.snapshot: StepSnapshot | None = None
         self.done = False
         self.epoch = 0  # bumped by every init: blocked waits end when it changes
+        self.generation = 0  # random and new at every init; pulls carry it
         self.told_done: set[int] = set()
         self.worker_pushes: dict[int, int] = {}
         self.buckets: dict[int, Bucket] = {}
@@ -260,6 +270,24 @@ def _read_body(header: pb.StreamHeader, messages: Iterator[bytes],
         raise _invalid(str(exc)) from exc
 
 
+def new_generation(previous: int) -> int:
+    """A random nonzero 64-bit generation other than `previous` (0 means "unknown" on
+    the wire). Random rather than counted, so that a restarted server, which counts
+    from nothing, never repeats the generation of its previous incarnation."""
+    while True:
+        generation = secrets.randbits(64)
+        if generation not in (0, previous):
+            return generation
+
+
+def physical_memory() -> int:
+    """This machine's memory in bytes: no Init may claim more."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):  # pragma: no cover - a platform without sysconf names
+        return 1 << 40
+
+
 def _at_target(ns: Namespace, worker: int) -> pb.PushReply:
     return pb.PushReply(info=ns.info(worker), applied=False,
                         note=f"the target of {ns.target_steps} steps is reached")
@@ -269,10 +297,11 @@ class ParameterStore:
     """All namespaces of one parameter server."""
 
     def __init__(self, ps_index: int = 0, clock: Callable[[], float] = time.monotonic,
-                 max_wait: float = MAX_WAIT) -> None:
+                 max_wait: float = MAX_WAIT, max_init_bytes: int | None = None) -> None:
         self.ps_index = ps_index
         self.clock = clock
         self.max_wait = max_wait
+        self.max_init_bytes = physical_memory() if max_init_bytes is None else max_init_bytes
         self._lock = threading.Lock()
         self._namespaces: dict[str, Namespace] = {}
         self.stopping = threading.Event()
@@ -324,6 +353,33 @@ class ParameterStore:
         return True
 
     # ------------------------------------------------------------------ init
+    def _check_init_sizes(self, header: pb.StreamHeader) -> list[torch.dtype]:
+        """The dtypes of an Init's tensors, once their sizes are known to be sane:
+        checked against the body the header announces and `max_init_bytes` before
+        anything is allocated (a few header bytes must not make the server allocate
+        100 GB)."""
+        dtypes: list[torch.dtype] = []
+        claimed = 0
+        for meta in header.tensors:
+            try:
+                dtype = wire.parse_dtype(meta.dtype)
+            except wire.WireError as exc:
+                raise _invalid(f"init: tensor {meta.name!r}: {exc}") from exc
+            if any(d < 0 for d in meta.shape):
+                raise _invalid(f"init: tensor {meta.name!r} has a negative dimension")
+            dtypes.append(dtype)
+            claimed += math.prod(meta.shape) * dtype.itemsize
+        if claimed != header.total_bytes:
+            raise _invalid(f"init: the tensors' shapes add up to {claimed} bytes but the "
+                           f"header announces a body of {header.total_bytes} bytes; "
+                           "they must agree")
+        if claimed > self.max_init_bytes:
+            raise PSError("RESOURCE_EXHAUSTED",
+                          f"init: the tensors hold {claimed} bytes, more than the "
+                          f"{self.max_init_bytes} bytes parameter server {self.ps_index} "
+                          "accepts in one namespace (its memory)")
+        return dtypes
+
     def init(self, messages: Iterator[bytes]) -> pb.StepInfo:
         header = _read_header(messages, pb.STREAM_KIND_INIT)
         if not header.namespace:
@@ -335,17 +391,18 @@ class ParameterStore:
             raise _invalid(f"init: num_workers is {header.num_workers}; it must be at least 1")
         if header.global_step < 0:
             raise _invalid(f"init: global_step is {header.global_step}; it must be >= 0")
+        dtypes = self._check_init_sizes(header)
         params: dict[str, torch.Tensor] = {}
         slots: dict[str, dict[str, torch.Tensor]] = {}
         targets: list[np.ndarray] = []
-        for meta in header.tensors:
+        for meta, dtype in zip(header.tensors, dtypes, strict=True):
             try:
-                dtype = wire.parse_dtype(meta.dtype)
-            except wire.WireError as exc:
-                raise _invalid(f"init: tensor {meta.name!r}: {exc}") from exc
-            if any(d < 0 for d in meta.shape):
-                raise _invalid(f"init: tensor {meta.name!r} has a negative dimension")
-            tensor = torch.empty(tuple(meta.shape), dtype=dtype)
+                tensor = torch.empty(tuple(meta.shape), dtype=dtype)
+            except RuntimeError as exc:  # the allocator's refusal
+                raise PSError("RESOURCE_EXHAUSTED",
+                              f"init: tensor {meta.name!r} of shape {list(meta.shape)} "
+                              f"cannot be allocated on parameter server {self.ps_index}: "
+                              f"{exc}") from exc
             key, sep, slot = meta.name.partition(SLOT_SEPARATOR)
             if sep:
                 if slot not in SLOT_NAMES[config.name]:
@@ -419,6 +476,7 @@ class ParameterStore:
             ns.told_done.clear()
             ns.initialized = True
             ns.epoch += 1
+            ns.generation = new_generation(ns.generation)
             ns.cond.notify_all()
             return ns.info()
 
@@ -468,6 +526,12 @@ class ParameterStore:
                 pass
             return pb.PushReply(info=ns.info(header.worker), applied=False,
                                 note="the job is done; the push was not applied")
+        if header.generation and header.generation != ns.generation:
+            raise PSError("ABORTED",
+                          f"push: the gradients of worker {header.worker} were computed on "
+                          f"parameters of generation {header.generation:#x}; parameter "
+                          f"server {self.ps_index} was initialised again since (generation "
+                          f"{ns.generation:#x}): pull the parameters again")
         mode = ns.mode
         checked: dict[str, torch.dtype] = {}
         for meta in header.tensors:
@@ -661,7 +725,7 @@ class ParameterStore:
                                      global_step=snap.step if snap else ns.global_step,
                                      ps_index=self.ps_index, fingerprint=ns.fingerprint,
                                      optimizer=ns.optimizer_pb, mode=ns.mode,
-                                     num_workers=ns.num_workers)
+                                     num_workers=ns.num_workers, generation=ns.generation)
             tensors: list[torch.Tensor] = []
             for name in names:
                 tensors.append(params[name])

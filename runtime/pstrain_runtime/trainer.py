@@ -25,6 +25,9 @@ Failures:
   although the optimizer state of that shard is lost.
 - A restarted worker pulls the current state and continues; in sync mode it joins the
   step the servers are collecting (a duplicate contribution is ignored).
+- Every Init gives a server a new generation, which pulls carry and pushes send back.
+  A gradient computed on parameters from before a restore (or a re-initialisation) is
+  refused (ABORTED), never applied: the worker pulls again and recomputes.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from .store import PSError
 from .task import Task, load_task
 
 EmitFn = Callable[..., None]
+BUSY_BACKOFF_S = 0.2  # before retrying a call a busy server refused
 
 
 class TrainingDiverged(RuntimeError):
@@ -379,6 +383,11 @@ class Trainer:
         """React to a refused or failed call; return to retry the step, or raise."""
         if exc.code == "INVALID_ARGUMENT" and "NaN or inf" in exc.message:
             raise TrainingDiverged(f"training diverged: {exc.message}") from exc
+        if exc.code == "RESOURCE_EXHAUSTED":  # the server is busy: back off, retry
+            time.sleep(BUSY_BACKOFF_S)
+            return
+        if exc.code == "ABORTED":  # a push computed on a server's previous state: the
+            return                 # loop pulls the current parameters and goes on
         if exc.code in ("UNAVAILABLE", "FAILED_PRECONDITION", "DEADLINE_EXCEEDED",
                         "CANCELLED"):
             if self.role.is_chief:

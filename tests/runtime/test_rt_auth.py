@@ -139,7 +139,7 @@ DATA_CALLS = ("Push", "Init", "Pull", "PushPull", "PushPullSmall", "Sparse")
 def test_every_grpc_method_is_covered() -> None:
     from pstrain_runtime.server import ParameterServerService, build_handler
 
-    handler = build_handler(ParameterServerService(None, None))  # type: ignore[arg-type]
+    handler = build_handler(ParameterServerService(None, None, None))  # type: ignore[arg-type]
     names = {m.rsplit("/", 1)[-1] for m in handler._method_handlers}  # type: ignore[attr-defined]
     assert names == set(CALLS)
 

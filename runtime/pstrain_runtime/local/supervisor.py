@@ -13,6 +13,10 @@ Invariants:
   `pstrain_api.policy.decide_restart`, the function the operator uses.
 - Job success is the chief exiting 0. The other replicas then get `success_grace`
   seconds to exit by themselves before they are terminated.
+- A parameter server serves until the chief finishes. One that exits 0 while the job
+  runs, and whose exit the chief's success does not follow within `ps_exit_grace`
+  seconds (a PS told to stop by the chief exits just before it), failed: it is
+  restarted or fails the job under the restart policy (`decide_ps_exit`).
 - Once the job is decided (succeeded, failed, interrupted) nothing is started or
   restarted again; the run finishes when no replica process is left.
 - Stall watchdog (`runPolicy.stallTimeoutSeconds`): the global step the chief reports
@@ -35,7 +39,13 @@ from typing import Literal
 from pstrain_api import constants as c
 from pstrain_api.cluster import ClusterSpec
 from pstrain_api.model import RunPolicy
-from pstrain_api.policy import decide_restart, decide_stall, stalled_for
+from pstrain_api.policy import (
+    RestartDecision,
+    decide_ps_exit,
+    decide_restart,
+    decide_stall,
+    stalled_for,
+)
 
 ReplicaStatus = Literal["pending", "running", "waiting_restart", "exited", "stopped"]
 Stage = Literal["starting_ps", "running", "draining", "stopping", "done"]
@@ -64,10 +74,11 @@ class Settings:
     backoff_base: float = 0.5
     backoff_max: float = 10.0
     checkpoint_wait: float = 30.0
+    ps_exit_grace: float = 15.0
 
     def __post_init__(self) -> None:
         for name in ("health_timeout", "success_grace", "kill_grace", "backoff_base",
-                     "backoff_max", "checkpoint_wait"):
+                     "backoff_max", "checkpoint_wait", "ps_exit_grace"):
             value = getattr(self, name)
             if value < 0:
                 raise ValueError(f"{name} is {value}; it must be at least 0.")
@@ -119,6 +130,7 @@ class Replica:
     started_at: float | None = None
     restart_at: float | None = None
     exit_code: int | None = None
+    exited_at: float | None = None
     stall_restart: bool = False  # stopped by the stall watchdog: its exit is expected
     kill_at: float | None = None  # SIGKILL then, if the watchdog's SIGTERM was ignored
 
@@ -383,7 +395,8 @@ def _exited(state: RunState, obs: Exited) -> tuple[RunState, list[Action]]:
     rep = state.replica(obs.name)
     if rep.attempt != obs.attempt or not rep.is_live:
         return state, []
-    rep = replace(rep, status="exited", exit_code=obs.exit_code, healthy=False)
+    rep = replace(rep, status="exited", exit_code=obs.exit_code, healthy=False,
+                  exited_at=obs.now)
     state = state.with_replica(rep)
 
     if state.stage in ("draining", "stopping"):
@@ -399,17 +412,24 @@ def _exited(state: RunState, obs: Exited) -> tuple[RunState, list[Action]]:
         if rep.is_chief:
             return _chief_succeeded(state, obs.now)
         if not (rep.is_ps and state.stage == "starting_ps"):
-            return state, []  # a worker that finished its share, or a PS told to stop
+            # A worker that finished its share, or a PS told to stop by the chief, whose
+            # success follows (else `_tick` finds the PS exit after `ps_exit_grace`).
+            return state, []
         # A PS that exits 0 before it ever served can never let the job start.
         return _fail(state, obs.now, REASON_EARLY_EXIT,
                      f"{rep.name} exited with code 0 before it served on {rep.address}; "
                      "a parameter server must serve until the job ends.", rep.name)
 
     decision = decide_restart(state.settings.policy, rep.name, obs.exit_code, state.restarts)
+    return _restart_or_fail(state, rep, decision, obs.now)
+
+
+def _restart_or_fail(state: RunState, rep: Replica, decision: RestartDecision,
+                     now: float) -> tuple[RunState, list[Action]]:
     if decision.action == "fail":
-        return _fail(state, obs.now, decision.reason, decision.message, rep.name)
+        return _fail(state, now, decision.reason, decision.message, rep.name)
     delay = restart_delay(state.settings, rep.attempt - 1)
-    rep = replace(rep, status="waiting_restart", restart_at=obs.now + delay)
+    rep = replace(rep, status="waiting_restart", restart_at=now + delay)
     state = replace(state.with_replica(rep), restarts=state.restarts + 1)
     text = f"{decision.message.rstrip('.')}; in {delay:g}s."
     return state, [Notify("warning", text, replica=rep.name)]
@@ -496,7 +516,16 @@ def _tick(state: RunState, now: float) -> tuple[RunState, list[Action]]:
                         f"{rep.name} did not report SERVING on {rep.address} within "
                         f"{s.health_timeout:g}s.", rep.name)
         if state.stage == "running":
-            state, actions = _watch_stall(state, now)
+            for rep in state.ps:
+                if (rep.status == "exited" and rep.exit_code == 0
+                        and rep.exited_at is not None
+                        and now - rep.exited_at >= s.ps_exit_grace):
+                    decision = decide_ps_exit(s.policy, rep.name, state.restarts)
+                    state, actions = _restart_or_fail(state, rep, decision, now)
+                    if state.stage != "running":
+                        return state, actions
+            state, watched = _watch_stall(state, now)
+            actions = [*actions, *watched]
             if state.stage != "running":
                 return state, actions
         due = [r.name for r in state.replicas

@@ -173,6 +173,33 @@ def test_ps_restart_mid_training_keeps_workers_running():
     assert [r.status for r in state.replicas] == ["running"] * 3
 
 
+@pytest.mark.parametrize(("restart_policy", "phase", "reason", "ps_status"), [
+    pytest.param("OnFailure", "Running", "", "waiting_restart", id="onfailure-restarts"),
+    pytest.param("ExitCode", "Failed", "ParameterServerExited", "exited", id="exitcode-fails"),
+    pytest.param("Never", "Failed", "ParameterServerExited", "exited", id="never-fails"),
+])
+def test_a_ps_exiting_0_while_the_chief_trains_is_a_failure_of_that_ps(
+        restart_policy, phase, reason, ps_status):
+    state, _ = play(state_of(make_job().policy(restart_policy, 3).model(), ps_exit_grace=15.0),
+                    ALL_STARTED)
+    state, actions = play(state, [Exited(PS, 1, 0, 5.0), Tick(19.9)])
+    assert actions == [] and state.phase == "Running"  # the chief's success may follow
+    state, actions = decide(state, Tick(20.0))
+    assert (state.phase, state.reason, state.replica(PS).status) == (phase, reason, ps_status)
+    notice = next(a for a in actions if isinstance(a, Notify))
+    assert notice.replica == PS
+    assert notice.text.startswith("parameter server j-ps-0 exited with code 0 before the "
+                                  "chief finished")
+
+
+def test_a_ps_told_to_stop_by_the_chief_exits_just_before_it():
+    state, _ = play(state_of(make_job().model(), ps_exit_grace=15.0), ALL_STARTED)
+    state, actions = play(state, [Exited(PS, 1, 0, 5.0), Tick(10.0), Exited(CHIEF, 1, 0, 11.0),
+                                  Tick(30.0)])
+    assert (state.phase, state.reason) == ("Succeeded", "ChiefSucceeded")
+    assert state.restarts == 0 and starts(actions) == []
+
+
 def test_exit_of_a_stale_attempt_is_ignored():
     state, _ = play(state_of(make_job().model(), backoff_base=0.0), ALL_STARTED)
     state, _ = play(state, [Exited(W1, 1, 1, 2.0), Tick(2.0)])

@@ -32,7 +32,7 @@ from pstrain_api.model import (
     TrainingJob,
     TrainingJobStatus,
 )
-from pstrain_api.policy import decide_restart
+from pstrain_api.policy import decide_restart, shorten
 
 from .build import (
     ANNOTATION_APPLIED_SPEC,
@@ -478,7 +478,10 @@ def decide(obs: Observed, settings: PodSettings,
         p = by_name.get(cluster.replica_name(task))
         if p is None or p.deleting or p.phase != "Failed":
             continue
-        decision = decide_restart(policy, p.name, p.exit_code, st.restarts, p.reason)
+        # The pod's termination message (its last error line, or its log's tail) goes
+        # into the status and the events now, before the pod is deleted or restarted.
+        decision = decide_restart(policy, p.name, p.exit_code, st.restarts, p.reason,
+                                  detail=p.message)
         how = _how(p)
         if decision.action == "fail":
             cause = FailureCause(role=p.role, pod=p.name, exit_code=p.exit_code,
@@ -493,9 +496,10 @@ def decide(obs: Observed, settings: PodSettings,
         st.replica_statuses = {**st.replica_statuses,
                                p.role: role_status.model_copy(
                                    update={"restarts": role_status.restarts + 1})}
+        last = f"; its last output: {shorten(p.message)}" if p.message else ""
         events.append(Event("Warning", R_RESTARTING,
-                            f"restarted pod {p.name} because it failed ({how}); "
-                            f"{decision.message}"))
+                            f"restarting pod {p.name}: it failed ({how}); restart "
+                            f"{st.restarts} of {policy.backoff_limit}{last}"))
 
     # 7. Success: the chief completed.
     chief = by_name.get(cluster.replica_name(cluster.chief))

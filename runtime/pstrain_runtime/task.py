@@ -19,11 +19,14 @@ arguments. The function returns a `Task` (or any object with the same attributes
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from .failure import ConfigurationError, one_line
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -40,30 +43,53 @@ REQUIRED = ("model", "batches", "loss", "evaluate")
 
 
 def load_task(entrypoint: str, args: Mapping[str, Any] | None = None) -> Task:
-    """Import `module:function`, call it with `args`, and check what it returned."""
+    """Import `module:function`, call it with `args`, and check what it returned.
+
+    Every way this can go wrong is the job's configuration, not a passing fault, so
+    each raises `ConfigurationError` with one line that names the entry point and the
+    cause (no traceback): the replica exits with the configuration-error code and the
+    job fails at once.
+    """
+    kwargs = dict(args or {})
     module_name, sep, func_name = entrypoint.partition(":")
     if not sep or not module_name or not func_name:
-        raise ValueError(f"spec.training.entrypoint is {entrypoint!r}; it must be "
-                         "module:function")
+        raise ConfigurationError(f"spec.training.entrypoint is {entrypoint!r}; it must be "
+                                 "module:function")
+    where = f"spec.training.entrypoint {entrypoint!r}"
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"spec.training.entrypoint is {entrypoint!r}; module "
-                         f"{module_name!r} cannot be imported: {exc}") from exc
+    except Exception as exc:  # the user's module may raise anything while it imports
+        raise ConfigurationError(f"{where}: module {module_name!r} cannot be imported: "
+                                 f"{_cause(exc)}") from exc
     func = getattr(module, func_name, None)
     if not callable(func):
-        raise ValueError(f"spec.training.entrypoint is {entrypoint!r}; {module_name} has "
-                         f"no function {func_name!r}")
+        raise ConfigurationError(f"{where}: module {module_name} has no function "
+                                 f"{func_name!r}")
     try:
-        task = func(**dict(args or {}))
+        inspect.signature(func).bind(**kwargs)
     except TypeError as exc:
-        raise ValueError(f"spec.training.args {dict(args or {})} do not fit "
-                         f"{entrypoint}: {exc}") from exc
+        raise ConfigurationError(f"spec.training.args {sorted(kwargs)} do not fit the "
+                                 f"signature of {entrypoint}: {one_line(str(exc))}") from exc
+    except ValueError:
+        pass  # no signature to check (a builtin): the call below tells
+    try:
+        task = func(**kwargs)
+    except Exception as exc:  # the user's function may raise anything
+        raise ConfigurationError(f"{where}: calling {func_name}(**spec.training.args) "
+                                 f"raised {_cause(exc)}") from exc
     missing = [name for name in REQUIRED if not hasattr(task, name)]
     if missing:
-        raise ValueError(f"{entrypoint} returned {type(task).__name__}, which lacks "
-                         f"{missing}; see pstrain_runtime.task.Task")
+        raise ConfigurationError(f"{where} returned {type(task).__name__}, which lacks "
+                                 f"{missing}; it must return a pstrain_runtime.task.Task")
     if not isinstance(task.model, torch.nn.Module):
-        raise ValueError(f"{entrypoint} returned a model of type "
-                         f"{type(task.model).__name__}; it must be a torch.nn.Module")
+        raise ConfigurationError(f"{where} returned a model of type "
+                                 f"{type(task.model).__name__}; it must be a torch.nn.Module")
+    not_callable = [name for name in REQUIRED[1:] if not callable(getattr(task, name))]
+    if not_callable:
+        raise ConfigurationError(f"{where} returned a Task whose {not_callable} are not "
+                                 "callable")
     return task  # type: ignore[no-any-return]
+
+
+def _cause(exc: BaseException) -> str:
+    return one_line(f"{type(exc).__name__}: {exc}", 500)

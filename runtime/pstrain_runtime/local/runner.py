@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pstrain_api.cluster import local_cluster_spec, task_count
+from pstrain_api.constants import ENV_TERMINATION_LOG
 from pstrain_api.events import parse_event
 from pstrain_api.model import TrainingJob
 
@@ -204,6 +205,10 @@ def _run(job: TrainingJob, options: RunOptions, out: TextIO, log_stream: TextIO,
                         for t in tasks], visible_gpus())
     for name, devices in gpus.items():
         environments[name][ENV_VISIBLE] = devices
+    # Each replica leaves its last error line here; the supervisor quotes it.
+    last_words = tempfile.TemporaryDirectory(prefix=f"pstrain-{job.name}-exit-")
+    for name, env in environments.items():
+        env[ENV_TERMINATION_LOG] = str(Path(last_words.name) / name)
     run_policy = job.spec.run_policy
     settings = Settings(
         policy=run_policy,
@@ -266,6 +271,7 @@ def _run(job: TrainingJob, options: RunOptions, out: TextIO, log_stream: TextIO,
         finally:
             table.kill_all()
             reporter.close()
+            last_words.cleanup()
 
     wall = clock() - started
     summary = build_summary(state, metrics, wall, job.name, checkpoint_dir)

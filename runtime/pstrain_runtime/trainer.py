@@ -24,6 +24,13 @@ Failures:
   although the optimizer state of that shard is lost.
 - A restarted worker pulls the current state and continues; in sync mode it joins the
   step the servers are collecting (a duplicate contribution is ignored).
+
+Checkpoint storage: the chief refuses an unusable checkpoint directory before it
+trains (`checkpoint_dir.check_directory`, a configuration error). A checkpoint write
+that fails mid-run is reported and training carries on (the next interval tries
+again). When the final checkpoint cannot be written, the trained parameters go to a
+fallback directory, which is reported, and then the chief fails with a configuration
+error, so the job fails at once with that line instead of restarting the chief.
 """
 
 from __future__ import annotations
@@ -41,7 +48,9 @@ from pstrain_api import events
 from pstrain_api.model import Training
 
 from .checkpoint import Checkpoint, CheckpointError, CheckpointStore, model_fingerprint
+from .checkpoint_dir import check_directory, fallback_directories
 from .client import ShardedClient, Transport, retry_unavailable
+from .failure import ConfigurationError, one_line
 from .optim import OptimizerConfig, OptimizerState
 from .placement import build_placement, param_specs
 from .proto import ps_pb2 as pb
@@ -75,6 +84,10 @@ class TrainResult:
     samples_per_sec: float = 0.0
     wall_seconds: float = 0.0
     lost_steps: int = 0
+
+
+def _why(exc: BaseException) -> str:
+    return one_line(f"{type(exc).__name__}: {exc}", 300)
 
 
 def pick_device() -> torch.device:
@@ -129,6 +142,7 @@ class Trainer:
                            if ckpt.directory else None)
         self.last_step = 0  # newest global step seen
         self.last_ckpt_step: int | None = None
+        self.failed_ckpt: tuple[Checkpoint, BaseException] | None = None  # the last write
         self.lost_steps = 0
         self._fresh = False  # the mirror holds parameters pulled by the last push
         # Pipelining (async only): step k's push_pull runs in the background while step
@@ -212,8 +226,50 @@ class Trainer:
 
     # ------------------------------------------------------------------ chief: state
     def _save_checkpoint(self) -> Path | None:
+        """Write a checkpoint of the servers' state now. A write that fails is reported
+        and training carries on (the next interval tries again): None."""
         if self.ckpt_store is None:
             return None
+        ckpt = self._pull_checkpoint()
+        try:
+            path = self.ckpt_store.save(ckpt)
+        except (OSError, RuntimeError) as exc:  # torch.save wraps some write errors
+            self.failed_ckpt = (ckpt, exc)
+            print(f"pstrain: warning: the checkpoint of step {ckpt.global_step} could not be "
+                  f"written to {self.ckpt_store.directory} ({_why(exc)}); training goes on "
+                  "and the next checkpoint tries again", flush=True)
+            return None
+        self.failed_ckpt = None
+        self.last_ckpt_step = ckpt.global_step
+        self.emit("checkpoint", step=ckpt.global_step, path=str(path))
+        self._report(checkpoint=(ckpt.global_step, str(path), ckpt.wall_time))
+        return path
+
+    def _save_fallback(self) -> None:
+        """The final checkpoint could not be written: save the trained parameters to a
+        fallback directory, then fail (a configuration error: retrying cannot help)."""
+        assert self.failed_ckpt is not None  # set by the failed _save_checkpoint
+        ckpt, error = self.failed_ckpt
+        where = self.ckpt_store.directory if self.ckpt_store else None
+        lost = (f"the final checkpoint (step {ckpt.global_step}) could not be written to "
+                f"{where} ({_why(error)})")
+        problems = []
+        for directory in fallback_directories(self.role.namespace):
+            try:
+                check_directory(directory, "the fallback directory")
+                path = CheckpointStore(directory).save(ckpt)
+            except (ConfigurationError, OSError, RuntimeError) as exc:
+                problems.append(_why(exc))
+                continue
+            print(f"pstrain: the trained parameters of step {ckpt.global_step} were saved to "
+                  f"{path}", flush=True)
+            raise ConfigurationError(
+                f"{lost}; the trained parameters were saved to {path} instead (point "
+                "checkpoint.directory at its directory to continue from them)")
+        raise ConfigurationError(f"{lost}, nor to any fallback directory: "
+                                 + "; ".join(problems))
+
+    def _pull_checkpoint(self) -> Checkpoint:
         state = self._retry(self.client.pull_state)
         params = self.client.assemble(state.params, self.mirror)
         slots: dict[str, dict[str, torch.Tensor]] = {}
@@ -227,14 +283,9 @@ class Trainer:
                     view = full[piece.row_start:piece.row_end] if piece.partitioned else full
                     view.copy_(state.slots[piece.key][slot])
                 slots.setdefault(name, {})[slot] = full
-        ckpt = Checkpoint(global_step=state.global_step, fingerprint=self.fingerprint,
+        return Checkpoint(global_step=state.global_step, fingerprint=self.fingerprint,
                           optimizer=self.optimizer.name, params=params, slots=slots,
                           slot_steps=slot_steps, wall_time=time.time())
-        path = self.ckpt_store.save(ckpt)
-        self.last_ckpt_step = ckpt.global_step
-        self.emit("checkpoint", step=ckpt.global_step, path=str(path))
-        self._report(checkpoint=(ckpt.global_step, str(path), ckpt.wall_time))
-        return path
 
     def _install(self, params: Mapping[str, torch.Tensor],
                  states: Mapping[str, OptimizerState] | None, global_step: int,
@@ -270,6 +321,8 @@ class Trainer:
         return ckpt, path
 
     def _start_chief(self) -> None:
+        if self.ckpt_store is not None:  # refuse an unusable directory before training
+            check_directory(self.ckpt_store.directory)
         infos = self._infos()
         if all(i.initialized for i in infos):
             # The chief restarted while the servers kept training: join them.
@@ -597,7 +650,8 @@ class Trainer:
                                   / max(result.wall_seconds, 1e-9))
         self.emit("eval", step=gstep, **result.metrics)
         if self.ckpt_store is not None and self.last_ckpt_step != gstep:
-            self._save_checkpoint()
+            if self._save_checkpoint() is None:
+                self._save_fallback()
         self._report(loss=result.loss, samples_per_sec=result.samples_per_sec,
                      accuracy=result.metrics.get("accuracy"))
         self.emit("done", step=gstep, loss=result.loss,

@@ -31,6 +31,7 @@ from pstrain_api.constants import ENV_TERMINATION_LOG
 from pstrain_api.events import parse_event
 from pstrain_api.model import TrainingJob
 
+from ..checkpoint_dir import check_directory
 from .devices import ENV_VISIBLE, DeviceRequest, assign_gpus, visible_gpus
 from .metrics import Metrics, build_summary, fold
 from .processes import (DEFAULT_REPLICA_COMMAND, Line, ProcessTable, find_free_ports,
@@ -118,11 +119,18 @@ def _make_reporter(options: RunOptions, stream: TextIO, names: Sequence[str],
 
 def run_job(job: TrainingJob, options: RunOptions = RunOptions(),
             stdout: TextIO | None = None, stderr: TextIO | None = None) -> RunResult:
-    """Run `job` as local processes until it succeeds, fails or is interrupted."""
+    """Run `job` as local processes until it succeeds, fails or is interrupted.
+
+    Raises ConfigurationError, before anything starts, when the checkpoint directory
+    cannot be used."""
     temp_dir: str | None = None
     if options.checkpoint_dir:
+        check_directory(options.checkpoint_dir, "--checkpoint-dir")
         job = with_checkpoint_dir(job, str(Path(options.checkpoint_dir).resolve()))
-    elif not job.spec.training.checkpoint.directory:
+    elif job.spec.training.checkpoint.directory:
+        check_directory(job.spec.training.checkpoint.directory,
+                        "spec.training.checkpoint.directory")
+    else:
         # A restarted parameter server can only come back from a checkpoint.
         temp_dir = tempfile.mkdtemp(prefix=f"pstrain-{job.name}-ckpt-")
         job = with_checkpoint_dir(job, temp_dir)

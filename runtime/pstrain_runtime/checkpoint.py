@@ -6,7 +6,9 @@ fingerprint (a digest of names, shapes and dtypes). Files are written atomically
 temporary file in the same directory, fsync, `os.replace`) and read with
 `torch.load(weights_only=True)`, so a checkpoint can never execute code. Loading
 rejects a file of another format version or another model with a message that says
-which.
+which, and a file whose tensors do not fit the model (whatever fingerprint it claims)
+before anything is installed; such a mismatch is a configuration error
+(`CheckpointMismatch`): no restart can fix it.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from .failure import ConfigurationError
 
 FORMAT = "pstrain-checkpoint"
 FORMAT_VERSION = 1
@@ -29,6 +33,11 @@ FILE_RE = re.compile(r"^ckpt-(\d{12})\.pt$")
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message names the file and the reason."""
+
+
+class CheckpointMismatch(CheckpointError, ConfigurationError):
+    """A readable checkpoint of another model or optimizer: no restart can fix it, so
+    the replica that finds it reports a configuration error."""
 
 
 def fingerprint(shapes: Mapping[str, tuple[tuple[int, ...], str]]) -> str:
@@ -90,16 +99,57 @@ class Checkpoint:
 
     def check_matches(self, expected_fingerprint: str, optimizer: str, where: str) -> None:
         if self.fingerprint != expected_fingerprint:
-            raise CheckpointError(
+            raise CheckpointMismatch(
                 f"{where} was written for a different model (fingerprint "
                 f"{self.fingerprint[:12]}, this model is {expected_fingerprint[:12]}); "
                 "point checkpoint.directory at this model's checkpoints or remove it"
             )
         if self.optimizer != optimizer:
-            raise CheckpointError(
+            raise CheckpointMismatch(
                 f"{where} holds {self.optimizer} optimizer state, but the job uses "
                 f"{optimizer}; change the optimizer back or start a new checkpoint directory"
             )
+
+
+    def check_tensors(self, model: Mapping[str, torch.Tensor], where: str,
+                      slot_names: Sequence[str] = ()) -> None:
+        """Every tensor of the file fits `model` (names, shapes, dtypes; the optimizer's
+        `slot_names` present and shaped like their parameter). The fingerprint is only
+        what the file claims: a file whose tensors disagree with it is refused here,
+        before anything is installed."""
+        problems: list[str] = []
+        missing = sorted(set(model) - set(self.params))
+        extra = sorted(set(self.params) - set(model))
+        if missing:
+            problems.append(f"parameters {missing} are missing")
+        if extra:
+            problems.append(f"parameters {extra} are not in the model")
+        for name, want in model.items():
+            tensors = [("parameter", self.params.get(name))] + [
+                (f"{slot} slot of", t) for slot, t in self.slots.get(name, {}).items()]
+            for what, got in tensors:
+                if got is None:
+                    continue
+                if not isinstance(got, torch.Tensor):
+                    problems.append(f"{what} {name!r} is a {type(got).__name__}, not a tensor")
+                elif tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
+                    problems.append(
+                        f"{what} {name!r} is {_describe(got)} in the file, but the model's "
+                        f"is {_describe(want)}")
+            absent = sorted(set(slot_names) - set(self.slots.get(name, {})))
+            if absent and name in self.params:
+                problems.append(f"optimizer slots {absent} of {name!r} are missing")
+        for name in sorted(set(self.slots) - set(model)):
+            problems.append(f"optimizer slots of {name!r}, which is not in the model")
+        if problems:
+            shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more"
+                                               if len(problems) > 3 else "")
+            raise CheckpointMismatch(f"{where} does not fit this model: {shown}; nothing was "
+                                     "restored")
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
 
 
 def save_checkpoint(ckpt: Checkpoint, path: Path) -> Path:

@@ -51,7 +51,7 @@ from .checkpoint import Checkpoint, CheckpointError, CheckpointStore, model_fing
 from .checkpoint_dir import check_directory, fallback_directories
 from .client import ShardedClient, Transport, retry_unavailable
 from .failure import ConfigurationError, one_line
-from .optim import OptimizerConfig, OptimizerState
+from .optim import SLOT_NAMES, OptimizerConfig, OptimizerState
 from .placement import build_placement, param_specs
 from .proto import ps_pb2 as pb
 from .store import PSError
@@ -299,6 +299,7 @@ class Trainer:
 
     def _restore_all(self, ckpt: Checkpoint, path: Path) -> None:
         ckpt.check_matches(self.fingerprint, self.optimizer.name, str(path))
+        ckpt.check_tensors(self.mirror, str(path), SLOT_NAMES[self.optimizer.name])
         states: dict[str, OptimizerState] = {}
         for piece in self.placement.pieces:
             slots = {}
@@ -336,7 +337,15 @@ class Trainer:
             ckpt, path = latest
             self._restore_all(ckpt, path)
             self.last_step = ckpt.global_step
-            self.emit("restored", step=ckpt.global_step, path=str(path), lost_steps=0)
+            past = ckpt.global_step > self.training.steps
+            warning = (f"checkpoint {path} is at global step {ckpt.global_step}, past this "
+                       f"job's target of {self.training.steps} steps (spec.training.steps): "
+                       "nothing is left to train, so the job ends with that checkpoint's "
+                       "parameters")
+            if past:
+                print(f"pstrain: warning: {warning}", flush=True)
+            self.emit("restored", step=ckpt.global_step, path=str(path), lost_steps=0,
+                      **({"warning": warning} if past else {}))
             return
         self._install(self.mirror, None, 0)
         self.last_step = 0

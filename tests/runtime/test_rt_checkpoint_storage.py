@@ -13,11 +13,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from pstrain_runtime.checkpoint import Checkpoint, CheckpointStore, load_checkpoint
+from pstrain_runtime.checkpoint import (
+    Checkpoint,
+    CheckpointMismatch,
+    CheckpointStore,
+    load_checkpoint,
+)
 from pstrain_runtime.checkpoint_dir import check_directory
 from pstrain_runtime.client import LocalTransport
 from pstrain_runtime.failure import ConfigurationError
 from pstrain_runtime.local.cli import run_main
+from pstrain_runtime.local.metrics import Metrics, fold
+from pstrain_runtime.local.render import format_event
 from pstrain_runtime.store import ParameterStore
 from pstrain_runtime.trainer import Trainer, WorkerRole
 
@@ -160,3 +167,98 @@ def test_a_failed_final_write_saves_the_parameters_elsewhere_then_fails(
     for name, value in chief.mirror.items():
         torch.testing.assert_close(ckpt.params[name], value)
     assert [k for k, _ in emitted if k == "done"] == []  # the job is not reported done
+
+
+# --------------------------------------------------------------------------- what is restored
+
+
+def model_tensors() -> dict[str, torch.Tensor]:
+    return {"w": torch.zeros(4, 3), "b": torch.zeros(4)}
+
+
+ADAM_SLOTS = ("exp_avg", "exp_avg_sq")
+
+
+def ckpt_of(params: dict, slots: dict | None = None) -> Checkpoint:
+    """An adam checkpoint; its slots are well-formed unless `slots` says otherwise."""
+    good = {n: {s: torch.zeros_like(t) for s in ADAM_SLOTS}
+            for n, t in model_tensors().items() if n in params}
+    return Checkpoint(global_step=7, fingerprint="f", optimizer="adam", params=params,
+                      slots=good if slots is None else slots)
+
+
+@pytest.mark.parametrize(
+    ("ckpt", "expected"),
+    [
+        pytest.param(ckpt_of({"w": torch.zeros(4, 4), "b": torch.zeros(4)}),
+                     "parameter 'w' is [4, 4] float32 in the file, but the model's is [4, 3] "
+                     "float32", id="wrong-shape"),
+        pytest.param(ckpt_of({"w": torch.zeros(4, 3, dtype=torch.float64),
+                              "b": torch.zeros(4)}),
+                     "parameter 'w' is [4, 3] float64 in the file", id="wrong-dtype"),
+        pytest.param(ckpt_of({"w": torch.zeros(4, 3)}), "parameters ['b'] are missing",
+                     id="missing"),
+        pytest.param(ckpt_of({**model_tensors(), "c": torch.zeros(1)}),
+                     "parameters ['c'] are not in the model", id="extra"),
+        pytest.param(ckpt_of(model_tensors(), {"w": {"exp_avg": torch.zeros(3, 4),
+                                                     "exp_avg_sq": torch.zeros(4, 3)},
+                                               "b": {s: torch.zeros(4) for s in ADAM_SLOTS}}),
+                     "exp_avg slot of 'w' is [3, 4] float32", id="slot-shape"),
+        pytest.param(ckpt_of(model_tensors(), {"w": {"exp_avg": torch.zeros(4, 3)}}),
+                     "optimizer slots ['exp_avg_sq'] of 'w' are missing", id="slot-missing"),
+        pytest.param(ckpt_of(model_tensors(), {"c": {"exp_avg": torch.zeros(1)}}),
+                     "optimizer slots of 'c', which is not in the model", id="slot-extra"),
+        pytest.param(ckpt_of({"w": [[0.0] * 3] * 4, "b": torch.zeros(4)}),
+                     "parameter 'w' is a list, not a tensor", id="not-a-tensor"),
+    ],
+)
+def test_tensors_that_do_not_fit_the_model_are_refused(ckpt, expected) -> None:
+    with pytest.raises(CheckpointMismatch) as caught:
+        ckpt.check_tensors(model_tensors(), "/ckpt/ckpt-000000000007.pt", ADAM_SLOTS)
+    message = str(caught.value)
+    assert message.startswith("/ckpt/ckpt-000000000007.pt does not fit this model: ")
+    assert expected in message and message.endswith("nothing was restored")
+    assert isinstance(caught.value, ConfigurationError)  # no restart can fix it
+
+
+def test_tensors_that_fit_pass() -> None:
+    ckpt_of(model_tensors()).check_tensors(model_tensors(), "x", ADAM_SLOTS)
+
+
+def test_a_forged_checkpoint_is_refused_before_anything_is_installed(tmp_path) -> None:
+    training = digits_training(steps=5, checkpoint={"directory": str(tmp_path)})
+    store = ParameterStore()
+    chief = Trainer(training, WorkerRole("ns", 0, 1), [LocalTransport(store)])
+    params = {n: t.clone() for n, t in chief.mirror.items()}
+    first = next(iter(params))
+    params[first] = torch.zeros(params[first].shape[0] + 1, *params[first].shape[1:])
+    forged = CheckpointStore(tmp_path).save(Checkpoint(
+        global_step=3, fingerprint=chief.fingerprint, optimizer=chief.optimizer.name,
+        params=params))
+    with pytest.raises(CheckpointMismatch, match=f"^{forged} does not fit this model: "
+                                                 f"parameter '{first}' is "):
+        run_chief(chief)
+    assert not store.info("ns").initialized
+
+
+def test_a_checkpoint_past_the_target_step_is_reported(tmp_path, capsys) -> None:
+    emitted: list = []
+    training = digits_training(steps=5, checkpoint={"directory": str(tmp_path)})
+    first = Trainer(training, WorkerRole("ns", 0, 1), [LocalTransport(ParameterStore())])
+    path = CheckpointStore(tmp_path).save(Checkpoint(
+        global_step=999_999, fingerprint=first.fingerprint, optimizer=first.optimizer.name,
+        params={n: t.clone() for n, t in first.mirror.items()},
+        slots={n: {"momentum_buffer": torch.zeros_like(t)} for n, t in first.mirror.items()}))
+    first.close()
+    chief = Trainer(training, WorkerRole("ns", 0, 1), [LocalTransport(ParameterStore())],
+                    emit=lambda kind, **f: emitted.append((kind, f)))
+    run_chief(chief)
+    warning = (f"checkpoint {path} is at global step 999999, past this job's target of 5 "
+               "steps (spec.training.steps): nothing is left to train, so the job ends with "
+               "that checkpoint's parameters")
+    [restored] = [f for k, f in emitted if k == "restored"]
+    assert restored["warning"] == warning
+    assert f"pstrain: warning: {warning}" in capsys.readouterr().out
+    metrics = fold(Metrics(total_steps=5), "j-worker-0", {"event": "restored", **restored})
+    assert format_event("j-worker-0", {"event": "restored", **restored}, metrics) == (
+        f"j-worker-0: restored checkpoint from step 999999; 0 steps lost; {warning}")

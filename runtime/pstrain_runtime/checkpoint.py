@@ -1,8 +1,9 @@
 """Checkpoints: what is saved (`Checkpoint`) apart from where and how (`CheckpointStore`).
 
 A checkpoint holds the global step, every parameter, the optimizer state of every
-parameter (step count and slots), the optimizer name, a format version and the model
-fingerprint (a digest of names, shapes and dtypes). Files are written atomically (a
+parameter (step count and slots), the optimizer name, a format version, the model
+fingerprint (a digest of names, shapes and dtypes) and each worker's position in its
+data (how many batches it had drawn; optional, so older files still load). Files are written atomically (a
 temporary file in the same directory, fsync, `os.replace`) and read with
 `torch.load(weights_only=True)`, so a checkpoint can never execute code. Loading
 rejects a file of another format version or another model with a message that says
@@ -61,6 +62,9 @@ class Checkpoint:
     slots: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     slot_steps: dict[str, int] = field(default_factory=dict)
     wall_time: float = 0.0
+    # Per worker (index = worker), the batches it had drawn from its data when these
+    # parameters were saved: where its `batches` resumes. Empty in files from before.
+    positions: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -73,6 +77,7 @@ class Checkpoint:
             "slots": self.slots,
             "slot_steps": self.slot_steps,
             "wall_time": self.wall_time or time.time(),
+            "positions": list(self.positions),
         }
 
     @classmethod
@@ -93,6 +98,7 @@ class Checkpoint:
                 slots={k: dict(v) for k, v in data["slots"].items()},
                 slot_steps={k: int(v) for k, v in data["slot_steps"].items()},
                 wall_time=float(data.get("wall_time", 0.0)),
+                positions=[_position(p) for p in data.get("positions", [])],
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CheckpointError(f"{where} is missing or has malformed field: {exc}") from exc
@@ -146,6 +152,12 @@ class Checkpoint:
                                                if len(problems) > 3 else "")
             raise CheckpointMismatch(f"{where} does not fit this model: {shown}; nothing was "
                                      "restored")
+
+
+def _position(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"positions holds {value!r}; each must be a whole number >= 0")
+    return value
 
 
 def _describe(t: torch.Tensor) -> str:

@@ -146,6 +146,9 @@ class Namespace:
         self.epoch = 0  # bumped by every init: blocked waits end when it changes
         self.told_done: set[int] = set()
         self.worker_pushes: dict[int, int] = {}
+        # async: per worker, the batches it had drawn when its last applied push was made
+        # (the push's step + 1); from a checkpoint's INIT until then
+        self.positions: dict[int, int] = {}
         self.buckets: dict[int, Bucket] = {}
         self.skipped_nonfinite = 0
         self.report = JobReport()
@@ -185,12 +188,18 @@ class Namespace:
             self._pool.clear()
             self._flat_pool.clear()
 
+    def position_of(self, worker: int) -> int:
+        """Where `worker`'s data resumes: in sync mode every worker draws one batch per
+        global step, so the step itself; in async mode what its pushes said."""
+        return self.global_step if self.mode == "sync" else self.positions.get(worker, 0)
+
     def info(self, worker: int | None = None) -> pb.StepInfo:
         if self.done and worker is not None:
             self.told_done.add(worker)
         return pb.StepInfo(global_step=self.global_step, done=self.done,
                            initialized=self.initialized,
-                           skipped_nonfinite=self.skipped_nonfinite)
+                           skipped_nonfinite=self.skipped_nonfinite,
+                           position=self.position_of(worker) if worker is not None else 0)
 
 
 def optimizer_from_pb(spec: pb.OptimizerSpec) -> OptimizerConfig:
@@ -383,6 +392,7 @@ class ParameterStore:
             ns.target_steps = header.target_steps
             ns.buckets.clear()
             ns.worker_pushes.clear()
+            ns.positions = dict(enumerate(header.positions))
             ns.clear_pools()
             ns.done = False
             ns.told_done.clear()
@@ -525,6 +535,7 @@ class ParameterStore:
             spent = time.perf_counter() - started
             ns.global_step += 1
             ns.worker_pushes[worker] = ns.worker_pushes.get(worker, 0) + 1
+            ns.positions[worker] = header.step + 1  # async: the step is the batch's index
             ns.cond.notify_all()
             return pb.PushReply(info=ns.info(worker), applied=True, apply_seconds=spent)
 
@@ -618,6 +629,8 @@ class ParameterStore:
                         tensors.append(value)
                         header.tensors.append(
                             wire.meta_of(f"{name}{SLOT_SEPARATOR}{slot}", value))
+            if request.include_slots:
+                header.positions.extend(ns.position_of(w) for w in range(ns.num_workers))
             if request.consistent or request.include_slots:
                 tensors = [t.clone() for t in tensors]
             info = ns.info(request.worker)

@@ -7,9 +7,14 @@ arguments. The function returns a `Task` (or any object with the same attributes
 - `model`: a `torch.nn.Module`. Every replica calls the function, so it must build the
   same parameter names and shapes everywhere; the chief's initial values are the ones
   installed on the parameter servers.
-- `batches(worker, num_workers, batch_size, seed)`: an iterator of `(inputs, targets)`
-  for this worker, endless or long enough for the job. Workers should see different
-  data (shard by `worker`), deterministically from `seed`.
+- `batches(worker, num_workers, batch_size, seed, start=0)`: an iterator of
+  `(inputs, targets)` for this worker, endless or long enough for the job. Workers
+  should see different data (shard by `worker`), deterministically from `seed`.
+  `start` is where to resume: the iterator begins with the batch that would be number
+  `start` (from 0) of the stream it yields with `start=0`. pstrain keeps each worker's
+  count of drawn batches in every checkpoint and on the parameter servers, so after a
+  restore or a restart a worker continues where it left off. A `batches` without a
+  `start` parameter still works: pstrain draws and drops the first `start` batches.
 - `loss(outputs, targets)`: a scalar tensor; it should be a mean over the batch (sync
   mode averages gradients over workers).
 - `evaluate(model)`: returns a dict of metrics, with `accuracy` (0..1) when the task
@@ -34,7 +39,7 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 @dataclass
 class Task:
     model: torch.nn.Module
-    batches: Callable[[int, int, int, int], Iterator[Batch]]
+    batches: Callable[..., Iterator[Batch]]
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     evaluate: Callable[[torch.nn.Module], Mapping[str, float]]
 
@@ -93,3 +98,30 @@ def load_task(entrypoint: str, args: Mapping[str, Any] | None = None) -> Task:
 
 def _cause(exc: BaseException) -> str:
     return one_line(f"{type(exc).__name__}: {exc}", 500)
+
+
+def takes_start(batches: Callable[..., Iterator[Batch]]) -> bool:
+    """Whether `batches` accepts the `start` keyword (or any keyword)."""
+    try:
+        params = inspect.signature(batches).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "start" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def open_batches(task: Task, worker: int, num_workers: int, batch_size: int, seed: int,
+                 start: int = 0) -> Iterator[Batch]:
+    """This worker's batches, from number `start` of its stream on (see the contract
+    above). Raises ValueError when a finite stream ends before `start`."""
+    if takes_start(task.batches):
+        return iter(task.batches(worker, num_workers, batch_size, seed, start=start))
+    stream = iter(task.batches(worker, num_workers, batch_size, seed))
+    if start:
+        print(f"pstrain: batches() takes no `start`; drawing and dropping {start} batches "
+              "to resume where this worker left off (accept `start` to resume at once)",
+              flush=True)
+    for drawn in range(start):
+        if next(stream, None) is None:
+            raise ValueError(f"batches() ran out after {drawn} batches while resuming at "
+                             f"batch {start}; it must be endless or long enough for the job")
+    return stream

@@ -25,6 +25,14 @@ Failures:
 - A restarted worker pulls the current state and continues; in sync mode it joins the
   step the servers are collecting (a duplicate contribution is ignored).
 
+Data position: every worker counts the batches it draws (`position`). In async mode a
+push's step is its batch's index, and server 0 keeps the last applied one per worker;
+in sync mode every worker draws one batch per global step, so the step is the
+position. Checkpoints save these positions and a restore installs them, so a worker
+that starts (first start, restart, resume) opens its `batches` where it left off
+(`task.open_batches`). Workers that keep running through a parameter server's
+recovery keep their iterators: the batches of lost steps are not read again.
+
 Checkpoint storage: the chief refuses an unusable checkpoint directory before it
 trains (`checkpoint_dir.check_directory`, a configuration error). A checkpoint write
 that fails mid-run is reported and training carries on (the next interval tries
@@ -38,7 +46,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,7 +63,7 @@ from .optim import SLOT_NAMES, OptimizerConfig, OptimizerState
 from .placement import build_placement, param_specs
 from .proto import ps_pb2 as pb
 from .store import PSError
-from .task import Task, load_task
+from .task import Task, load_task, open_batches
 
 EmitFn = Callable[..., None]
 
@@ -143,6 +151,7 @@ class Trainer:
         self.last_step = 0  # newest global step seen
         self.last_ckpt_step: int | None = None
         self.failed_ckpt: tuple[Checkpoint, BaseException] | None = None  # the last write
+        self.position = 0  # batches drawn from this worker's data since the job began
         self.lost_steps = 0
         self._fresh = False  # the mirror holds parameters pulled by the last push
         # Pipelining (async only): step k's push_pull runs in the background while step
@@ -285,17 +294,19 @@ class Trainer:
                 slots.setdefault(name, {})[slot] = full
         return Checkpoint(global_step=state.global_step, fingerprint=self.fingerprint,
                           optimizer=self.optimizer.name, params=params, slots=slots,
-                          slot_steps=slot_steps, wall_time=time.time())
+                          slot_steps=slot_steps, wall_time=time.time(),
+                          positions=state.positions)
 
     def _install(self, params: Mapping[str, torch.Tensor],
                  states: Mapping[str, OptimizerState] | None, global_step: int,
-                 only: Sequence[int] | None = None) -> None:
+                 only: Sequence[int] | None = None, positions: Sequence[int] = ()) -> None:
         self._retry(lambda: self.client.init(
             params, self.optimizer, mode=self.training.mode,
             num_workers=self.role.num_workers,
             staleness_bound=self.training.staleness_bound,
             fingerprint=self.fingerprint, global_step=global_step,
-            target_steps=self.training.steps, states=states, only=only))
+            target_steps=self.training.steps, states=states, only=only,
+            positions=positions))
 
     def _restore_all(self, ckpt: Checkpoint, path: Path) -> None:
         ckpt.check_matches(self.fingerprint, self.optimizer.name, str(path))
@@ -307,7 +318,13 @@ class Trainer:
                 slots[slot] = full[piece.row_start:piece.row_end] if piece.partitioned else full
             states[piece.key] = OptimizerState(step=ckpt.slot_steps.get(piece.param, 0),
                                                slots=slots)
-        self._install(ckpt.params, states, ckpt.global_step)
+        positions = ckpt.positions
+        if positions and len(positions) != self.role.num_workers:
+            print(f"pstrain: {path} holds the data positions of {len(positions)} workers and "
+                  f"this job has {self.role.num_workers}; every worker reads its data from "
+                  "the beginning", flush=True)
+            positions = []
+        self._install(ckpt.params, states, ckpt.global_step, positions=positions)
         self.last_ckpt_step = ckpt.global_step
 
     def _latest_checkpoint(self) -> tuple[Checkpoint, Path] | None:
@@ -532,8 +549,12 @@ class Trainer:
         else:
             self._wait_initialised()
         start_step = self.last_step
-        batches: Iterator[tuple[torch.Tensor, torch.Tensor]] = self.task.batches(
-            role.worker, role.num_workers, training.batch_size, training.seed)
+        # Where this worker's data resumes: kept by server 0 (restored from a checkpoint,
+        # or from this worker's pushes before it restarted).
+        info = self._retry(lambda: self.client.info(0, role.worker))
+        self.position = int(info.position)
+        batches = open_batches(self.task, role.worker, role.num_workers,
+                               training.batch_size, training.seed, start=self.position)
         result = TrainResult()
         ckpt_every = training.checkpoint.interval_steps
         next_ckpt = (self.last_step // ckpt_every + 1) * ckpt_every
@@ -573,14 +594,17 @@ class Trainer:
                     local_steps = [mine if g <= mine <= g + bound else g
                                    for mine, g in zip(local_steps, pulled, strict=True)]
                 else:
-                    local_steps = [result.local_steps] * self.placement.num_ps
+                    # async: a push's step is the index of its batch in this worker's
+                    # data; server 0 keeps it, and so every checkpoint has it.
+                    local_steps = [self.position] * self.placement.num_ps
                 self._copy_in()
                 try:
                     batch = next(batches)
                 except StopIteration:
                     raise ValueError(
-                        f"{training.entrypoint}: batches() ran out after {result.local_steps} "
+                        f"{training.entrypoint}: batches() ran out after {self.position} "
                         "batches; it must be endless or long enough for the job") from None
+                self.position += 1
                 try:
                     loss, replies = self._backward_and_push(batch, local_steps)
                 except PSError as exc:

@@ -1,0 +1,174 @@
+"""Where each worker is in its data is part of the job's state: the parameter servers
+keep it, checkpoints save it, and a worker that starts opens its `batches` where it
+left off, instead of reading the early batches again."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from pstrain_runtime.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    CheckpointStore,
+    load_checkpoint,
+)
+from pstrain_runtime.client import LocalTransport
+from pstrain_runtime.examples import digits
+from pstrain_runtime.store import ParameterStore
+from pstrain_runtime.task import Task, open_batches
+from pstrain_runtime.trainer import Trainer, WorkerRole
+
+from .builders import digits_training
+from .test_rt_store import good_grads, push_frames, ready_store
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+# --------------------------------------------------------------------------- the contract
+
+
+def counting(takes_start: bool, length: int | None = None) -> Task:
+    """A task whose batches are (index, index): which batch came is plain to see."""
+    def stream(start: int) -> Any:
+        for i in itertools.count(start) if length is None else range(start, length):
+            yield torch.tensor([float(i)]), torch.tensor([i])
+
+    if takes_start:
+        def batches(worker: int, num_workers: int, batch_size: int, seed: int,
+                    start: int = 0) -> Any:
+            return stream(start)
+    else:
+        def batches(worker: int, num_workers: int, batch_size: int, seed: int) -> Any:
+            return stream(0)
+    return Task(model=torch.nn.Linear(1, 1), batches=batches, loss=torch.nn.MSELoss(),
+                evaluate=lambda model: {})
+
+
+@pytest.mark.parametrize("takes_start", [True, False], ids=["takes-start", "old-signature"])
+def test_open_batches_resumes_at_start(takes_start, capsys) -> None:
+    stream = open_batches(counting(takes_start), 0, 1, 1, 0, start=7)
+    assert [int(next(stream)[1]) for _ in range(3)] == [7, 8, 9]
+    dropped = "drawing and dropping 7 batches" in capsys.readouterr().out
+    assert dropped is not takes_start
+
+
+def test_open_batches_refuses_a_stream_too_short_to_resume() -> None:
+    with pytest.raises(ValueError, match="batches\\(\\) ran out after 4 batches while "
+                                         "resuming at batch 9"):
+        open_batches(counting(False, length=4), 0, 1, 1, 0, start=9)
+
+
+@pytest.mark.parametrize(("num_workers", "batch_size"), [(1, 64), (3, 7), (2, 1000)])
+@pytest.mark.parametrize("start", [1, 5, 17, 40])
+def test_the_digits_example_resumes_without_replaying(num_workers, batch_size, start) -> None:
+    x, y = torch.arange(300.0).unsqueeze(1), torch.arange(300)
+    whole = list(itertools.islice(digits.batches(x, y, 1, num_workers, batch_size, 3), 60))
+    resumed = list(itertools.islice(
+        digits.batches(x, y, 1, num_workers, batch_size, 3, start=start), 60 - start))
+    assert [b[1].tolist() for b in resumed] == [b[1].tolist() for b in whole[start:]]
+
+
+# --------------------------------------------------------------------------- the servers
+
+
+def test_async_server_keeps_each_workers_position_from_its_pushes() -> None:
+    store, client = ready_store(num_workers=2)
+    store.push(iter(push_frames(good_grads(), worker=1, step=41)))
+    assert store.info("ns", 1).position == 42
+    assert store.info("ns", 0).position == 0
+    state = client.pull_state()
+    assert state.positions == [0, 42]
+
+
+def test_a_checkpoints_positions_are_installed_by_init() -> None:
+    store, client = ready_store(num_workers=2)
+    client.init({n: t for n, t in store.namespace("ns").params.items()},
+                store.namespace("ns").config, mode="async", num_workers=2,
+                staleness_bound=None, fingerprint="ab" * 32, positions=[5, 9])
+    assert [store.info("ns", w).position for w in (0, 1)] == [5, 9]
+
+
+def test_in_sync_mode_the_global_step_is_every_workers_position() -> None:
+    store, client = ready_store(mode="sync")
+    store.push(iter(push_frames(good_grads(), step=0)))
+    store.push(iter(push_frames(good_grads(), step=1)))
+    assert store.info("ns", 0).position == 2
+    assert client.pull_state().positions == [2]
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def test_positions_round_trip_and_older_files_still_load(tmp_path: Path) -> None:
+    ckpt = Checkpoint(global_step=3, fingerprint="f", optimizer="sgd",
+                      params={"w": torch.zeros(2)}, positions=[3, 4])
+    path = CheckpointStore(tmp_path).save(ckpt)
+    assert load_checkpoint(path).positions == [3, 4]
+    data = ckpt.to_dict()
+    del data["positions"]  # as written before positions existed
+    assert Checkpoint.from_dict(data, "old.pt").positions == []
+    with pytest.raises(CheckpointError, match="positions holds -1"):
+        Checkpoint.from_dict({**data, "positions": [-1]}, "bad.pt")
+
+
+class Recording:
+    """The digits task, recording the `start` each opening of `batches` asked for."""
+
+    def __init__(self) -> None:
+        self.task = digits.make_task()
+        self.starts: list[int] = []
+        inner = self.task.batches
+
+        def batches(w: int, n: int, b: int, s: int, start: int = 0) -> Any:
+            self.starts.append(start)
+            return inner(w, n, b, s, start=start)
+
+        self.task.batches = batches
+
+
+def run_chief(training, store: ParameterStore, task: Task) -> Trainer:
+    chief = Trainer(training, WorkerRole("ns", 0, 1), [LocalTransport(store)], task=task,
+                    emit=lambda *a, **k: None)
+    errors: list[BaseException] = []
+    thread = threading.Thread(target=lambda: _run(chief, errors), daemon=True)
+    thread.start()
+    thread.join(45)
+    chief.close()
+    assert not thread.is_alive(), "the chief did not finish within 45 s"
+    if errors:
+        raise errors[0]
+    return chief
+
+
+def _run(chief: Trainer, errors: list[BaseException]) -> None:
+    try:
+        chief.run()
+    except BaseException as exc:  # re-raised in the test thread
+        errors.append(exc)
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_restored_job_continues_its_data_where_it_left_off(tmp_path: Path, mode) -> None:
+    training = digits_training(steps=30, mode=mode, batchSize=32,
+                               checkpoint={"directory": str(tmp_path), "intervalSteps": 100})
+    first = Recording()
+    run_chief(training, ParameterStore(), first.task)
+    assert first.starts == [0]
+    assert load_checkpoint(CheckpointStore(tmp_path).path_for(30)).positions == [30]
+
+    second = Recording()
+    chief = run_chief(training.model_copy(update={"steps": 40}), ParameterStore(),
+                      second.task)
+    assert second.starts == [30]  # not 0: the first 30 batches are not read again
+    assert chief.position == 40

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import errno
 import tempfile
-import threading
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,7 @@ from pstrain_runtime.local.render import format_event
 from pstrain_runtime.store import ParameterStore
 from pstrain_runtime.trainer import Trainer, WorkerRole
 
-from .builders import digits_training
+from .builders import digits_training, run_chief
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,25 +105,6 @@ class FailingStore(CheckpointStore):
         if self.fail_at is None or ckpt.global_step in self.fail_at:
             raise OSError(errno.ENOSPC, "No space left on device")
         return super().save(ckpt)
-
-
-def run_chief(chief: Trainer) -> None:
-    """Run a one-worker job with a bound; re-raise what the chief raised."""
-    errors: list[BaseException] = []
-
-    def go() -> None:
-        try:
-            chief.run()
-        except BaseException as exc:  # re-raised in the test thread
-            errors.append(exc)
-
-    thread = threading.Thread(target=go, daemon=True)
-    thread.start()
-    thread.join(45)
-    chief.close()
-    assert not thread.is_alive(), "the chief did not finish within 45 s"
-    if errors:
-        raise errors[0]
 
 
 def chief_with(tmp_path: Path, fail_at: set[int] | None, emitted: list) -> Trainer:

@@ -5,7 +5,6 @@ left off, instead of reading the early batches again."""
 from __future__ import annotations
 
 import itertools
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from pstrain_runtime.store import ParameterStore
 from pstrain_runtime.task import Task, open_batches
 from pstrain_runtime.trainer import Trainer, WorkerRole
 
-from .builders import digits_training
+from .builders import digits_training, run_chief
 from .test_rt_store import good_grads, push_frames, ready_store
 
 pytestmark = pytest.mark.timeout(60)
@@ -137,25 +136,11 @@ class Recording:
         self.task.batches = batches
 
 
-def run_chief(training, store: ParameterStore, task: Task) -> Trainer:
+def chief_of(training, store: ParameterStore, task: Task) -> Trainer:
     chief = Trainer(training, WorkerRole("ns", 0, 1), [LocalTransport(store)], task=task,
                     emit=lambda *a, **k: None)
-    errors: list[BaseException] = []
-    thread = threading.Thread(target=lambda: _run(chief, errors), daemon=True)
-    thread.start()
-    thread.join(45)
-    chief.close()
-    assert not thread.is_alive(), "the chief did not finish within 45 s"
-    if errors:
-        raise errors[0]
+    run_chief(chief)
     return chief
-
-
-def _run(chief: Trainer, errors: list[BaseException]) -> None:
-    try:
-        chief.run()
-    except BaseException as exc:  # re-raised in the test thread
-        errors.append(exc)
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])
@@ -163,12 +148,12 @@ def test_a_restored_job_continues_its_data_where_it_left_off(tmp_path: Path, mod
     training = digits_training(steps=30, mode=mode, batchSize=32,
                                checkpoint={"directory": str(tmp_path), "intervalSteps": 100})
     first = Recording()
-    run_chief(training, ParameterStore(), first.task)
+    chief_of(training, ParameterStore(), first.task)
     assert first.starts == [0]
     assert load_checkpoint(CheckpointStore(tmp_path).path_for(30)).positions == [30]
 
     second = Recording()
-    chief = run_chief(training.model_copy(update={"steps": 40}), ParameterStore(),
+    chief = chief_of(training.model_copy(update={"steps": 40}), ParameterStore(),
                       second.task)
     assert second.starts == [30]  # not 0: the first 30 batches are not read again
     assert chief.position == 40

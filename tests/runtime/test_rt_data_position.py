@@ -17,8 +17,11 @@ from pstrain_runtime.checkpoint import (
     CheckpointStore,
     load_checkpoint,
 )
-from pstrain_runtime.client import LocalTransport
+from pstrain_runtime.client import LocalTransport, ShardedClient, connect
 from pstrain_runtime.examples import digits
+from pstrain_runtime.optim import OptimizerConfig
+from pstrain_runtime.placement import build_placement, param_specs
+from pstrain_runtime.server import PSServer
 from pstrain_runtime.store import ParameterStore
 from pstrain_runtime.task import Task, open_batches
 from pstrain_runtime.trainer import Trainer, WorkerRole
@@ -157,3 +160,27 @@ def test_a_restored_job_continues_its_data_where_it_left_off(tmp_path: Path, mod
                       second.task)
     assert second.starts == [30]  # not 0: the first 30 batches are not read again
     assert chief.position == 40
+
+
+def test_positions_travel_over_the_real_transports() -> None:
+    """Init, push, Info and the checkpoint pull carry positions over gRPC and the TCP data
+    plane, as between processes."""
+    server = PSServer("127.0.0.1:0", ps_index=0)
+    server.start()
+    try:
+        shapes = {"w": (3, 4)}
+        placement = build_placement(param_specs(shapes), 1)
+        clients = [ShardedClient([connect(server.address, transport)], placement, "ns")
+                   for transport in ("grpc", "tcp")]
+        clients[0].init({"w": torch.zeros(3, 4)}, OptimizerConfig(name="sgd"), mode="async",
+                        num_workers=2, staleness_bound=None, fingerprint="12" * 32,
+                        positions=[3, 7])
+        assert [clients[1].info(0, w).position for w in (0, 1)] == [3, 7]
+        for client, step in zip(clients, (7, 8), strict=True):
+            client.push({"w": torch.ones(3, 4)}, worker=1, step=step)
+        assert clients[0].info(0, 1).position == 9
+        assert clients[1].pull_state().positions == [3, 9]
+        for client in clients:
+            client.close()
+    finally:
+        server.stop(0)

@@ -184,3 +184,17 @@ def test_positions_travel_over_the_real_transports() -> None:
             client.close()
     finally:
         server.stop(0)
+
+
+def test_a_checkpoint_at_a_kept_step_has_the_positions_of_that_step() -> None:
+    """The servers keep a copy of their shard at each checkpoint step; the positions in
+    a checkpoint read from that copy are those of that step, not of now."""
+    store, client = ready_store()
+    ns = store.namespace("ns")
+    client.init(dict(ns.params), ns.config, mode="async", num_workers=1,
+                staleness_bound=None, fingerprint="ab" * 32, checkpoint_every=2)
+    for step in range(3):
+        store.push(iter(push_frames(good_grads(), step=step)))
+    assert store.info("ns", 0).position == 3
+    assert client.pull_state(2).positions == [2]
+    assert client.pull_state().positions == [3]

@@ -11,6 +11,9 @@ Invariants of every pod:
   the data-plane port, and is told the latter in PSTRAIN_DATA_PORT (`data_plane_env`);
 - `command: ["pstrain", "replica"]` unless the template overrides it;
 - `restartPolicy: Never` (the operator restarts replicas according to the run policy);
+- the main container's `terminationMessagePolicy: FallbackToLogsOnError`: the replica's
+  last error line (or, after a crash, the tail of its log) stays in the pod's status,
+  where the operator reads it before the pod is deleted or restarted;
 - annotation `pstrain.io/spec-hash` of the spec parts a pod is built from, and
   `pstrain.io/applied-spec` with those parts, so a change that cannot be applied live
   is detected and the job keeps running on what its pods were built from.
@@ -150,6 +153,9 @@ def build_pod(
         "command": list(tpl.command) if tpl and tpl.command else list(REPLICA_COMMAND),
         "env": _env_list({**env, **data_plane_env(task)})
         + [e.to_api() for e in (tpl.env or [] if tpl else [])],
+        # The replica writes its last error line to /dev/termination-log; a crash that
+        # wrote none leaves the tail of its log there instead.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if tpl and tpl.args:
         main["args"] = list(tpl.args)

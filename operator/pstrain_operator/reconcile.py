@@ -33,7 +33,7 @@ from pstrain_api.model import (
     TrainingJob,
     TrainingJobStatus,
 )
-from pstrain_api.policy import decide_ps_exit, decide_restart
+from pstrain_api.policy import decide_ps_exit, decide_restart, shorten
 
 from .build import build_pod, build_service, spec_hash
 from . import checkpointing, disruption, refusals, stall, suspend
@@ -365,7 +365,10 @@ def decide(obs: Observed, settings: PodSettings,
             continue
         used = st.restarts - st.disruptions
         if p.phase == "Failed":
-            decision = decide_restart(policy, p.name, p.exit_code, used, p.reason)
+            # The pod's termination message (its last error line, or its log's tail) goes
+            # into the status and the events now, before the pod is deleted or restarted.
+            decision = decide_restart(policy, p.name, p.exit_code, used, p.reason,
+                                      detail=p.message)
         elif task.role == c.ROLE_PS and not chief_done and _exited_early(p, now):
             decision = decide_ps_exit(policy, p.name, used)
         else:
@@ -385,9 +388,10 @@ def decide(obs: Observed, settings: PodSettings,
         st.replica_statuses = {**st.replica_statuses,
                                p.role: role_status.model_copy(
                                    update={"restarts": role_status.restarts + 1})}
+        last = f"; its last output: {shorten(p.message)}" if p.message else ""
         events.append(Event("Warning", R_RESTARTING,
-                            f"restarted pod {p.name} because it failed ({how}); "
-                            f"{decision.message}"))
+                            f"restarting pod {p.name}: it failed ({how}); restart "
+                            f"{used + 1} of {policy.backoff_limit}{last}"))
 
     # 9. Success: the chief completed.
     progress = (stall.merged_progress(old.progress, obs.progress, now)

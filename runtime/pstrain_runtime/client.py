@@ -20,7 +20,7 @@ import concurrent.futures as cf
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import grpc
@@ -280,6 +280,7 @@ class ShardState:
     params: dict[str, torch.Tensor]
     slots: dict[str, dict[str, torch.Tensor]]
     slot_steps: dict[str, int]
+    positions: list[int] = field(default_factory=list)  # per worker, server 0's
 
 
 def _piece_view(full: torch.Tensor, piece: Piece) -> torch.Tensor:
@@ -439,11 +440,13 @@ class ShardedClient:
              mode: str, num_workers: int, staleness_bound: int | None, fingerprint: str,
              global_step: int = 0, target_steps: int = 0, checkpoint_every: int = 0,
              states: Mapping[str, OptimizerState] | None = None,
-             only: Iterable[int] | None = None) -> list[pb.StepInfo]:
+             only: Iterable[int] | None = None,
+             positions: Sequence[int] = ()) -> list[pb.StepInfo]:
         """Install `params` (and optimizer `states` keyed by piece key) on the servers
         (`only` a subset). Without states the servers start fresh optimizer state. With
         `checkpoint_every`, each server keeps a copy of its shard at every multiple of
-        it, for `pull_state(at_step=...)`."""
+        it, for `pull_state(at_step=...)`. `positions`: where each worker's data resumes
+        (from a checkpoint)."""
         def one(ps: int) -> pb.StepInfo:
             shard = self.shards[ps]
             header = pb.StreamHeader(
@@ -451,7 +454,8 @@ class ShardedClient:
                 optimizer=optimizer_to_pb(optimizer), mode=mode, num_workers=num_workers,
                 staleness_bound=-1 if staleness_bound is None else staleness_bound,
                 fingerprint=bytes.fromhex(fingerprint), ps_index=ps,
-                target_steps=target_steps, checkpoint_every=checkpoint_every)
+                target_steps=target_steps, checkpoint_every=checkpoint_every,
+                positions=positions)
             tensors: list[torch.Tensor] = []
             for piece in shard:
                 t = _piece_view(params[piece.param], piece).detach().contiguous()
@@ -495,7 +499,7 @@ class ShardedClient:
 
         results = self._all(one)
         state = ShardState(global_step=int(results[0][0].global_step), params={}, slots={},
-                           slot_steps={})
+                           slot_steps={}, positions=list(results[0][0].positions))
         for header, tensors in results:
             keys = [m.name for m in header.tensors if SLOT_SEPARATOR not in m.name]
             for key, step in zip(keys, header.slot_steps, strict=False):

@@ -34,7 +34,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -164,6 +164,9 @@ class Namespace:
         self.generation = 0  # random and new at every init; pulls carry it
         self.told_done: set[int] = set()
         self.worker_pushes: dict[int, int] = {}
+        # async: per worker, the batches it had drawn when its last applied push was made
+        # (the push's step + 1); from a checkpoint's INIT until then
+        self.positions: dict[int, int] = {}
         self.buckets: dict[int, Bucket] = {}
         self.skipped_nonfinite = 0
         self.checkpoint_wanted = -1  # RequestCheckpoint: a checkpoint at/after this step
@@ -178,8 +181,11 @@ class Namespace:
 
     def keep_snapshot(self) -> None:
         """After a step: copy the shard if the step is a checkpoint step (lock held)."""
-        self.snapshot = snapshot_if_due(self.global_step, self.checkpoint_every,
-                                        self.params, self.states) or self.snapshot
+        snap = snapshot_if_due(self.global_step, self.checkpoint_every, self.params,
+                               self.states)
+        if snap is not None:  # with where each worker's data stood at that step
+            self.snapshot = replace(snap, positions=tuple(
+                self.position_of(w) for w in range(self.num_workers)))
 
     # Scratch buffers: reused across pushes so that a steady state allocates nothing.
     def take(self, key: str, dtype: torch.dtype) -> torch.Tensor:
@@ -210,13 +216,19 @@ class Namespace:
             self._pool.clear()
             self._flat_pool.clear()
 
+    def position_of(self, worker: int) -> int:
+        """Where `worker`'s data resumes: in sync mode every worker draws one batch per
+        global step, so the step itself; in async mode what its pushes said."""
+        return self.global_step if self.mode == "sync" else self.positions.get(worker, 0)
+
     def info(self, worker: int | None = None) -> pb.StepInfo:
         if self.done and worker is not None:
             self.told_done.add(worker)
         return pb.StepInfo(global_step=self.global_step, done=self.done,
                            initialized=self.initialized,
                            skipped_nonfinite=self.skipped_nonfinite,
-                           checkpoint_requested=self.checkpoint_wanted >= 0)
+                           checkpoint_requested=self.checkpoint_wanted >= 0,
+                           position=self.position_of(worker) if worker is not None else 0)
 
 
 def optimizer_from_pb(spec: pb.OptimizerSpec) -> OptimizerConfig:
@@ -471,6 +483,7 @@ class ParameterStore:
             ns.snapshot = None
             ns.buckets.clear()
             ns.worker_pushes.clear()
+            ns.positions = dict(enumerate(header.positions))
             ns.clear_pools()
             ns.done = False
             ns.told_done.clear()
@@ -626,8 +639,9 @@ class ParameterStore:
                     ns.give(key, buf)
             spent = time.perf_counter() - started
             ns.global_step += 1
-            ns.keep_snapshot()
             ns.worker_pushes[worker] = ns.worker_pushes.get(worker, 0) + 1
+            ns.positions[worker] = header.step + 1  # async: the step is the batch's index
+            ns.keep_snapshot()
             ns.cond.notify_all()
             return pb.PushReply(info=ns.info(worker), applied=True, apply_seconds=spent)
 
@@ -736,6 +750,9 @@ class ParameterStore:
                         tensors.append(value)
                         header.tensors.append(
                             wire.meta_of(f"{name}{SLOT_SEPARATOR}{slot}", value))
+            if request.include_slots:
+                header.positions.extend(snap.positions if snap else (
+                    ns.position_of(w) for w in range(ns.num_workers)))
             if (request.consistent or request.include_slots) and snap is None:
                 tensors = [t.clone() for t in tensors]  # a snapshot is never written again
             info = ns.info(request.worker)

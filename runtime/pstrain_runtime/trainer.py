@@ -28,6 +28,21 @@ Failures:
 - Every Init gives a server a new generation, which pulls carry and pushes send back.
   A gradient computed on parameters from before a restore (or a re-initialisation) is
   refused (ABORTED), never applied: the worker pulls again and recomputes.
+
+Data position: every worker counts the batches it draws (`position`). In async mode a
+push's step is its batch's index, and server 0 keeps the last applied one per worker;
+in sync mode every worker draws one batch per global step, so the step is the
+position. Checkpoints save these positions and a restore installs them, so a worker
+that starts (first start, restart, resume) opens its `batches` where it left off
+(`task.open_batches`). Workers that keep running through a parameter server's
+recovery keep their iterators: the batches of lost steps are not read again.
+
+Checkpoint storage: the chief refuses an unusable checkpoint directory before it
+trains (`checkpoint_dir.check_directory`, a configuration error). A checkpoint write
+that fails mid-run is reported and training carries on (the next interval tries
+again). When the final checkpoint cannot be written, the trained parameters go to a
+fallback directory, which is reported, and then the chief fails with a configuration
+error, so the job fails at once with that line instead of restarting the chief.
 """
 
 from __future__ import annotations
@@ -35,7 +50,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,13 +60,15 @@ from pstrain_api import events
 from pstrain_api.model import Training
 
 from .checkpoint import Checkpoint, CheckpointError, CheckpointStore, model_fingerprint
+from .checkpoint_dir import check_directory, fallback_directories
 from .client import ShardedClient, Transport, retry_unavailable
-from .optim import OptimizerConfig, OptimizerState
+from .failure import ConfigurationError, one_line
+from .optim import SLOT_NAMES, OptimizerConfig, OptimizerState
 from .placement import build_placement, param_specs
 from .proto import ps_pb2 as pb
 from .sparse.session import SparseSession
 from .store import PSError
-from .task import Task, load_task
+from .task import Task, load_task, open_batches
 
 EmitFn = Callable[..., None]
 BUSY_BACKOFF_S = 0.2  # before retrying a call a busy server refused
@@ -88,6 +105,10 @@ class TrainResult:
         batch may be shorter than batchSize, e.g. a small data set's only batch) times
         the workers whose gradients one step applies."""
         return self.samples / max(self.local_steps, 1) * workers_per_step
+
+
+def _why(exc: BaseException) -> str:
+    return one_line(f"{type(exc).__name__}: {exc}", 300)
 
 
 def pick_device() -> torch.device:
@@ -148,6 +169,8 @@ class Trainer:
                            if ckpt.directory else None)
         self.last_step = 0  # newest global step seen
         self.last_ckpt_step: int | None = None
+        self.failed_ckpt: tuple[Checkpoint, BaseException] | None = None  # the last write
+        self.position = 0  # batches drawn from this worker's data since the job began
         self.lost_steps = 0
         self._fresh = False  # the mirror holds parameters pulled by the last push
         # Pipelining (async only): step k's push_pull runs in the background while step
@@ -232,9 +255,53 @@ class Trainer:
     # ------------------------------------------------------------------ chief: state
     def _save_checkpoint(self, at_step: int = 0) -> Path | None:
         """Write a checkpoint of the servers' state: the copies they kept at `at_step`
-        (a multiple of the interval) where they have them, else their state now."""
+        (a multiple of the interval) where they have them, else their state now. A write
+        that fails is reported and training carries on (the next interval tries again):
+        None."""
         if self.ckpt_store is None:
             return None
+        ckpt = self._pull_checkpoint(at_step)
+        try:
+            if self.sparse is not None:  # each table's rows, streamed beside the file
+                ckpt.sparse = self.sparse.save(self.ckpt_store.directory, ckpt.global_step)
+            path = self.ckpt_store.save(ckpt)
+        except (OSError, RuntimeError) as exc:  # torch.save wraps some write errors
+            self.failed_ckpt = (ckpt, exc)
+            print(f"pstrain: warning: the checkpoint of step {ckpt.global_step} could not be "
+                  f"written to {self.ckpt_store.directory} ({_why(exc)}); training goes on "
+                  "and the next checkpoint tries again", flush=True)
+            return None
+        self.failed_ckpt = None
+        self.last_ckpt_step = ckpt.global_step
+        self.emit("checkpoint", step=ckpt.global_step, path=str(path))
+        self._report(checkpoint=(ckpt.global_step, str(path), ckpt.wall_time))
+        return path
+
+    def _save_fallback(self) -> None:
+        """The final checkpoint could not be written: save the trained parameters to a
+        fallback directory, then fail (a configuration error: retrying cannot help)."""
+        assert self.failed_ckpt is not None  # set by the failed _save_checkpoint
+        ckpt, error = self.failed_ckpt
+        where = self.ckpt_store.directory if self.ckpt_store else None
+        lost = (f"the final checkpoint (step {ckpt.global_step}) could not be written to "
+                f"{where} ({_why(error)})")
+        problems = []
+        for directory in fallback_directories(self.role.namespace):
+            try:
+                check_directory(directory, "the fallback directory")
+                path = CheckpointStore(directory).save(ckpt)
+            except (ConfigurationError, OSError, RuntimeError) as exc:
+                problems.append(_why(exc))
+                continue
+            print(f"pstrain: the trained parameters of step {ckpt.global_step} were saved to "
+                  f"{path}", flush=True)
+            raise ConfigurationError(
+                f"{lost}; the trained parameters were saved to {path} instead (point "
+                "checkpoint.directory at its directory to continue from them)")
+        raise ConfigurationError(f"{lost}, nor to any fallback directory: "
+                                 + "; ".join(problems))
+
+    def _pull_checkpoint(self, at_step: int = 0) -> Checkpoint:
         state = self._retry(lambda: self.client.pull_state(at_step))
         params = self.client.assemble(state.params, self.mirror)
         slots: dict[str, dict[str, torch.Tensor]] = {}
@@ -248,20 +315,14 @@ class Trainer:
                     view = full[piece.row_start:piece.row_end] if piece.partitioned else full
                     view.copy_(state.slots[piece.key][slot])
                 slots.setdefault(name, {})[slot] = full
-        sparse = ({} if self.sparse is None else
-                  self.sparse.save(self.ckpt_store.directory, state.global_step))
-        ckpt = Checkpoint(global_step=state.global_step, fingerprint=self.fingerprint,
+        return Checkpoint(global_step=state.global_step, fingerprint=self.fingerprint,
                           optimizer=self.optimizer.name, params=params, slots=slots,
-                          slot_steps=slot_steps, wall_time=time.time(), sparse=sparse)
-        path = self.ckpt_store.save(ckpt)
-        self.last_ckpt_step = ckpt.global_step
-        self.emit("checkpoint", step=ckpt.global_step, path=str(path))
-        self._report(checkpoint=(ckpt.global_step, str(path), ckpt.wall_time))
-        return path
+                          slot_steps=slot_steps, wall_time=time.time(),
+                          positions=state.positions)
 
     def _install(self, params: Mapping[str, torch.Tensor],
                  states: Mapping[str, OptimizerState] | None, global_step: int,
-                 only: Sequence[int] | None = None,
+                 only: Sequence[int] | None = None, positions: Sequence[int] = (),
                  sparse_rows: dict[str, Any] | None = None) -> None:
         if self.sparse is not None:  # tables (and their rows) first: init lets workers in
             sparse = self.sparse
@@ -273,11 +334,13 @@ class Trainer:
             staleness_bound=self.training.staleness_bound,
             fingerprint=self.fingerprint, global_step=global_step,
             target_steps=self.training.steps, states=states, only=only,
+            positions=positions,
             checkpoint_every=(self.training.checkpoint.interval_steps
                               if self.ckpt_store is not None else 0)))
 
     def _restore_all(self, ckpt: Checkpoint, path: Path) -> None:
         ckpt.check_matches(self.fingerprint, self.optimizer.name, str(path))
+        ckpt.check_tensors(self.mirror, str(path), SLOT_NAMES[self.optimizer.name])
         states: dict[str, OptimizerState] = {}
         for piece in self.placement.pieces:
             slots = {}
@@ -285,7 +348,14 @@ class Trainer:
                 slots[slot] = full[piece.row_start:piece.row_end] if piece.partitioned else full
             states[piece.key] = OptimizerState(step=ckpt.slot_steps.get(piece.param, 0),
                                                slots=slots)
-        self._install(ckpt.params, states, ckpt.global_step, sparse_rows=ckpt.sparse)
+        positions = ckpt.positions
+        if positions and len(positions) != self.role.num_workers:
+            print(f"pstrain: {path} holds the data positions of {len(positions)} workers and "
+                  f"this job has {self.role.num_workers}; every worker reads its data from "
+                  "the beginning", flush=True)
+            positions = []
+        self._install(ckpt.params, states, ckpt.global_step, positions=positions,
+                      sparse_rows=ckpt.sparse)
         self.last_ckpt_step = ckpt.global_step
 
     def _latest_checkpoint(self) -> tuple[Checkpoint, Path] | None:
@@ -300,6 +370,8 @@ class Trainer:
         return ckpt, path
 
     def _start_chief(self) -> None:
+        if self.ckpt_store is not None:  # refuse an unusable directory before training
+            check_directory(self.ckpt_store.directory)
         infos = self._infos()
         if all(i.initialized for i in infos):
             # The chief restarted while the servers kept training: join them.
@@ -313,7 +385,15 @@ class Trainer:
             ckpt, path = latest
             self._restore_all(ckpt, path)
             self.last_step = ckpt.global_step
-            self.emit("restored", step=ckpt.global_step, path=str(path), lost_steps=0)
+            past = ckpt.global_step > self.training.steps
+            warning = (f"checkpoint {path} is at global step {ckpt.global_step}, past this "
+                       f"job's target of {self.training.steps} steps (spec.training.steps): "
+                       "nothing is left to train, so the job ends with that checkpoint's "
+                       "parameters")
+            if past:
+                print(f"pstrain: warning: {warning}", flush=True)
+            self.emit("restored", step=ckpt.global_step, path=str(path), lost_steps=0,
+                      **({"warning": warning} if past else {}))
             return
         self._install(self.mirror, None, 0)
         self.last_step = 0
@@ -531,8 +611,12 @@ class Trainer:
         else:
             self._wait_initialised()
         start_step = self.last_step
-        batches: Iterator[tuple[torch.Tensor, torch.Tensor]] = self.task.batches(
-            role.worker, role.num_workers, training.batch_size, training.seed)
+        # Where this worker's data resumes: kept by server 0 (restored from a checkpoint,
+        # or from this worker's pushes before it restarted).
+        info = self._retry(lambda: self.client.info(0, role.worker))
+        self.position = int(info.position)
+        batches = open_batches(self.task, role.worker, role.num_workers,
+                               training.batch_size, training.seed, start=self.position)
         result = TrainResult()
         ckpt_every = training.checkpoint.interval_steps
         next_ckpt = (self.last_step // ckpt_every + 1) * ckpt_every
@@ -570,14 +654,17 @@ class Trainer:
                     local_steps = [mine if g <= mine <= g + bound else g
                                    for mine, g in zip(local_steps, pulled, strict=True)]
                 else:
-                    local_steps = [result.local_steps] * self.placement.num_ps
+                    # async: a push's step is the index of its batch in this worker's
+                    # data; server 0 keeps it, and so every checkpoint has it.
+                    local_steps = [self.position] * self.placement.num_ps
                 self._copy_in()
                 try:
                     batch = next(batches)
                 except StopIteration:
                     raise ValueError(
-                        f"{training.entrypoint}: batches() ran out after {result.local_steps} "
+                        f"{training.entrypoint}: batches() ran out after {self.position} "
                         "batches; it must be endless or long enough for the job") from None
+                self.position += 1
                 try:
                     loss, replies = self._backward_and_push(batch, local_steps)
                 except PSError as exc:
@@ -667,7 +754,8 @@ class Trainer:
                                   / max(result.wall_seconds, 1e-9))
         self.emit("eval", step=gstep, **result.metrics)
         if self.ckpt_store is not None and self.last_ckpt_step != gstep:
-            self._save_checkpoint()
+            if self._save_checkpoint() is None:
+                self._save_fallback()
         tables = self._table_fields()
         self._report(loss=result.loss, samples_per_sec=result.samples_per_sec,
                      accuracy=result.metrics.get("accuracy"), tables=tables)

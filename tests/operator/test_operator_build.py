@@ -62,6 +62,7 @@ def test_ps_pod_whole_object() -> None:
                 "command": ["pstrain", "replica"],
                 "env": [{"name": k, "value": v} for k, v in env.items()]
                 + [{"name": "PSTRAIN_DATA_PORT", "value": "2223"}],
+                "terminationMessagePolicy": "FallbackToLogsOnError",
                 "ports": [{"name": "pstrain", "containerPort": 2222, "protocol": "TCP"},
                           {"name": "pstrain-data", "containerPort": 2223, "protocol": "TCP"}],
                 "readinessProbe": {"grpc": {"port": 2222}, "periodSeconds": 2,

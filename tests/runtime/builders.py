@@ -4,6 +4,7 @@
 - `KillableTransport`: a `LocalTransport` whose server can be "killed" (calls fail with
   UNAVAILABLE) and "restarted" empty, like a parameter-server process restarted by the
   runner at the same address.
+- `run_chief`: a one-worker job's chief, run with a bound.
 - `ProcessJob`: a whole job as real `pstrain replica` processes on loopback ports,
   whose replicas can be killed and restarted.
 """
@@ -264,3 +265,23 @@ def run_trainers(trainers: list[Any], transports: list[Any], bound: float = 90.0
 
 def model_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def run_chief(chief: Any, limit: float = 45.0) -> None:
+    """Run a one-worker job's chief (a `Trainer`) with a bound; close it; re-raise what
+    it raised."""
+    errors: list[BaseException] = []
+
+    def go() -> None:
+        try:
+            chief.run()
+        except BaseException as exc:  # re-raised in the test thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=go, daemon=True)
+    thread.start()
+    thread.join(limit)
+    chief.close()
+    assert not thread.is_alive(), f"the chief did not finish within {limit:g} s"
+    if errors:
+        raise errors[0]

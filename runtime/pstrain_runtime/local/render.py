@@ -52,7 +52,8 @@ def format_event(replica: str, event: Mapping[str, Any], metrics: Metrics) -> st
         return (f"{replica}: checkpoint at step {event.get('step', '?')}"
                 f" -> {event.get('path', '?')}")
     if kind == "restored" and metrics.restores:
-        return describe_restore(metrics.restores[-1])
+        warning = f"; {event['warning']}" if event.get("warning") else ""
+        return describe_restore(metrics.restores[-1]) + warning
     if kind == "done":
         return (f"{replica}: training done at step {metrics.step}: loss "
                 f"{_fmt(metrics.loss, '.4f')}, accuracy {_fmt(metrics.accuracy, '.4f')}, "

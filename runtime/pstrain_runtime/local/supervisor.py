@@ -10,7 +10,9 @@ Invariants:
   then, once every parameter server reports SERVING, the non-chief workers, then the
   chief, in one batch of `Start` actions executed in that order.
 - Restarts count job-wide, like a Kubernetes Job's backoffLimit, and are decided by
-  `pstrain_api.policy.decide_restart`, the function the operator uses.
+  `pstrain_api.policy.decide_restart`, the function the operator uses; a replica that
+  exits with the configuration-error code fails the job at once, with the line it left
+  in its termination-message file as the reason.
 - Job success is the chief exiting 0. The other replicas then get `success_grace`
   seconds to exit by themselves before they are terminated.
 - A parameter server serves until the chief finishes. One that exits 0 while the job
@@ -217,12 +219,14 @@ class Healthy:
 
 @dataclass(frozen=True)
 class Exited:
-    """The process of start `attempt` of `name` ended with `exit_code` (128+N on signal N)."""
+    """The process of start `attempt` of `name` ended with `exit_code` (128+N on signal N);
+    `message`: what it left in its termination-message file ("" when nothing)."""
 
     name: str
     attempt: int
     exit_code: int
     now: float
+    message: str = ""
 
 
 @dataclass(frozen=True)
@@ -420,7 +424,8 @@ def _exited(state: RunState, obs: Exited) -> tuple[RunState, list[Action]]:
                      f"{rep.name} exited with code 0 before it served on {rep.address}; "
                      "a parameter server must serve until the job ends.", rep.name)
 
-    decision = decide_restart(state.settings.policy, rep.name, obs.exit_code, state.restarts)
+    decision = decide_restart(state.settings.policy, rep.name, obs.exit_code, state.restarts,
+                              detail=obs.message)
     return _restart_or_fail(state, rep, decision, obs.now)
 
 

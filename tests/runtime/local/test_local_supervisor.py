@@ -165,6 +165,16 @@ def test_restart_happens_after_backoff_with_next_attempt():
     assert state.replica(W1).restart_at == 12.0  # second restart of W1 backs off longer
 
 
+def test_a_configuration_error_fails_the_run_at_once_with_the_replicas_line():
+    state, _ = play(state_of(make_job().model()), ALL_STARTED)
+    line = "pstrain replica: worker 1: configuration error: spec.training.entrypoint ..."
+    state, actions = decide(state, Exited(W1, 1, 78, 5.0, message=line))
+    assert (state.phase, state.reason, state.restarts) == ("Failed", "ConfigurationError", 0)
+    assert state.message == ("j-worker-1 reported a configuration error, which no restart "
+                             f"can fix: {line}")
+    assert starts(actions) == []
+
+
 def test_ps_restart_mid_training_keeps_workers_running():
     state, _ = play(state_of(make_job().model(), backoff_base=0.0), ALL_STARTED)
     state, actions = play(state, [Exited(PS, 1, 137, 5.0), Tick(5.0)])

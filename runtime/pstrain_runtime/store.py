@@ -100,6 +100,7 @@ class JobReport:
     loss: float | None = None
     samples_per_sec: float | None = None
     eval_accuracy: float | None = None
+    eval_metrics: dict[str, float] = field(default_factory=dict)
     checkpoint_step: int | None = None
     checkpoint_path: str = ""
     checkpoint_time: float = 0.0
@@ -650,7 +651,9 @@ class ParameterStore:
             r.loss = report.loss if math.isfinite(report.loss) else r.loss
             r.samples_per_sec = report.samples_per_sec
             if report.has_eval:
-                r.eval_accuracy = report.eval_accuracy
+                r.eval_accuracy = (report.eval_accuracy if math.isfinite(report.eval_accuracy)
+                                   else None)
+                r.eval_metrics = dict(report.eval_metrics)
             if report.has_checkpoint:
                 r.checkpoint_step = report.checkpoint_step
                 r.checkpoint_path = report.checkpoint_path
@@ -679,7 +682,7 @@ class ParameterStore:
                 checkpoint_path=r.checkpoint_path, checkpoint_time=r.checkpoint_time,
                 has_checkpoint=r.checkpoint_step is not None, done=ns.done,
                 target_steps=r.target_steps, initialized=ns.initialized,
-                updated_time=r.updated_time,
+                updated_time=r.updated_time, eval_metrics=r.eval_metrics,
             )
 
     def workers_informed(self) -> bool:

@@ -677,7 +677,7 @@ class ParameterStore:
                 loss=r.loss if r.loss is not None else float("nan"),
                 samples_per_sec=r.samples_per_sec or 0.0,
                 eval_accuracy=r.eval_accuracy if r.eval_accuracy is not None else float("nan"),
-                has_eval=r.eval_accuracy is not None,
+                has_eval=r.eval_accuracy is not None or bool(r.eval_metrics),
                 checkpoint_step=r.checkpoint_step if r.checkpoint_step is not None else -1,
                 checkpoint_path=r.checkpoint_path, checkpoint_time=r.checkpoint_time,
                 has_checkpoint=r.checkpoint_step is not None, done=ns.done,

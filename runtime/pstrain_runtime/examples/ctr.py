@@ -81,9 +81,9 @@ def zipf_ids(gen: torch.Generator, shape: tuple[int, ...], rows: int,
 
 def scramble(ranks: torch.Tensor, rows: int) -> torch.Tensor:
     """Spread ranks over the id space by a bijection of [0, rows) per table: column t
-    maps rank r to (r * P + t * 7919) mod rows, P coprime with rows."""
+    maps rank r to (r * P + (t + 1) * 7919) mod rows, P coprime with rows."""
     mult = next(p for p in _SCRAMBLE if math.gcd(p, rows) == 1)
-    cols = torch.arange(ranks.shape[-1], dtype=torch.int64)
+    cols = torch.arange(1, ranks.shape[-1] + 1, dtype=torch.int64)
     return (ranks * mult + cols * 7919) % rows
 
 

@@ -176,10 +176,17 @@ def _ps_job_peer(rank: int, ports: list[int], jobs: list[dict[str, Any]], timeou
         if worker == 0:
             if job["kind"] == "throughput":
                 enough = enough_windows(job["window_s"], job["skip"], job["count"])
+                memory = job.get("sample_memory", False)
 
-                def stop(events: list, enough: Callable[[list], bool] = enough) -> bool:
+                def stop(events: list, enough: Callable[[list], bool] = enough,
+                         memory: bool = memory) -> bool:
                     if events[-1][1] == "progress":
                         events[-1][2]["cpu"] = [cpu_seconds(p) for p in pids[:]]
+                        if memory:  # the CTR item: RSS of all, TCP bytes of the workers
+                            from .ctr import rss_bytes, wire_bytes
+
+                            events[-1][2]["rss"] = [rss_bytes(p) for p in pids[:]]
+                            events[-1][2]["wire"] = wire_bytes(pids[num_ps:])
                     return enough(events)
             elif job["kind"] == "accuracy":
                 stop = reached_accuracy(job["target"])

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import tempfile
 import time
 from collections.abc import Mapping
@@ -52,6 +53,7 @@ class Checkpoint:
     slots: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     slot_steps: dict[str, int] = field(default_factory=dict)
     wall_time: float = 0.0
+    sparse: dict[str, object] = field(default_factory=dict)  # manifest of the table rows
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -64,6 +66,7 @@ class Checkpoint:
             "slots": self.slots,
             "slot_steps": self.slot_steps,
             "wall_time": self.wall_time or time.time(),
+            "sparse": self.sparse,
         }
 
     @classmethod
@@ -84,6 +87,7 @@ class Checkpoint:
                 slots={k: dict(v) for k, v in data["slots"].items()},
                 slot_steps={k: int(v) for k, v in data["slot_steps"].items()},
                 wall_time=float(data.get("wall_time", 0.0)),
+                sparse=dict(data.get("sparse") or {}),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CheckpointError(f"{where} is missing or has malformed field: {exc}") from exc
@@ -152,7 +156,17 @@ class CheckpointStore:
         path = save_checkpoint(ckpt, self.path_for(ckpt.global_step))
         for step in self.steps()[: -self.keep]:
             self.path_for(step).unlink(missing_ok=True)
+        self._prune_row_dirs()
         return path
+
+    def _prune_row_dirs(self) -> None:
+        """Remove sparse-row directories (`ckpt-<step>.sparse`) of checkpoints that are
+        gone or were never completed, older than the newest checkpoint."""
+        kept = self.steps()
+        for entry in self.directory.glob("ckpt-*.sparse"):
+            step = entry.name.removeprefix("ckpt-").removesuffix(".sparse")
+            if step.isdigit() and int(step) not in kept and kept and int(step) < kept[-1]:
+                shutil.rmtree(entry, ignore_errors=True)
 
     def latest(self) -> tuple[Checkpoint, Path, list[str]] | None:
         """The newest readable checkpoint and the problems with newer unreadable ones.

@@ -32,6 +32,7 @@ from .optim import SLOT_NAMES, OptimizerConfig, OptimizerState
 from .placement import Piece, Placement
 from .proto import ps_pb2 as pb
 from .server import SERVICE
+from .sparse import service as sparse_service
 from .store import SLOT_SEPARATOR, ParameterStore, PSError, optimizer_to_pb
 
 
@@ -47,6 +48,7 @@ class Transport(Protocol):
     def finish(self, namespace: str) -> pb.StepInfo: ...
     def shutdown(self, grace: float) -> None: ...
     def report(self, report: pb.StatusReport) -> None: ...
+    def sparse(self, frames: list[bytes]) -> list[bytes]: ...
     def close(self) -> None: ...
 
 
@@ -82,6 +84,9 @@ class LocalTransport:
 
     def report(self, report: pb.StatusReport) -> None:
         self.store.report(report)
+
+    def sparse(self, frames: list[bytes]) -> list[bytes]:
+        return sparse_service.handle(self.store, frames)
 
     def close(self) -> None:
         pass
@@ -122,6 +127,8 @@ class GrpcTransport:
         self._report = self.channel.unary_unary(m + "ReportStatus",
                                                 pb.StatusReport.SerializeToString,
                                                 pb.Empty.FromString)
+        self._sparse = self.channel.stream_stream(m + "Sparse", request_serializer=None,
+                                                  response_deserializer=None)
 
     def _call(self, fn: Callable[..., object], *args: object, **kw: object) -> object:
         try:
@@ -163,6 +170,9 @@ class GrpcTransport:
 
     def report(self, report: pb.StatusReport) -> None:
         self._call(self._report, report, timeout=10)
+
+    def sparse(self, frames: list[bytes]) -> list[bytes]:
+        return self._call(lambda: list(self._sparse(iter(frames))))  # type: ignore[return-value]
 
     def close(self) -> None:
         self.channel.close()
@@ -225,6 +235,12 @@ class TcpTransport(GrpcTransport):
             return super().push_pull_small(message)
         return data.unary(dataplane.OP_PUSH_PULL_SMALL, [message],  # type: ignore[return-value]
                           bytes)
+
+    def sparse(self, frames: list[bytes]) -> list[bytes]:
+        data = self._data_client()
+        if data is None:
+            return super().sparse(frames)
+        return [bytes(frame) for frame in data.call(dataplane.OP_SPARSE, frames)]
 
     def close(self) -> None:
         with self._data_lock:

@@ -1,7 +1,7 @@
 """The data plane: tensor calls over one plain TCP connection per worker and server.
 
 gRPC stays the control plane (health, Info, Finish, Shutdown, status reports). The
-tensor calls (Init, Push, Pull, PushPull, PushPullSmall) carry the very same frames
+tensor calls (Init, Push, Pull, PushPull, PushPullSmall, Sparse) carry the very same frames
 (see `wire`) over a plain TCP connection as well, because grpcio's Python receive path
 costs two to three times the CPU per byte of a socket (bench/RESULTS.md), and on a
 busy machine CPU per byte is throughput. A server announces its data port in the
@@ -33,11 +33,12 @@ from collections.abc import Callable, Iterable, Iterator
 
 from . import wire
 from .proto import ps_pb2 as pb
+from .sparse import service as sparse_service
 from .store import ParameterStore, PSError
 
-OP_INIT, OP_PUSH, OP_PULL, OP_PUSH_PULL, OP_PUSH_PULL_SMALL = 1, 2, 3, 4, 5
+OP_INIT, OP_PUSH, OP_PULL, OP_PUSH_PULL, OP_PUSH_PULL_SMALL, OP_SPARSE = 1, 2, 3, 4, 5, 6
 OPS = {OP_INIT: "Init", OP_PUSH: "Push", OP_PULL: "Pull", OP_PUSH_PULL: "PushPull",
-       OP_PUSH_PULL_SMALL: "PushPullSmall"}
+       OP_PUSH_PULL_SMALL: "PushPullSmall", OP_SPARSE: "Sparse"}
 END = 0xFFFFFFFF
 ERROR = 0xFFFFFFFE
 _LEN = struct.Struct("<I")
@@ -398,6 +399,8 @@ class DataServer:
             return [store.init(request).SerializeToString()]
         if op == OP_PUSH_PULL:
             return store.push_pull(request)
+        if op == OP_SPARSE:  # frames are views of the link's buffer: copy each
+            return sparse_service.handle(store, [bytes(frame) for frame in request])
         message = bytes(_only_frame(request, call))
         if op == OP_PULL:
             try:

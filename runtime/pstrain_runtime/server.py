@@ -28,6 +28,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from . import wire
 from .dataplane import DataServer, split_host
 from .proto import ps_pb2 as pb
+from .sparse import service as sparse_service
 from .store import ParameterStore, PSError
 
 SERVICE = "pstrain.v1.ParameterServer"
@@ -110,6 +111,15 @@ class ParameterServerService:
             _abort(context, exc)
         return pb.Empty()
 
+    def sparse(self, request_iterator: Iterator[bytes],
+               context: grpc.ServicerContext) -> Iterator[bytes]:
+        try:
+            frames = sparse_service.handle(self.store, list(request_iterator))
+        except PSError as exc:
+            _abort(context, exc)
+            raise
+        yield from frames
+
     def get_job_status(self, request: pb.NamespaceRequest,
                        context: grpc.ServicerContext) -> pb.JobStatus:
         try:
@@ -134,6 +144,8 @@ def build_handler(service: ParameterServerService) -> grpc.GenericRpcHandler:
         "PushPull": grpc.stream_stream_rpc_method_handler(
             service.push_pull, request_deserializer=None, response_serializer=None),
         "PushPullSmall": unary(service.push_pull_small, None, None),
+        "Sparse": grpc.stream_stream_rpc_method_handler(
+            service.sparse, request_deserializer=None, response_serializer=None),
         "Info": unary(service.info, pb.NamespaceRequest.FromString,
                       pb.StepInfo.SerializeToString),
         "Finish": unary(service.finish, pb.FinishRequest.FromString,

@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -150,6 +151,7 @@ class Namespace:
         self.buckets: dict[int, Bucket] = {}
         self.skipped_nonfinite = 0
         self.report = JobReport()
+        self.sparse: Any = None  # sparse.service.NamespaceTables, made by the chief's configure
         self.shapes: dict[str, tuple[int, ...]] = {}  # of params, for push checks
         self.metas: dict[str, pb.TensorMeta] = {}  # of params, for pull headers
         self.optimizer_pb = pb.OptimizerSpec()  # of config, for pull headers
@@ -584,6 +586,8 @@ class ParameterStore:
                 torch._foreach_div_(totals, len(bucket.contributors))
             apply_gradients(ns.config, [ns.params[key] for key in bucket.sums], totals,
                             [ns.states[key] for key in bucket.sums])
+            if ns.sparse is not None:  # the step's sparse rows, pushed before its bucket
+                ns.sparse.apply_step(ns, ns.global_step, len(bucket.contributors))
             for key, total in bucket.sums.items():
                 ns.give(key, total)
             ns.global_step += 1

@@ -45,6 +45,7 @@ from .client import ShardedClient, Transport, retry_unavailable
 from .optim import OptimizerConfig, OptimizerState
 from .placement import build_placement, param_specs
 from .proto import ps_pb2 as pb
+from .sparse.session import SparseSession
 from .store import PSError
 from .task import Task, load_task
 
@@ -117,8 +118,14 @@ class Trainer:
                 self.mirror[name] = torch.empty(p.shape, dtype=p.dtype, pin_memory=not on_cpu)
                 self.mirror[name].copy_(p.detach())  # the chief installs these values
         self.grad_mirror: dict[str, torch.Tensor] = {}
-        self.fingerprint = model_fingerprint(self.mirror)
         self.optimizer = OptimizerConfig.from_model(training.optimizer)
+        # Sparse tables (rows on the servers): pushed beside the dense gradients.
+        self.sparse = SparseSession.attach(self.model, transports, role.namespace,
+                                           self.optimizer, training.seed)
+        self.fingerprint = model_fingerprint(self.mirror)
+        if self.sparse is not None:
+            self.fingerprint = self.sparse.fingerprint(self.fingerprint)
+            self.overlap = False  # sparse rows must reach a sync step before its bucket
         num_ps = len(transports)
         self.placement = build_placement(
             param_specs({n: tuple(t.shape) for n, t in self.mirror.items()}), num_ps)
@@ -135,7 +142,7 @@ class Trainer:
         # k+1 computes; it writes the parameters into `_recv`, swapped in by `_land`.
         want = training.pipeline if pipeline is None else pipeline
         self.pipeline = bool(want) and training.mode == "async" and not (
-            overlap and num_ps > 1)
+            overlap and num_ps > 1) and self.sparse is None
         self._inflight: cf.Future[list[pb.PushReply]] | None = None
         self._recv: dict[str, torch.Tensor] = {}
         self._send: list[dict[str, torch.Tensor]] = []
@@ -227,9 +234,11 @@ class Trainer:
                     view = full[piece.row_start:piece.row_end] if piece.partitioned else full
                     view.copy_(state.slots[piece.key][slot])
                 slots.setdefault(name, {})[slot] = full
+        sparse = ({} if self.sparse is None else
+                  self.sparse.save(self.ckpt_store.directory, state.global_step))
         ckpt = Checkpoint(global_step=state.global_step, fingerprint=self.fingerprint,
                           optimizer=self.optimizer.name, params=params, slots=slots,
-                          slot_steps=slot_steps, wall_time=time.time())
+                          slot_steps=slot_steps, wall_time=time.time(), sparse=sparse)
         path = self.ckpt_store.save(ckpt)
         self.last_ckpt_step = ckpt.global_step
         self.emit("checkpoint", step=ckpt.global_step, path=str(path))
@@ -238,7 +247,12 @@ class Trainer:
 
     def _install(self, params: Mapping[str, torch.Tensor],
                  states: Mapping[str, OptimizerState] | None, global_step: int,
-                 only: Sequence[int] | None = None) -> None:
+                 only: Sequence[int] | None = None,
+                 sparse_rows: dict[str, Any] | None = None) -> None:
+        if self.sparse is not None:  # tables (and their rows) first: init lets workers in
+            sparse = self.sparse
+            directory = self.ckpt_store.directory if self.ckpt_store is not None else None
+            self._retry(lambda: sparse.install(sparse_rows, directory, only))
         self._retry(lambda: self.client.init(
             params, self.optimizer, mode=self.training.mode,
             num_workers=self.role.num_workers,
@@ -255,7 +269,7 @@ class Trainer:
                 slots[slot] = full[piece.row_start:piece.row_end] if piece.partitioned else full
             states[piece.key] = OptimizerState(step=ckpt.slot_steps.get(piece.param, 0),
                                                slots=slots)
-        self._install(ckpt.params, states, ckpt.global_step)
+        self._install(ckpt.params, states, ckpt.global_step, sparse_rows=ckpt.sparse)
         self.last_ckpt_step = ckpt.global_step
 
     def _latest_checkpoint(self) -> tuple[Checkpoint, Path] | None:
@@ -358,6 +372,8 @@ class Trainer:
         if self.pipeline:
             grads = self._pipeline_grads()  # before zeroing: the last ones may be in flight
         self._zero_grads()
+        if self.sparse is not None:
+            self.sparse.begin_step()
         loss = self.task.loss(self.model(x), y)
         if self.pipeline:
             return self._pipelined_backward_and_push(loss, grads, steps)
@@ -365,11 +381,16 @@ class Trainer:
             loss.backward()
             grads = {n: self._grad_cpu(n) for n in self.params}
             if self.training.mode == "sync":
+                if self.sparse is not None:  # before the dense push completes the step
+                    self.sparse.push(self.role.worker, steps)
                 return float(loss.detach()), self.client.push(grads, self.role.worker, steps)
             # async: one round trip per server: push, and read the parameters back into
             # the mirror for the next step (backward is over, nothing reads them now).
             replies = self.client.push_pull(grads, self.mirror, self.role.worker, steps)
             self._fresh = True
+            if self.sparse is not None and all(r.applied for r in replies):
+                # after the dense push: it waited for the staleness bound
+                self.sparse.push(self.role.worker, steps)
             return float(loss.detach()), replies
         # Overlap: push a shard as soon as backward has produced all its gradients.
         waiting = {ps: {p.param for p in self.client.shards[ps]}
@@ -620,6 +641,8 @@ class Trainer:
 
     def close(self) -> None:
         self._drain()
+        if self.sparse is not None:
+            self.sparse.close()
         if self._pipe is not None:
             self._pipe.shutdown(wait=False, cancel_futures=True)
         self.client.close()

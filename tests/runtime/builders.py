@@ -89,6 +89,10 @@ class KillableTransport(LocalTransport):
         self._check()
         return super().finish(namespace)
 
+    def sparse(self, frames: list[bytes]) -> list[bytes]:
+        self._check()
+        return super().sparse(frames)
+
 
 REPLICA_CMD = [sys.executable, "-c",
                "import sys; from pstrain_api.cli import main; sys.exit(main(['replica']))"]

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(120)
 
 ROWS = 20_000
 BATCH = 256
-STEPS = 300
+STEPS = 120
 ADAGRAD = {"name": "adagrad", "learningRate": 0.05}
 
 

@@ -7,7 +7,8 @@ categorical features (one id each). The model:
 - dense features -> bottom MLP -> a vector of `embedding_dim`;
 - each categorical feature -> its own embedding table of `rows` rows -> a vector of
   `embedding_dim` (a `SparseEmbeddingBag`: inside pstrain's trainer its rows live only
-  on the parameter servers, and a step moves only the rows of the batch's ids);
+  on the parameter servers, and a step moves only the rows of the batch's ids; the 26
+  tables are stored as one, see `CTRModel`);
 - the 27 vectors interact by pairwise dot products (351 values), which go with the
   dense vector through the top MLP to one logit (the click probability's log-odds).
 
@@ -141,21 +142,27 @@ def build_table(kind: TableKind, name: str, rows: int, dim: int, init_std: float
 
 
 class CTRModel(nn.Module):
-    """DLRM: bottom MLP, one embedding bag per categorical feature, pairwise dot
-    products of all feature vectors, top MLP to one logit."""
+    """DLRM: bottom MLP, an embedding bag per categorical feature, pairwise dot
+    products of all feature vectors, top MLP to one logit.
+
+    The 26 features' tables are stored as one table of 26 x `rows` rows, feature t's
+    ids offset by t x `rows` (as TorchRec groups features into one table): the same
+    model as 26 tables, but one lookup per step, so one pull and one push per
+    parameter server rather than 26."""
 
     def __init__(self, rows: int, embedding_dim: int, bottom: list[int], top: list[int],
                  tables: TableKind, init_std: float, admit_after: int = 1,
                  evict_after_steps: int | None = None) -> None:
         super().__init__()
         self.dim = embedding_dim
+        self.rows = rows
         self.bottom = mlp([NUM_DENSE, *bottom, embedding_dim], last_relu=True)
-        self.use_ids = tables != "none"
-        self.tables = nn.ModuleList(
-            build_table(tables, f"ctr_c{t:02d}", rows, embedding_dim, init_std,
-                        admit_after, evict_after_steps)
-            for t in range(NUM_SPARSE if self.use_ids else 0))
-        n = 1 + len(self.tables)
+        self.features = NUM_SPARSE if tables != "none" else 0
+        self.table = (build_table(tables, "ctr_features", NUM_SPARSE * rows, embedding_dim,
+                                  init_std, admit_after, evict_after_steps)
+                      if self.features else None)
+        self.register_buffer("id_offsets", torch.arange(NUM_SPARSE) * rows, persistent=False)
+        n = 1 + self.features
         rows_i, cols_i = torch.triu_indices(n, n, offset=1)
         self.register_buffer("pairs_i", rows_i, persistent=False)
         self.register_buffer("pairs_j", cols_i, persistent=False)
@@ -163,12 +170,12 @@ class CTRModel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dense = self.bottom(x[:, :NUM_DENSE].to(torch.float32))
-        feats = [dense]
-        if self.use_ids:
-            ids = x[:, NUM_DENSE:].to(torch.int64)
-            feats += [table(ids[:, t:t + 1]) for t, table in enumerate(self.tables)]
-        stacked = torch.stack(feats, 1)  # (batch, 27, dim)
-        dots = torch.bmm(stacked, stacked.transpose(1, 2))[:, self.pairs_i, self.pairs_j]
+        feats = dense.unsqueeze(1)
+        if self.table is not None:
+            ids = x[:, NUM_DENSE:].to(torch.int64) + self.id_offsets  # (batch, 26)
+            emb = self.table(ids.reshape(-1, 1)).view(len(x), self.features, self.dim)
+            feats = torch.cat([feats, emb], 1)  # (batch, 27, dim)
+        dots = torch.bmm(feats, feats.transpose(1, 2))[:, self.pairs_i, self.pairs_j]
         return self.top(torch.cat([dense, dots], 1)).squeeze(1)
 
 

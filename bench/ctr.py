@@ -373,10 +373,64 @@ def run(cfg: Config) -> list[Figure]:
     return figs
 
 
+def _lookup_peer(rank: int, ports: list[int], samples: int, timeout_s: float) -> Any:
+    """Ranks 0 and 1 serve; rank 2 pulls the rows of LOOKUP_IDS unique ids and returns
+    the latency samples. The rows exist (a push created them), as the hot rows of a
+    batch do in training: a row never pushed is computed from its id at every pull."""
+    if rank < PS:
+        from . import rt
+
+        rt.serve_ps(rank, ports[rank], timeout_s)
+        return None
+    import torch
+
+    from . import rt
+    from .core import latency_samples
+
+    client, spec, dense = rt.sparse_table(ports, "bench/lookup", DIM)
+    ids = torch.randperm(1 << 24, generator=torch.Generator().manual_seed(0))[:LOOKUP_IDS]
+    try:
+        client.push({spec.name: (ids, torch.zeros(LOOKUP_IDS, DIM))}, 0, [0] * PS)
+        return latency_samples(lambda: client.pull(spec, ids), samples, warmup=10,
+                               calls=samples * 20)
+    finally:
+        client.close()
+        rt.shutdown(dense)
+
+
 def lookup_path(cfg: Config) -> list[Figure]:
-    """Placeholder until the sparse client lands: see `lookup_figures`."""
-    return [Figure.missing("ctr.lookup", f"pull of {LOOKUP_IDS} unique rows x {DIM} from "
-                           f"{PS} PS", "ms", "the sparse pull is not available yet")]
+    """A pull of one batch's unique rows from 2 PS, and loopback TCP moving the same
+    bytes (one 512 KiB message and a 1-byte answer) between two processes, in this
+    run."""
+    import multiprocessing as mp
+
+    from .limits import CHUNK, _tcp_peer
+    from .procs import find_free_ports, run_group
+
+    nbytes = LOOKUP_IDS * ROW_BYTES
+    what = f"{LOOKUP_IDS} unique ids x {DIM} float32 ({nbytes / 1024:.0f} KiB)"
+    secs = run_group(_lookup_peer, PS + 1, args=(find_free_ports(PS), cfg.repeats,
+                                                  cfg.item_time_limit_s),
+                     timeout_s=cfg.item_time_limit_s)[PS]
+    ctx = mp.get_context("spawn")
+    a, b = ctx.Pipe()
+    tcp = run_group(_tcp_peer, 2, args=([nbytes], cfg.warmup + cfg.repeats * 20, CHUNK),
+                    rank_args=[(a,), (b,)], timeout_s=cfg.item_time_limit_s)[1][nbytes]
+    tcp = tcp[cfg.warmup:]
+    k = len(tcp) // cfg.repeats
+    tcp_secs = [sorted(tcp[i * k:(i + 1) * k])[k // 2] for i in range(cfg.repeats)]
+    pull = Figure.of("ctr.lookup.pull", f"sparse pull of {what} from {PS} PS: latency",
+                     "s", secs, note="each sample the median of 20 pulls")
+    pull_gbs = Figure.of("ctr.lookup.pull_gbs", f"sparse pull of {what}: rows moved",
+                         "GB/s", [nbytes / GB / s for s in secs])
+    tcp_fig = Figure.of("ctr.lookup.tcp", f"loopback TCP, the same {nbytes / 1024:.0f} KiB "
+                        "and a 1-byte answer: latency", "s", tcp_secs,
+                        note="each sample the median of 20 transfers")
+    tcp_gbs = Figure.of("ctr.lookup.tcp_gbs", f"loopback TCP, {nbytes / 1024:.0f} KiB",
+                        "GB/s", [nbytes / GB / s for s in tcp_secs])
+    return [pull, pull_gbs, tcp_fig, tcp_gbs,
+            ratio("ctr.lookup.vs_tcp", "sparse pull GB/s / loopback TCP GB/s, same bytes",
+                  pull_gbs, tcp_gbs)]
 
 
 __all__ = ["GB", "derive", "parse_ss", "run", "spread"]

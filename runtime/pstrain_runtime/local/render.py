@@ -143,11 +143,13 @@ class RichReporter:
             MofNCompleteColumn(),
             TextColumn("loss {task.fields[loss]}"),
             TextColumn("{task.fields[sps]} samples/s"),
+            TextColumn("{task.fields[auc]}"),
             TimeElapsedColumn(),
             console=self.console,
             transient=False,
         )
-        self.task = self.progress.add_task(job_name, total=total_steps, loss="-", sps="-")
+        self.task = self.progress.add_task(job_name, total=total_steps, loss="-", sps="-",
+                                           auc="")
         self.progress.start()
 
     def _print(self, text: str, style: str | None = None) -> None:
@@ -166,7 +168,8 @@ class RichReporter:
     def event(self, name: str, event: Mapping[str, Any], metrics: Metrics) -> None:
         self.progress.update(self.task, completed=metrics.step,
                              loss=_fmt(metrics.loss, ".4f"),
-                             sps=_fmt(metrics.samples_per_sec, ".0f"))
+                             sps=_fmt(metrics.samples_per_sec, ".0f"),
+                             auc=f"auc {metrics.auc:.4f}" if metrics.auc is not None else "")
         if event.get("event") == "progress":
             return
         line = format_event(name, event, metrics)

@@ -173,9 +173,11 @@ def test_rich_reporter_prints_prefixed_lines_and_notices():
     restored = ev("restored", step=3, lost_steps=2, servers=[0])
     rep.event("j-worker-0", restored, fold(M0, "j-worker-0", restored))
     rep.notice("error", "boom", ["tb line"])
+    evaluated = ev("eval", step=5, auc=0.8123, logloss=0.5)
+    rep.event("j-worker-0", evaluated, fold(M0, "j-worker-0", evaluated))
     rep.close()
     text = out.getvalue()
-    for expected in ("[j-ps-0]     [not markup] serving",
+    for expected in ("[j-ps-0]     [not markup] serving", "auc 0.8123",
                      "pstrain: warning: j-worker-0: restored ps shard 0 from step 3; 2 steps "
                      "lost", "pstrain: error: boom", "    tb line"):
         assert expected in text

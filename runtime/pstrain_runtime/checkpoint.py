@@ -17,15 +17,17 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO, TypeVar
 
 import torch
 
 FORMAT = "pstrain-checkpoint"
 FORMAT_VERSION = 1
 FILE_RE = re.compile(r"^ckpt-(\d{12})\.pt$")
+T = TypeVar("T")
 
 
 class CheckpointError(ValueError):
@@ -106,19 +108,26 @@ class Checkpoint:
             )
 
 
-def save_checkpoint(ckpt: Checkpoint, path: Path) -> Path:
-    """Write `ckpt` to `path` atomically: never a half-written file under that name."""
+def write_atomically(path: Path, write: Callable[[BinaryIO], T]) -> T:
+    """Call `write` on a temporary file beside `path`, fsync it, rename it to `path`:
+    never a half-written file under that name. Returns what `write` returned."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            torch.save(ckpt.to_dict(), fh)
+            result = write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return result
+
+
+def save_checkpoint(ckpt: Checkpoint, path: Path) -> Path:
+    """Write `ckpt` to `path` atomically."""
+    write_atomically(path, lambda fh: torch.save(ckpt.to_dict(), fh))
     return path
 
 

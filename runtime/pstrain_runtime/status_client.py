@@ -48,7 +48,14 @@ def status_to_dict(status: ps_pb2.JobStatus) -> dict[str, Any]:
         "target_steps": int(status.target_steps) or None,
         "initialized": bool(status.initialized),
         "updated_time": status.updated_time or None,
+        # sparse tables' live rows and server memory (None: the model has none)
+        "sparse_rows": int(status.sparse_rows) if _has_tables(status) else None,
+        "sparse_bytes": int(status.sparse_bytes) if _has_tables(status) else None,
     }
+
+
+def _has_tables(status: ps_pb2.JobStatus) -> bool:
+    return status.sparse_rows >= 0 and status.sparse_bytes > 0
 
 
 def fetch_job_status(address: str, timeout: float, namespace: str = "") -> dict[str, Any] | None:

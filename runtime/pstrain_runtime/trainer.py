@@ -3,8 +3,9 @@
 Every worker: pull all shards (concurrently) into the model, run forward/backward on
 its own batch (CUDA when present, CPU otherwise), push every shard's gradients
 (concurrently; with `overlap`, a shard's push starts during backward as soon as its
-gradients are complete). It stops when the global step reaches `training.steps`, or
-when a server says the job is done.
+gradients are complete). It stops when every server's step reaches `training.steps`
+(they differ after a server restarted without a checkpoint), or when a server says
+the job is done.
 
 The chief (worker 0) also: initialises the servers (fresh, or from the latest
 checkpoint), reads the global step (kept by parameter server 0, one increment per
@@ -328,7 +329,8 @@ class Trainer:
 
     def _report(self, *, loss: float | None = None, samples_per_sec: float = 0.0,
                 metrics: Mapping[str, float] | None = None,
-                checkpoint: tuple[int, str, float] | None = None) -> None:
+                checkpoint: tuple[int, str, float] | None = None,
+                tables: Mapping[str, Any] | None = None) -> None:
         """Status for parameter server 0; `metrics` are an evaluation's (all of them,
         e.g. accuracy or auc and logloss)."""
         accuracy = metrics.get("accuracy") if metrics else None
@@ -339,10 +341,22 @@ class Trainer:
             target_steps=self.training.steps, eval_metrics=metrics or {})
         if checkpoint is not None:
             report.checkpoint_step, report.checkpoint_path, report.checkpoint_time = checkpoint
+        if tables:
+            report.sparse_rows, report.sparse_bytes = tables["sparse_rows"], tables["sparse_bytes"]
         try:
             self.client.report(report)
         except PSError as exc:  # status is best effort; training goes on
             print(f"pstrain: could not report status to parameter server 0: {exc}", flush=True)
+
+    def _table_fields(self) -> dict[str, Any]:
+        """Sparse tables' live rows and memory for an event (best effort, like status)."""
+        if self.sparse is None:
+            return {}
+        try:
+            return self.sparse.progress_fields()
+        except PSError as exc:
+            print(f"pstrain: could not read the sparse tables' size: {exc}", flush=True)
+            return {}
 
     def _evaluate(self) -> dict[str, float]:
         self.model.eval()
@@ -523,7 +537,7 @@ class Trainer:
                         self._handle(exc)
                         continue
                 self.last_step = max(self.last_step, gstep) if role.is_chief else gstep
-                if gstep >= training.steps:
+                if min(self.client.last_pull_steps) >= training.steps:
                     break
                 if training.mode == "sync":
                     # Each server counts its own steps; they agree except after a server
@@ -562,8 +576,11 @@ class Trainer:
                 if any(r.info.done for r in replies):
                     finished_by_peer = True
                     break
+                # Every server must reach the target: one that lags (restarted without
+                # a checkpoint) still needs this worker's gradients for its last steps.
+                reached = min(r.info.global_step for r in replies) >= training.steps
                 if not role.is_chief:
-                    if gstep >= training.steps:
+                    if reached:
                         break
                     continue
                 # chief duties
@@ -572,9 +589,10 @@ class Trainer:
                 rate = (gstep - start_step) * samples_per_step / elapsed
                 if now - last_progress >= self.progress_interval:
                     avg = sum(window_loss) / len(window_loss)
+                    tables = self._table_fields()
                     self.emit("progress", step=gstep, loss=round(avg, 6),
-                              samples_per_sec=round(rate, 1))
-                    self._report(loss=avg, samples_per_sec=rate)
+                              samples_per_sec=round(rate, 1), **tables)
+                    self._report(loss=avg, samples_per_sec=rate, tables=tables)
                     window_loss.clear()
                     last_progress = now
                 if self.ckpt_store is not None and gstep >= next_ckpt and gstep < training.steps:
@@ -591,7 +609,7 @@ class Trainer:
                     self.emit("eval", step=gstep, **metrics)
                     self._report(metrics=metrics)
                     next_eval = (gstep // eval_every + 1) * eval_every
-                if gstep >= training.steps:
+                if reached:
                     break
 
             self._drain()
@@ -622,12 +640,14 @@ class Trainer:
         self.emit("eval", step=gstep, **result.metrics)
         if self.ckpt_store is not None and self.last_ckpt_step != gstep:
             self._save_checkpoint()
+        tables = self._table_fields()
         self._report(loss=result.loss, samples_per_sec=result.samples_per_sec,
-                     metrics=result.metrics)
+                     metrics=result.metrics, tables=tables)
         self.emit("done", step=gstep, loss=result.loss,
                   accuracy=result.metrics.get("accuracy"),
                   samples_per_sec=round(result.samples_per_sec, 1),
-                  wall_seconds=round(result.wall_seconds, 3), lost_steps=self.lost_steps)
+                  wall_seconds=round(result.wall_seconds, 3), lost_steps=self.lost_steps,
+                  **tables)
         self._retry(self.client.finish)
         return result
 

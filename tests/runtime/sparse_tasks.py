@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import torch
 from torch import nn
@@ -13,6 +10,10 @@ from torch import nn
 from pstrain_runtime.sparse import SparseEmbedding, SparseEmbeddingBag, initial_rows, stream_of
 from pstrain_runtime.task import Task
 from pstrain_runtime.trainer import Trainer, WorkerRole
+
+from .builders import Events, run_trainers
+
+__all__ = ["Events", "Net", "all_tag_ids", "batches", "loss", "make_task", "run_job"]
 
 ITEMS, ITEM_DIM, TAG_DIM, TAG_SPACE = 40, 8, 4, 1 << 40
 
@@ -83,50 +84,13 @@ def make_task(table_options: dict | None = None) -> Task:
 def run_job(job, transports, num_workers: int = 1,
             emit: Callable[..., None] | None = None, table_options: dict | None = None,
             progress_interval: float = 0.05) -> list[Trainer]:
-    """Run a job of `make_task` models, one thread per worker, bounded at 90 s."""
+    """Run a job of `make_task` models (bounded, see `run_trainers`), then close it."""
     trainers = [Trainer(job, WorkerRole("ns", w, num_workers), transports,
                         emit=emit if (emit is not None and w == 0) else lambda *a, **k: None,
                         progress_interval=progress_interval,
                         task=make_task(table_options))
                 for w in range(num_workers)]
-    errors: list[BaseException] = []
-
-    def go(trainer: Trainer) -> None:
-        try:
-            trainer.run()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test
-            errors.append(exc)
-
-    threads = [threading.Thread(target=go, args=(t,), daemon=True) for t in reversed(trainers)]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + 90
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    if any(t.is_alive() for t in threads):
-        for transport in transports:
-            store = getattr(transport, "store", None)
-            if store is not None:
-                store.stop()
-        raise AssertionError("a trainer did not finish within 90 s")
+    run_trainers(trainers, transports)
     for trainer in trainers:
         trainer.close()
-    if errors:
-        raise errors[0]
     return trainers
-
-
-class Events:
-    """Records emitted events; hooks see each one as it comes."""
-
-    def __init__(self) -> None:
-        self.items: list[tuple[str, dict[str, Any]]] = []
-        self.hooks: list[Callable[[str, dict[str, Any]], None]] = []
-
-    def __call__(self, kind: str, **fields: Any) -> None:
-        self.items.append((kind, fields))
-        for hook in self.hooks:
-            hook(kind, fields)
-
-    def of(self, kind: str) -> list[dict[str, Any]]:
-        return [f for k, f in self.items if k == kind]

@@ -12,8 +12,8 @@ from pstrain_runtime.client import LocalTransport
 from pstrain_runtime.examples import ctr
 from pstrain_runtime.store import ParameterStore
 
-from .builders import digits_training
-from .test_rt_trainer import Events, run_job
+from .builders import Events, digits_training
+from .test_rt_trainer import run_job
 
 pytestmark = pytest.mark.timeout(120)
 

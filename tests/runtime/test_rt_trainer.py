@@ -5,7 +5,6 @@ parameter server that restarts empty."""
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from pstrain_runtime.optim import OptimizerConfig, torch_optimizer
 from pstrain_runtime.store import ParameterStore
 from pstrain_runtime.trainer import Trainer, WorkerRole
 
-from .builders import KillableTransport, digits_training
+from .builders import Events, KillableTransport, digits_training, run_trainers
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,53 +28,13 @@ def one_thread() -> None:
     torch.set_num_threads(1)
 
 
-class Events:
-    def __init__(self) -> None:
-        self.items: list[tuple[str, dict[str, Any]]] = []
-        self.hooks: list[Any] = []
-
-    def __call__(self, kind: str, **fields: Any) -> None:
-        self.items.append((kind, fields))
-        for hook in self.hooks:
-            hook(kind, fields)
-
-    def of(self, kind: str) -> list[dict[str, Any]]:
-        return [f for k, f in self.items if k == kind]
-
-
 def run_job(training, transports, num_workers: int = 1, emit: Events | None = None,
             progress_interval: float = 0.2) -> Trainer:
-    trainers = {w: Trainer(training, WorkerRole("ns", w, num_workers), transports,
-                           emit=emit if (emit is not None and w == 0) else Events(),
-                           progress_interval=progress_interval)
-                for w in range(num_workers)}
-    errors: list[BaseException] = []
-
-    def go(w: int) -> None:
-        try:
-            trainers[w].run()
-        except BaseException as exc:  # re-raised in the test thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=go, args=(w,), daemon=True)
-               for w in reversed(range(num_workers))]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + 90  # one bound for the whole job, inside the test timeout
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    if any(t.is_alive() for t in threads):
-        # A hung job: stop its servers so no call stays blocked in them (a thread of a
-        # client's pool blocked there would keep the interpreter from exiting).
-        for transport in transports:
-            store = getattr(transport, "store", None)
-            if store is not None:
-                store.stop()
-        for trainer in trainers.values():
-            trainer.close()
-        raise AssertionError("a trainer did not finish within 90 s")
-    if errors:
-        raise errors[0]
+    trainers = [Trainer(training, WorkerRole("ns", w, num_workers), transports,
+                        emit=emit if (emit is not None and w == 0) else Events(),
+                        progress_interval=progress_interval)
+                for w in range(num_workers)]
+    run_trainers(trainers, transports)
     return trainers[0]
 
 
@@ -189,6 +148,50 @@ def test_chief_recovers_a_restarted_parameter_server(tmp_path: Path, with_checkp
     else:
         assert restored[0]["lost_steps"] == 0 and restored[0]["path"] is None
     assert events.of("done")[0]["step"] == 150
+
+
+def test_a_worker_keeps_pushing_until_a_lagging_server_reaches_the_target() -> None:
+    """After a server restarted without a checkpoint, the servers' steps differ (here
+    server 0 is one ahead) and workers may see them at different times. A worker must
+    not end when server 0 reaches the target while server 1 still needs its gradient
+    for the last step: the chief's push of that step would wait for it forever (the
+    hang of issue 11 item 4)."""
+    target = 3
+    training = digits_training(steps=target, mode="sync")
+    stores = [ParameterStore(0), ParameterStore(1)]
+    transports = [LocalTransport(store) for store in stores]
+    chief = Trainer(training, WorkerRole("ns", 0, 2), transports, emit=Events())
+    chief._install(chief.mirror, None, target - 1, only=[0])
+    chief._install(chief.mirror, None, target - 2, only=[1])
+    worker = Trainer(training, WorkerRole("ns", 1, 2), transports, emit=Events())
+    ended = threading.Event()
+    thread = threading.Thread(target=lambda: (worker.run(), ended.set()), daemon=True)
+    thread.start()
+    grads = {name: torch.zeros_like(t) for name, t in chief.mirror.items()}
+    pushed: list[Any] = []
+    try:
+        # The chief saw both servers one step behind (server 0 at target-1, server 1
+        # at target-2); the worker completes those steps with it.
+        assert [r.info.global_step for r in chief.client.push(grads, 0, [target - 1,
+                                                                        target - 2])] \
+            == [target, target - 1]
+        # The chief's last step on server 1 needs the worker's contribution too.
+        last = threading.Thread(
+            target=lambda: pushed.append(chief.client.push_one(1, grads, 0, target - 1)),
+            daemon=True)
+        last.start()
+        last.join(20)
+        assert pushed and pushed[0].info.global_step == target, \
+            "the chief's last push on the lagging server did not complete"
+        assert not ended.is_set()  # the worker waits for the chief's Finish
+        chief.client.finish()
+        thread.join(20)
+        assert ended.is_set()
+    finally:
+        for store in stores:
+            store.stop()
+        worker.close()
+        chief.close()
 
 
 def test_overlapped_pushes_give_the_same_result() -> None:

@@ -193,3 +193,19 @@ def test_eviction_of_rows_not_updated_for_k_steps() -> None:
     fresh = RowTable(spec)
     fresh.apply(torch.tensor([1]), torch.ones(1, 2), t=1, now=1)
     torch.testing.assert_close(table.read(torch.tensor([1])), fresh.read(torch.tensor([1])))
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"embedding_dim": 0}, "embedding_dim is 0; it must be at least 1"),
+    ({"num_embeddings": 0}, "num_embeddings is 0; it must be at least 1"),
+    ({"admit_after": 0}, "admit_after is 0; it must be at least 1"),
+    ({"evict_after_steps": 0}, "evict_after_steps is 0"),
+    ({"init_std": float("nan")}, "init_std is nan"),
+    ({"padding_idx": 12}, "padding_idx is 12"),
+    ({"optimizer": {"name": "momentum"}}, "optimizer 'momentum' has no row-wise form"),
+    ({"optimizer": {"name": "adagrad", "learningRate": -1}}, "optimizer.learningRate"),
+], ids=["dim", "rows", "admit", "evict", "init-std", "padding", "momentum", "lr"])
+def test_bad_table_definitions_are_refused_with_a_message(kwargs, message) -> None:
+    args = {"num_embeddings": 10, "embedding_dim": 4, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        SparseEmbedding("t", args.pop("num_embeddings"), args.pop("embedding_dim"), **args)

@@ -4,6 +4,8 @@ over one or two servers; two workers train; bad pushes are refused on the server
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -12,6 +14,7 @@ from pstrain_runtime.optim import OptimizerConfig, torch_optimizer
 from pstrain_runtime.sparse.client import SparseClient
 from pstrain_runtime.sparse.protocol import encode
 from pstrain_runtime.server import PSServer
+from pstrain_runtime.status_client import status_to_dict
 from pstrain_runtime.store import ParameterStore, PSError
 from pstrain_runtime.trainer import Trainer, WorkerRole
 
@@ -27,18 +30,21 @@ def one_thread() -> None:
     torch.set_num_threads(1)
 
 
-def run(job, transports, num_workers: int = 1, **kw) -> list[Trainer]:
+def run(job, transports, num_workers: int = 1, **kw: Any) -> list[Trainer]:
     return sparse_tasks.run_job(job, transports, num_workers, **kw)
 
 
-def reference(config: OptimizerConfig, steps: int, seed: int) -> sparse_tasks.Net:
+def reference(config: OptimizerConfig, steps: int, seed: int,
+              num_workers: int = 1) -> sparse_tasks.Net:
+    """The plain loop; with several workers, each step's gradient is the mean of the
+    workers' gradients (what sync mode computes)."""
     model = sparse_tasks.Net(reference=True, tag_ids=sparse_tasks.all_tag_ids(), seed=seed)
     opt = torch_optimizer(config, list(model.parameters()))
-    data = sparse_tasks.batches(0, 1, BATCH, seed)
+    data = [sparse_tasks.batches(w, num_workers, BATCH, seed) for w in range(num_workers)]
     for _ in range(steps):
-        x, y = next(data)
         opt.zero_grad()
-        sparse_tasks.loss(model(x), y).backward()
+        losses = [sparse_tasks.loss(model(x), y) for x, y in (next(d) for d in data)]
+        (sum(losses) / num_workers).backward()
         opt.step()
     return model
 
@@ -68,13 +74,33 @@ def test_one_worker_equals_plain_pytorch_with_sparse_embeddings(optimizer, mode,
                                ref.tags.weight.detach(), rtol=1e-6, atol=1e-6)
 
 
+def test_sync_mode_applies_the_mean_of_the_workers_rows() -> None:
+    job = training(steps=STEPS, batchSize=BATCH, mode="sync", seed=3,
+                   optimizer={"name": "sgd", "learningRate": 0.1})
+    chief = run(job, [LocalTransport(ParameterStore(i)) for i in range(2)], num_workers=2)[0]
+    ref = reference(OptimizerConfig.from_model(job.optimizer), STEPS, seed=3, num_workers=2)
+    torch.testing.assert_close(table_rows(chief, "items", torch.arange(sparse_tasks.ITEMS)),
+                               ref.items.weight.detach(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(table_rows(chief, "tags", sparse_tasks.all_tag_ids()),
+                               ref.tags.weight.detach(), rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_two_workers_train_sparse_tables_over_two_servers(mode: str) -> None:
     job = training(steps=30, batchSize=BATCH, mode=mode,
                    optimizer={"name": "adagrad", "learningRate": 0.1}, stalenessBound=1)
     stores = [ParameterStore(i) for i in range(2)]
-    chief = run(job, [LocalTransport(s) for s in stores], num_workers=2)[0]
+    events = sparse_tasks.Events()
+    run(job, [LocalTransport(s) for s in stores], num_workers=2, emit=events)
     assert stores[0].info("ns").global_step == 30
+    done = events.of("done")[0]  # the chief reports the tables' size
+    assert done["sparse_tables"]["items"]["rows"] == sparse_tasks.ITEMS // 4
+    assert done["sparse_rows"] == sum(t["rows"] for t in done["sparse_tables"].values())
+    assert done["sparse_bytes"] > done["sparse_rows"] * 4 * (sparse_tasks.TAG_DIM * 2)
+    assert all("sparse_rows" in e for e in events.of("progress"))
+    status = status_to_dict(stores[0].job_status("ns"))  # what the operator reads
+    assert (status["sparse_rows"], status["sparse_bytes"]) == (done["sparse_rows"],
+                                                               done["sparse_bytes"])
     stats = SparseClient([LocalTransport(s) for s in stores], "ns").stats()
     assert stats["items"]["rows"] == sparse_tasks.ITEMS // 4  # only touched ids have rows
     assert stats["tags"]["rows"] == len(sparse_tasks.all_tag_ids())
@@ -149,3 +175,62 @@ def test_one_worker_over_real_servers_and_calls_split_by_size(transport: str) ->
     finally:
         for server in servers:
             server.stop(0)
+
+
+def test_admission_and_eviction_on_the_servers() -> None:
+    job = training(steps=1, batchSize=4, mode="async", optimizer={"name": "sgd"})
+    stores = [ParameterStore(i) for i in range(2)]
+    run(job, [LocalTransport(s) for s in stores],
+        table_options={"admit_after": 2, "evict_after_steps": 4})
+    for store in stores:  # reopen the finished job: pushes after its end are not applied
+        store.namespace("ns").done = False
+    client = SparseClient([LocalTransport(s) for s in stores], "ns")
+    try:
+        spec = table_spec(stores, "tags")
+        before = client.stats()["tags"]["rows"]
+        new = torch.tensor([(1 << 50) + 11, (1 << 50) + 12])  # ids never seen
+        initial = client.pull(spec, new)
+        client.push({"tags": (new, torch.ones(2, spec.embedding_dim))}, 0, [0, 0])
+        assert client.stats()["tags"]["rows"] == before  # seen once: not admitted
+        assert torch.equal(client.pull(spec, new), initial)
+        client.push({"tags": (new, torch.ones(2, spec.embedding_dim))}, 0, [0, 0])
+        assert client.stats()["tags"]["rows"] == before + 2  # admitted, and updated
+        torch.testing.assert_close(client.pull(spec, new), initial - 0.1)
+        # Ten steps later only rows updated since then are left.
+        for store in stores:
+            store.namespace("ns").global_step += 10
+        client.push({"tags": (new, torch.ones(2, spec.embedding_dim))}, 0, [0, 0])
+        assert client.stats()["tags"]["rows"] == 2
+    finally:
+        client.close()
+
+
+def table_spec(stores: list[ParameterStore], name: str) -> Any:
+    return stores[0].namespace("ns").sparse.tables[name].spec
+
+
+def test_a_job_optimizer_without_a_row_wise_form_needs_a_table_optimizer() -> None:
+    job = training(steps=1, optimizer={"name": "momentum", "learningRate": 0.1})
+    with pytest.raises(ValueError, match="optimizer 'momentum' has no row-wise form; sparse "
+                                         "tables use one of"):
+        Trainer(job, WorkerRole("ns", 0, 1), [LocalTransport(ParameterStore())],
+                task=sparse_tasks.make_task())
+    trainer = Trainer(job, WorkerRole("ns", 0, 1), [LocalTransport(ParameterStore())],
+                      task=sparse_tasks.make_task({"optimizer": {"name": "adagrad"}}))
+    assert trainer.sparse.specs["items"].optimizer.name == "adagrad"
+    trainer.close()
+
+
+def test_export_pages_stay_under_the_call_size_limit() -> None:
+    job = training(steps=3, batchSize=16, mode="sync")
+    stores = [ParameterStore()]
+    run(job, [LocalTransport(s) for s in stores])
+    client = SparseClient([LocalTransport(stores[0])], "ns", max_call_bytes=(4 * 8 + 8) * 3)
+    try:
+        spec = table_spec(stores, "items")  # 8 values a row: 3 rows a page here
+        pages = list(client.export(0, spec, ()))
+    finally:
+        client.close()
+    assert len(pages) >= 3 and all(len(p.ids) <= 3 for p in pages)
+    assert sum(len(p.ids) for p in pages) == stores[0].namespace("ns").sparse.tables[
+        "items"].stats().rows

@@ -40,6 +40,8 @@ class Metrics:
     restores: tuple[Restore, ...] = ()
     done: bool = False
     train_seconds: float | None = None
+    sparse_rows: int | None = None  # live rows of the sparse tables, over all servers
+    sparse_bytes: int | None = None  # their memory on the servers
 
     @property
     def lost_steps(self) -> int:
@@ -69,6 +71,7 @@ def fold(metrics: Metrics, replica: str, event: Mapping[str, Any]) -> Metrics:
             step=step if step is not None else metrics.step,
             loss=_num(event, "loss") if "loss" in event else metrics.loss,
             samples_per_sec=_num(event, "samples_per_sec") or metrics.samples_per_sec,
+            **_table_sizes(metrics, event),
         )
     if kind == "eval":
         return replace(
@@ -100,8 +103,15 @@ def fold(metrics: Metrics, replica: str, event: Mapping[str, Any]) -> Metrics:
             accuracy=_num(event, "accuracy") if "accuracy" in event else metrics.accuracy,
             samples_per_sec=_num(event, "samples_per_sec") or metrics.samples_per_sec,
             train_seconds=_num(event, "wall_seconds"),
+            **_table_sizes(metrics, event),
         )
     return metrics
+
+
+def _table_sizes(metrics: Metrics, event: Mapping[str, Any]) -> dict[str, int | None]:
+    rows, size = _int(event, "sparse_rows"), _int(event, "sparse_bytes")
+    return {"sparse_rows": rows if rows is not None else metrics.sparse_rows,
+            "sparse_bytes": size if size is not None else metrics.sparse_bytes}
 
 
 def describe_restore(restore: Restore) -> str:
@@ -148,6 +158,8 @@ def build_summary(state: RunState, metrics: Metrics, wall_seconds: float,
         ],
         "checkpoint_dir": checkpoint_dir,
         "last_checkpoint_step": metrics.checkpoint_step,
+        "sparse_rows": metrics.sparse_rows,
+        "sparse_bytes": metrics.sparse_bytes,
         "failed_replica": state.culprit,
         "replicas": replicas,
     }

@@ -41,9 +41,14 @@ def format_quality(accuracy: float | None, auc: float | None) -> str:
 
 
 def format_progress(metrics: Metrics) -> str:
-    auc = f"  auc {metrics.auc:.4f}" if metrics.auc is not None else ""
-    return (f"step {metrics.step}/{metrics.total_steps}  loss {_fmt(metrics.loss, '.4f')}  "
-            f"{_fmt(metrics.samples_per_sec, '.0f')} samples/s{auc}")
+    line = (f"step {metrics.step}/{metrics.total_steps}  loss {_fmt(metrics.loss, '.4f')}  "
+            f"{_fmt(metrics.samples_per_sec, '.0f')} samples/s")
+    if metrics.auc is not None:
+        line += f"  auc {metrics.auc:.4f}"
+    if metrics.sparse_rows is not None:
+        line += (f"  {metrics.sparse_rows} table rows "
+                 f"({(metrics.sparse_bytes or 0) / 2**20:.1f} MiB on the ps)")
+    return line
 
 
 def format_event(replica: str, event: Mapping[str, Any], metrics: Metrics) -> str | None:

@@ -115,7 +115,7 @@ class SparseClient:
     # ------------------------------------------------------------------ chief
     def configure(self, specs: Sequence[TableSpec], reset: bool,
                   only: Sequence[int] | None = None) -> None:
-        header = {"op": "configure", "reset": reset,
+        header = {"op": "configure", "reset": reset, "num_ps": self.num_ps,
                   "tables": [spec.to_json() for spec in specs]}
         self._each(lambda ps: self._call(ps, header),
                    list(range(self.num_ps)) if only is None else list(only))
@@ -133,9 +133,10 @@ class SparseClient:
 
     def export(self, ps: int, spec: TableSpec, slots: Sequence[str],
                page_rows: int | None = None) -> Iterator[RowBlock]:
-        """Server `ps`'s rows of a table, page by page (EXPORT_ROWS rows at most)."""
+        """Server `ps`'s rows of a table, page by page (EXPORT_ROWS rows at most, and
+        no frame above the call size limit)."""
         dim = spec.embedding_dim
-        page_rows = page_rows or EXPORT_ROWS
+        page_rows = min(page_rows or EXPORT_ROWS, self._rows_per_call(dim))
         start = 0
         while True:
             reply, frames = self._call(ps, {"op": "export", "table": spec.name,

@@ -10,16 +10,15 @@
 from __future__ import annotations
 
 import json
-import os
 import struct
-import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
 
-from ..checkpoint import CheckpointError
+from ..checkpoint import CheckpointError, write_atomically
 from .spec import TableSpec
 from .table import RowBlock
 
@@ -30,31 +29,24 @@ _COUNT = struct.Struct("<Q")
 def write_rows(path: Path, spec: TableSpec, slots: Sequence[str],
                blocks: Iterable[RowBlock]) -> int:
     """Write `blocks` to `path` atomically; the number of rows written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    total = 0
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(MAGIC)
-            fh.write(json.dumps({"table": spec.name, "dim": spec.embedding_dim,
-                                 "slots": list(slots)}).encode() + b"\n")
-            for block in blocks:
-                count = int(block.ids.numel())
-                if not count:
-                    continue
-                fh.write(_COUNT.pack(count))
-                for tensor in (block.ids, block.rows, *(block.slots[n] for n in slots),
-                               block.last):
-                    fh.write(tensor.contiguous().numpy().tobytes())
-                total += count
-            fh.write(_COUNT.pack(0))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return total
+    def write(fh: BinaryIO) -> int:
+        total = 0
+        fh.write(MAGIC)
+        fh.write(json.dumps({"table": spec.name, "dim": spec.embedding_dim,
+                             "slots": list(slots)}).encode() + b"\n")
+        for block in blocks:
+            count = int(block.ids.numel())
+            if not count:
+                continue
+            fh.write(_COUNT.pack(count))
+            for tensor in (block.ids, block.rows, *(block.slots[n] for n in slots),
+                           block.last):
+                fh.write(tensor.contiguous().numpy().tobytes())
+            total += count
+        fh.write(_COUNT.pack(0))
+        return total
+
+    return write_atomically(path, write)
 
 
 def _read_exact(fh, size: int, path: Path) -> bytes:  # type: ignore[no-untyped-def]

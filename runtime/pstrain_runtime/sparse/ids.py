@@ -16,6 +16,7 @@ without talking to anyone.
 from __future__ import annotations
 
 import hashlib
+import math
 
 import numpy as np
 import torch
@@ -83,11 +84,13 @@ def initial_rows(ids: torch.Tensor, dim: int, std: float, stream: int) -> torch.
     half = (dim + 1) // 2
     with np.errstate(over="ignore"):
         lanes = base[:, None] + np.arange(1, half + 1, dtype=np.uint64)[None, :] * _GOLDEN
-    bits = splitmix64(lanes)
-    # Two 26-bit uniforms per 64-bit draw; u1 in (0, 1] keeps log finite.
-    u1 = ((bits >> np.uint64(38)).astype(np.float64) + 1.0) / float(1 << 26)
-    u2 = ((bits >> np.uint64(12)) & np.uint64((1 << 26) - 1)).astype(np.float64) / float(1 << 26)
-    radius = np.sqrt(-2.0 * np.log(u1))
-    angle = 2.0 * np.pi * u2
-    normals = np.concatenate([radius * np.cos(angle), radius * np.sin(angle)], axis=1)[:, :dim]
-    return torch.from_numpy((normals * std).astype(np.float32))
+    bits = splitmix64(lanes).view(np.int64)
+    # Two 24-bit uniforms per 64-bit draw (exact in float32); u1 in (0, 1] keeps log
+    # finite. The transcendental part runs in torch's vectorised float32 kernels.
+    scale = 1.0 / float(1 << 24)
+    u1 = torch.from_numpy(((bits >> 40) & 0xFFFFFF).astype(np.float32)).add_(1.0).mul_(scale)
+    u2 = torch.from_numpy(((bits >> 8) & 0xFFFFFF).astype(np.float32)).mul_(scale)
+    radius = u1.log_().mul_(-2.0).sqrt_().mul_(std)
+    angle = u2.mul_(2.0 * math.pi)
+    normals = torch.cat([radius * torch.cos(angle), radius * torch.sin(angle)], dim=1)
+    return normals[:, :dim].contiguous() if dim % 2 else normals

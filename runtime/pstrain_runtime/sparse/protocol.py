@@ -10,7 +10,7 @@ in-process transport.
     push:      {op, namespace, worker, step, part, tables: [{name, count}]}
                                                           + (ids, grad rows) per table
        reply:  {applied, note, global_step}
-    configure: {op, namespace, reset, tables: [TableSpec json]}
+    configure: {op, namespace, reset, num_ps, tables: [TableSpec json]}
     export:    {op, namespace, table, start, limit}
        reply:  {next, count}                              + ids, rows, slots..., last
     import:    {op, namespace, table, count}              + ids, rows, slots..., last

@@ -48,6 +48,8 @@ def apply_rows(config: OptimizerConfig, rows: torch.Tensor, grads: torch.Tensor,
 
 def coalesce(ids: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Unique ids (sorted) and the sum of the gradient rows of each (repeats summed)."""
+    if ids.numel() < 2 or bool((ids[1:] > ids[:-1]).all()):
+        return ids, grads  # already sorted and unique (what workers send)
     unique, inverse = torch.unique(ids, sorted=True, return_inverse=True)
     if unique.numel() == ids.numel():
         order = torch.argsort(ids)

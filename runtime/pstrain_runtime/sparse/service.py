@@ -18,6 +18,7 @@ Rules:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,15 +38,21 @@ class NamespaceTables:
         self.tables: dict[str, RowTable] = {}
         self.pending: dict[int, dict[tuple[int, int], tuple[int, list[Entry]]]] = {}
 
-    def configure(self, specs: list[TableSpec], reset: bool, where: str) -> None:
+    def configure(self, specs: list[TableSpec], reset: bool, num_ps: int, where: str) -> None:
+        def make(spec: TableSpec) -> RowTable:
+            # A fixed-size table's shard is about num_embeddings / num_ps rows.
+            reserve = (0 if spec.num_embeddings is None
+                       else math.ceil(spec.num_embeddings / num_ps * 1.05) + 64)
+            return RowTable(spec, reserve=reserve)
+
         if reset:
-            self.tables = {spec.name: RowTable(spec) for spec in specs}
+            self.tables = {spec.name: make(spec) for spec in specs}
             self.pending.clear()
             return
         for spec in specs:
             have = self.tables.get(spec.name)
             if have is None:
-                self.tables[spec.name] = RowTable(spec)
+                self.tables[spec.name] = make(spec)
             elif have.spec.canonical() != spec.canonical():
                 raise PSError("FAILED_PRECONDITION",
                               f"{where}: sparse table {spec.name!r} already exists with "
@@ -183,7 +190,11 @@ def _configure(store: ParameterStore, namespace: str, header: dict[str, Any],
     with ns.cond:
         if ns.sparse is None:
             ns.sparse = NamespaceTables()
-        ns.sparse.configure(specs, bool(header.get("reset")),
+        num_ps = header.get("num_ps", 1)
+        if not isinstance(num_ps, int) or num_ps < 1:
+            raise PSError("INVALID_ARGUMENT", f"sparse configure: num_ps is {num_ps!r}; it "
+                          "must be a positive integer")
+        ns.sparse.configure(specs, bool(header.get("reset")), num_ps,
                             f"parameter server {store.ps_index}")
     return encode({"tables": len(specs)})
 

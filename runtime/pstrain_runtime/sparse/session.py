@@ -121,3 +121,11 @@ class SparseSession:
 
     def stats(self) -> dict[str, dict[str, int]]:
         return self.client.stats()
+
+    def progress_fields(self) -> dict[str, Any]:
+        """Live rows and memory of the tables (over all servers), for progress events:
+        `sparse_rows`, `sparse_bytes` and `sparse_tables` ({name: {rows, bytes}})."""
+        tables = self.stats()
+        return {"sparse_rows": sum(t["rows"] for t in tables.values()),
+                "sparse_bytes": sum(t["bytes"] for t in tables.values()),
+                "sparse_tables": tables}

@@ -13,9 +13,11 @@ Invariants:
 - Every method takes the table's lock; `apply` validates nothing (the caller has).
 
 Storage is a row block [capacity, dim] per tensor (rows and each optimizer slot),
-grown by doubling, plus an open-addressing hash map from id to row index held in
-numpy arrays (about 32 bytes per row at the load factor kept), so lookups and inserts
-of a batch's ids are vectorised.
+grown by half when full (or reserved up front for the expected shard of a fixed-size
+table), 16 bytes of bookkeeping per row (its id, its last update),
+plus an open-addressing hash map from id to row index held in numpy arrays (16 bytes
+per entry at a load of 0.25 to 0.5: 32 to 64 bytes per row), so lookups and inserts of
+a batch's ids are vectorised.
 """
 
 from __future__ import annotations
@@ -80,7 +82,10 @@ class IdIndex:
         pos = self.find(keys)
         there = pos >= 0
         self.vals[pos[there]] = vals[there]
-        new_keys, new_vals = keys[~there], vals[~there]
+        self.add(keys[~there], vals[~there])
+
+    def add(self, new_keys: np.ndarray, new_vals: np.ndarray) -> None:
+        """Insert keys that are unique and absent (the caller knows)."""
         if len(new_keys) == 0:
             return
         if (self.size + len(new_keys)) > MAX_LOAD * len(self.keys):
@@ -108,8 +113,8 @@ class IdIndex:
         self.size += len(keys)
 
     def _rebuild(self, keys: np.ndarray, vals: np.ndarray) -> None:
-        capacity = max(MIN_CAPACITY, int(len(keys) / MAX_LOAD) + 1)
-        fresh = IdIndex(2 * capacity)
+        # A power of two above len / MAX_LOAD: the load is 0.25..0.5 after a rebuild.
+        fresh = IdIndex(max(MIN_CAPACITY, int(len(keys) / MAX_LOAD) + 1))
         fresh._insert(keys, vals)
         self.keys, self.vals, self.size = fresh.keys, fresh.vals, fresh.size
 
@@ -143,7 +148,9 @@ class RowBlock:
 class RowTable:
     """One shard of one table; `spec.optimizer` must be set (the row optimizer)."""
 
-    def __init__(self, spec: TableSpec) -> None:
+    def __init__(self, spec: TableSpec, reserve: int = 0) -> None:
+        """`reserve`: rows to allocate up front (the expected shard of a fixed-size
+        table; allocated, not touched, so it saves growing without costing memory)."""
         if spec.optimizer is None:
             raise ValueError(f"sparse table {spec.name!r} has no optimizer")
         self.spec = spec
@@ -161,29 +168,35 @@ class RowTable:
         self.used = 0  # rows ever handed out (high-water mark)
         self.free: list[int] = []
         self.last_sweep = 0
+        if reserve:
+            self._grow(reserve)
 
     # ------------------------------------------------------------------ storage
     def _grow(self, need: int) -> None:
+        """Room for `need` rows. New blocks are allocated, not filled: the pages past
+        the rows in use are never written, so the OS maps them only once rows arrive
+        (a reserved, mostly untouched shard costs no resident memory)."""
         capacity = max(MIN_CAPACITY, self.capacity)
         while capacity < need:
-            capacity *= 2
+            capacity = capacity * 3 // 2
         if capacity == self.capacity:
             return
 
-        def grown(old: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
-            new = torch.full((capacity, *old.shape[1:]), fill, dtype=old.dtype)
-            new[:len(old)] = old
+        def grown(old: torch.Tensor) -> torch.Tensor:
+            new = torch.empty((capacity, *old.shape[1:]), dtype=old.dtype)
+            new[:self.used] = old[:self.used]
             return new
 
         self.rows = grown(self.rows)
         self.slots = {name: grown(t) for name, t in self.slots.items()}
         self.last = grown(self.last)
-        self.owner = grown(self.owner, EMPTY)
+        self.owner = grown(self.owner)
         self.capacity = capacity
 
     def _take_rows(self, count: int) -> torch.Tensor:
         reuse = min(count, len(self.free))
-        taken = [self.free.pop() for _ in range(reuse)]
+        taken = self.free[len(self.free) - reuse:]
+        del self.free[len(self.free) - reuse:]
         fresh = count - reuse
         if self.used + fresh > self.capacity:
             self._grow(self.used + fresh)
@@ -195,13 +208,14 @@ class RowTable:
     def _create(self, ids: torch.Tensor, now: int) -> torch.Tensor:
         """Rows for `ids` (unique, absent), set to their initial values."""
         where = self._take_rows(int(ids.numel()))
-        self.rows[where] = idrule.initial_rows(ids, self.dim, self.spec.init_std, self.stream)
+        self.rows.index_copy_(0, where, idrule.initial_rows(ids, self.dim, self.spec.init_std,
+                                                            self.stream))
         fill = self.spec.optimizer.initial_accumulator_value  # type: ignore[union-attr]
         for name, tensor in self.slots.items():
-            tensor[where] = fill if name == "sum" else 0.0
-        self.last[where] = now
-        self.owner[where] = ids
-        self.index.put(ids.numpy(), where.numpy())
+            tensor.index_fill_(0, where, fill if name == "sum" else 0.0)
+        self.last.index_fill_(0, where, now)
+        self.owner.index_copy_(0, where, ids)
+        self.index.add(ids.numpy(), where.numpy())
         return where
 
     def _where(self, ids: torch.Tensor) -> torch.Tensor:
@@ -217,7 +231,8 @@ class RowTable:
             there = where >= 0
             if bool(there.all()):
                 return torch.index_select(self.rows, 0, where, out=out)
-            out[there] = self.rows[where[there]]
+            present = torch.nonzero(there).reshape(-1)
+            out.index_copy_(0, present, self.rows.index_select(0, where[present]))
         absent = ~there
         out[absent] = idrule.initial_rows(ids[absent], self.dim, self.spec.init_std,
                                           self.stream)
@@ -236,13 +251,14 @@ class RowTable:
             if bool(absent.any()):
                 where[absent] = self._create(ids[absent], now)
             if where.numel():
-                rows = self.rows[where]
-                slots = {name: t_[where] for name, t_ in self.slots.items()}
+                # Gather the rows and their state, update them, scatter them back.
+                rows = self.rows.index_select(0, where)
+                slots = {name: t_.index_select(0, where) for name, t_ in self.slots.items()}
                 apply_rows(self.spec.optimizer, rows, grads, slots, t)  # type: ignore[arg-type]
-                self.rows[where] = rows
+                self.rows.index_copy_(0, where, rows)
                 for name, value in slots.items():
-                    self.slots[name][where] = value
-                self.last[where] = now
+                    self.slots[name].index_copy_(0, where, value)
+                self.last.index_fill_(0, where, now)
             self._maybe_sweep(now)
             return int(where.numel())
 
@@ -283,8 +299,10 @@ class RowTable:
     # ------------------------------------------------------------------ whole table
     def stats(self) -> TableStats:
         with self.lock:
-            tensors = [self.rows, self.last, self.owner, *self.slots.values()]
-            held = sum(t.numel() * t.element_size() for t in tensors) + self.index.nbytes
+            # Rows past `used` were never written (see `_grow`): they hold no memory.
+            per_row = (self.dim * 4 * (1 + len(self.slots))
+                       + self.last.element_size() + self.owner.element_size())
+            held = self.used * per_row + self.index.nbytes
             if self.seen is not None:
                 held += self.seen.nbytes
             return TableStats(rows=self.index.size, bytes=int(held))

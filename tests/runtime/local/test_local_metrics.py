@@ -181,3 +181,17 @@ def test_rich_reporter_prints_prefixed_lines_and_notices():
                      "pstrain: warning: j-worker-0: restored ps shard 0 from step 3; 2 steps "
                      "lost", "pstrain: error: boom", "    tb line"):
         assert expected in text
+
+
+def test_sparse_table_sizes_from_progress_reach_the_line_and_the_summary():
+    metrics = fold(M0, "j-worker-0", ev("progress", step=5, loss=1.0, sparse_rows=1500,
+                                        sparse_bytes=3 * 2**20,
+                                        sparse_tables={"t": {"rows": 1500,
+                                                             "bytes": 3 * 2**20}}))
+    assert format_progress(metrics).endswith("  1500 table rows (3.0 MiB on the ps)")
+    metrics = fold(metrics, "j-worker-0", ev("eval", step=5, accuracy=0.5))
+    assert (metrics.sparse_rows, metrics.sparse_bytes) == (1500, 3 * 2**20)
+    job = make_job("j").model()
+    state, _ = play(state_of(job), [Begin(0.0)])
+    summary = build_summary(state, metrics, 1.0, "j", None)
+    assert (summary["sparse_rows"], summary["sparse_bytes"]) == (1500, 3 * 2**20)

@@ -24,6 +24,7 @@ tables of `DIM` float32 values per row) with large tables, 2 PS + 2 workers.
 from __future__ import annotations
 
 import math
+import os
 import re
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
@@ -194,7 +195,8 @@ def _model_spec(total_rows: int, batch: int, tables: str):  # noqa: ANN202
 
 
 def ps_throughput(cfg: Config, sizes: Sequence[int], batch: int) -> list[Figure]:
-    """pstrain async, 2 PS + 2 workers, one job per size in one process group."""
+    """pstrain async, 2 PS + 2 workers, each size in a process group of its own (a
+    worker's RSS is then that job's alone)."""
     from .training import _run_ps_jobs, _throughput_figures, _throughput_job
 
     jobs = []
@@ -205,7 +207,7 @@ def ps_throughput(cfg: Config, sizes: Sequence[int], batch: int) -> list[Figure]
                               f"{WORKERS} workers", f"CTR {name}: pstrain", f"bench/ctr-{name}")
         job["sample_memory"] = True
         jobs.append(job)
-    res = _run_ps_jobs(cfg, jobs, PS)
+    res = [_run_ps_jobs(cfg, [job], PS)[0] for job in jobs]
     figs = _throughput_figures(cfg, jobs, res, PS)
     for total, job, got in zip(sizes, jobs, res, strict=True):
         figs += _memory_and_wire(cfg, total, job, got)
@@ -327,6 +329,26 @@ def _fill_rows(rank: int, count: int) -> dict[str, float]:
             "ids_bytes": float(base - before)}
 
 
+def _bare_worker_rss(rank: int, total_rows: int) -> int:
+    """RSS of a process that has imported the trainer and built the CTR model (its
+    tables hold no rows on a worker): what a worker costs before it trains."""
+    import pstrain_runtime.trainer  # noqa: F401 - the imports a worker has
+    from pstrain_runtime.examples import ctr as example
+
+    example.make_task(**task_args(total_rows, "ps"))
+    return rss_bytes(os.getpid())
+
+
+def worker_baseline(cfg: Config, total_rows: int) -> Figure:
+    from .procs import run_group
+
+    got = run_group(_bare_worker_rss, 1, args=(total_rows,),
+                    timeout_s=cfg.item_time_limit_s)[0]
+    return Figure("ctr.worker_baseline_rss", "RSS of a process with torch, the runtime and "
+                  "the CTR model loaded, before training", "MB", got / 1e6,
+                  note="the floor under every worker's RSS, whatever the table's size")
+
+
 def ps_memory_per_row(cfg: Config) -> list[Figure]:
     from .procs import run_group
 
@@ -356,6 +378,7 @@ def run(cfg: Config) -> list[Figure]:
     parts: list[tuple[str, Callable[[], list[Figure]]]] = [
         ("pstrain", lambda: ps_throughput(cfg, sizes, batch)),
         ("ps memory", lambda: ps_memory_per_row(cfg)),
+        ("worker baseline", lambda: [worker_baseline(cfg, sizes[0])]),
         ("lookup", lambda: lookup_path(cfg)),
     ]
     for total in sorted({sizes[0], ref}):

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .core import GB, Config, Figure, ratio
+from .core import GB, Config, Figure, ratio, run_parts
 
 ENTRYPOINT = "pstrain_runtime.examples.ctr:make_task"
 NUM_TABLES = 26
@@ -265,7 +265,7 @@ def _ddp_rank(rank: int, world: int, port: int, spec: Any, window_s: float, skip
 
 def ddp_throughput(cfg: Config, total: int, batch: int, sparse: bool) -> list[Figure]:
     from .procs import free_port, run_group
-    from .training import window_rates
+    from .training import _cpu_figure, window_rates
 
     name = size_name(total)
     variant = "ddp_sparse" if sparse else "ddp_dense"
@@ -286,7 +286,12 @@ def ddp_throughput(cfg: Config, total: int, batch: int, sparse: bool) -> list[Fi
                             cfg.repeats) for r in res]
     rates = [min(w[i] for w in windows) for i in range(len(windows[0]))]
     hwm = max(r[1] for r in res)
+    first, last = cfg.warmup, len(res[0][0]) - 1
+    cpu = sum(r[0][last][2] - r[0][first][2] for r in res)
+    samples = (res[0][0][last][1] - res[0][0][first][1]) * per_step
+    busy = cpu / (res[0][0][last][0] - res[0][0][first][0])
     return [Figure.of(key, label, "samples/s", rates, note=f"batch {batch}/worker"),
+            _cpu_figure(f"{key}.cpu", label, cpu, samples, f"{busy:.2f} cores busy"),
             Figure(f"{key}.worker_rss", f"CTR {name}: {variant.replace('_', ' ')} peak RSS "
                    "per rank", "MB", hwm / 1e6,
                    note=f"{100 * hwm / table_bytes(total):.0f}% of the table")]
@@ -386,14 +391,7 @@ def run(cfg: Config) -> list[Figure]:
             parts.append((f"ddp {size_name(total)} {'sparse' if sparse else 'dense'}",
                           lambda total=total, sparse=sparse:
                           ddp_throughput(cfg, total, batch, sparse)))
-    for name, part in parts:
-        try:
-            figs += part()
-        except RuntimeError as exc:  # GroupError: keep the other parts' figures
-            last = str(exc).strip().splitlines()[-1][:300]
-            figs.append(Figure.missing(f"ctr.failed.{name.replace(' ', '_')}",
-                                       f"{name}: failed", "", last))
-    return figs
+    return figs + run_parts("ctr", parts)
 
 
 def _lookup_peer(rank: int, ports: list[int], samples: int, timeout_s: float) -> Any:

@@ -32,7 +32,7 @@ from datetime import timedelta
 from typing import Any
 
 from . import rt
-from .core import Config, Figure
+from .core import Config, Figure, run_parts
 from .procs import LOOPBACK, cpu_seconds, find_free_ports, free_port, run_group
 
 WORKERS = 2
@@ -514,11 +514,4 @@ def run(cfg: Config) -> list[Figure]:
                                                     ps_time_to_accuracy(cfg, "async_pipeline")]),
               ("single time to accuracy", lambda: [single_time_to_accuracy(cfg)]),
               ("wire dtype accuracy", lambda: wire_dtype_accuracy(cfg))]
-    for name, part in parts:
-        try:
-            figs += part()
-        except RuntimeError as exc:  # GroupError: keep the other parts' figures
-            last = str(exc).strip().splitlines()[-1][:300]
-            figs.append(Figure.missing(f"training.failed.{name.replace(' ', '_')}",
-                                       f"{name}: failed", "", last))
-    return figs
+    return figs + run_parts("training", parts)

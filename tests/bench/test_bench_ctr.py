@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from bench import ctr
-from bench.core import Config, Figure
+from bench.core import Config, Figure, run_parts
 from bench.report import evaluate_targets, render_markdown
 
 pytestmark = pytest.mark.timeout(240)  # the smoke run spawns 5 processes
@@ -116,3 +116,12 @@ def test_lookup_smoke():
     assert set(figs) == {"ctr.lookup.pull", "ctr.lookup.pull_gbs", "ctr.lookup.tcp",
                          "ctr.lookup.tcp_gbs", "ctr.lookup.vs_tcp"}
     assert all(f.median is not None and f.median > 0 for f in figs.values())
+
+
+def test_run_parts_keeps_going_after_a_failed_part():
+    def broken() -> list[Figure]:
+        raise RuntimeError("rank 1 failed:\nTraceback ...\nMemoryError: no room")
+
+    got = run_parts("ctr", [("ddp 10M dense", broken), ("ok", lambda: [fig("ctr.x", 1.0)])])
+    assert [(f.key, f.median, f.note) for f in got] == [
+        ("ctr.failed.ddp_10M_dense", None, "MemoryError: no room"), ("ctr.x", 1.0, "")]

@@ -154,6 +154,7 @@ class Namespace:
         self.worker_pushes: dict[int, int] = {}
         self.buckets: dict[int, Bucket] = {}
         self.skipped_nonfinite = 0
+        self.checkpoint_wanted = -1  # RequestCheckpoint: a checkpoint at/after this step
         self.report = JobReport()
         self.sparse: Any = None  # sparse.service.NamespaceTables, made by the chief's configure
         self.shapes: dict[str, tuple[int, ...]] = {}  # of params, for push checks
@@ -197,7 +198,8 @@ class Namespace:
             self.told_done.add(worker)
         return pb.StepInfo(global_step=self.global_step, done=self.done,
                            initialized=self.initialized,
-                           skipped_nonfinite=self.skipped_nonfinite)
+                           skipped_nonfinite=self.skipped_nonfinite,
+                           checkpoint_requested=self.checkpoint_wanted >= 0)
 
 
 def optimizer_from_pb(spec: pb.OptimizerSpec) -> OptimizerConfig:
@@ -690,6 +692,8 @@ class ParameterStore:
                                    else None)
                 r.eval_metrics = dict(report.eval_metrics)
             if report.has_checkpoint:
+                if 0 <= ns.checkpoint_wanted <= report.checkpoint_step:
+                    ns.checkpoint_wanted = -1  # the requested checkpoint is written
                 r.checkpoint_step = report.checkpoint_step
                 r.checkpoint_path = report.checkpoint_path
                 r.checkpoint_time = report.checkpoint_time
@@ -698,15 +702,28 @@ class ParameterStore:
                 r.sparse_rows, r.sparse_bytes = report.sparse_rows, report.sparse_bytes
             r.updated_time = time.time()
 
+    def _reported(self, namespace: str) -> Namespace:
+        """`namespace`, or the most recently reported one when empty."""
+        if namespace:
+            return self.namespace(namespace)
+        candidates = self.namespaces()
+        if not candidates:
+            raise PSError("NOT_FOUND", "this parameter server holds no namespace yet")
+        return max(candidates, key=lambda n: n.report.updated_time)
+
+    def request_checkpoint(self, namespace: str) -> pb.StepInfo:
+        """Ask the chief for a checkpoint (it sees `checkpoint_requested` in its next push
+        reply or Info); the request stands until it reports one at or after today's step.
+        Returns the StepInfo, whose global_step is the step asked for."""
+        ns = self._reported(namespace)
+        with ns.cond:
+            if ns.checkpoint_wanted < 0:
+                ns.checkpoint_wanted = ns.global_step
+            return ns.info()
+
     def job_status(self, namespace: str) -> pb.JobStatus:
         """Status of `namespace`, or of the most recently reported one when empty."""
-        if namespace:
-            ns = self.namespace(namespace)
-        else:
-            candidates = self.namespaces()
-            if not candidates:
-                raise PSError("NOT_FOUND", "this parameter server holds no namespace yet")
-            ns = max(candidates, key=lambda n: n.report.updated_time)
+        ns = self._reported(namespace)
         with ns.cond:
             r = ns.report
             return pb.JobStatus(

@@ -595,7 +595,13 @@ class Trainer:
                     self._report(loss=avg, samples_per_sec=rate, tables=tables)
                     window_loss.clear()
                     last_progress = now
-                if self.ckpt_store is not None and gstep >= next_ckpt and gstep < training.steps:
+                # A checkpoint is due by the interval, or asked for before a disruption
+                # (RequestCheckpoint on PS 0: suspend, a deadline, an eviction).
+                asked = (replies[0].info.checkpoint_requested
+                         and gstep > (self.last_ckpt_step if self.last_ckpt_step is not None
+                                      else -1))
+                if (self.ckpt_store is not None and (gstep >= next_ckpt or asked)
+                        and gstep < training.steps):
                     try:
                         self._save_checkpoint()
                     except PSError as exc:  # a server failed under the checkpoint: recover

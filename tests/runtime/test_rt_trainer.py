@@ -290,3 +290,24 @@ def test_restarted_chief_joins_the_running_servers_without_resetting_them() -> N
     assert done["step"] == 120
     # The second chief did only the remaining steps: nothing was re-initialised.
     assert transports[0].store.namespace("ns").epoch == 1
+
+
+def test_the_chief_writes_a_checkpoint_when_one_is_requested(tmp_path: Path) -> None:
+    """RequestCheckpoint on PS 0 (the operator, before a suspend or an eviction): the
+    chief writes a checkpoint at its next step, off the interval, and the request ends."""
+    training = digits_training(steps=60, checkpoint={"directory": str(tmp_path),
+                                                     "intervalSteps": 1000})
+    store = ParameterStore()
+    events = Events()
+    asked: list[int] = []
+
+    def ask(kind: str, fields: dict[str, Any]) -> None:
+        if kind == "progress" and fields["step"] >= 20 and not asked:
+            asked.append(store.request_checkpoint("ns").global_step)
+
+    events.hooks.append(ask)
+    run_job(training, [LocalTransport(store)], emit=events, progress_interval=0.0)
+    steps = [e["step"] for e in events.of("checkpoint")]
+    assert len(asked) == 1 and len(steps) == 2 and steps[-1] == 60  # and the final one
+    assert asked[0] <= steps[0] <= asked[0] + 3
+    assert store.namespace("ns").checkpoint_wanted == -1

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from pstrain_runtime.sparse import (SparseEmbedding, SparseEmbeddingBag,
+from pstrain_runtime.sparse import (SparseEmbedding, SparseEmbeddingBag, SparseEmbeddingCollection,
                                     apply_sparse_gradients, initial_rows, owner_of, stream_of)
 from pstrain_runtime.sparse.spec import TableSpec
 from pstrain_runtime.sparse.table import IdIndex, RowTable
@@ -209,3 +209,27 @@ def test_bad_table_definitions_are_refused_with_a_message(kwargs, message) -> No
     args = {"num_embeddings": 10, "embedding_dim": 4, **kwargs}
     with pytest.raises(ValueError, match=message):
         SparseEmbedding("t", args.pop("num_embeddings"), args.pop("embedding_dim"), **args)
+
+
+def test_a_collection_equals_its_layers_called_one_by_one() -> None:
+    def layers() -> list:
+        return [SparseEmbedding("a", 10, 3, optimizer={"name": "adagrad"}),
+                SparseEmbeddingBag("b", None, 2, mode="sum", padding_idx=0),
+                SparseEmbeddingBag("c", 20, 4, mode="mean")]
+
+    together, alone = SparseEmbeddingCollection(layers()), layers()
+    ids_a = torch.tensor([[1, 2, 2], [3, 1, 9]])
+    ids_b = torch.tensor([[0, 1 << 45], [7, 7]])
+    flat_c, offsets_c = torch.tensor([4, 4, 19, 0, 2]), torch.tensor([0, 2])
+    for _ in range(3):
+        out = together([ids_a, ids_b, (flat_c, offsets_c)])
+        ref = [alone[0](ids_a), alone[1](ids_b), alone[2](flat_c, offsets_c)]
+        for got, want in zip(out, ref, strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+        sum(o.sum() for o in out).backward()
+        sum(r.sum() for r in ref).backward()
+        apply_sparse_gradients(together)
+        for layer in alone:
+            apply_sparse_gradients(layer)
+    with pytest.raises(ValueError, match="2 inputs for 3 sparse layers"):
+        together([ids_a, ids_b])

@@ -4,6 +4,7 @@ over one or two servers; two workers train; bad pushes are refused on the server
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -11,7 +12,8 @@ import torch
 
 from pstrain_runtime.client import LocalTransport, connect
 from pstrain_runtime.optim import OptimizerConfig, torch_optimizer
-from pstrain_runtime.sparse.client import SparseClient
+from pstrain_runtime.sparse import SparseEmbeddingCollection
+from pstrain_runtime.sparse.client import RemoteSource, SparseClient
 from pstrain_runtime.sparse.protocol import encode
 from pstrain_runtime.server import PSServer
 from pstrain_runtime.status_client import status_to_dict
@@ -234,3 +236,33 @@ def test_export_pages_stay_under_the_call_size_limit() -> None:
     assert len(pages) >= 3 and all(len(p.ids) <= 3 for p in pages)
     assert sum(len(p.ids) for p in pages) == stores[0].namespace("ns").sparse.tables[
         "items"].stats().rows
+
+
+class CountingTransport(LocalTransport):
+    def __init__(self, store: ParameterStore) -> None:
+        super().__init__(store)
+        self.sparse_calls: list[str] = []
+
+    def sparse(self, frames: list[bytes]) -> list[bytes]:
+        self.sparse_calls.append(json.loads(frames[0])["op"])
+        return super().sparse(frames)
+
+
+def test_a_collection_pulls_all_its_tables_in_one_call_per_server() -> None:
+    job = training(steps=2, batchSize=16, mode="sync")
+    stores = [ParameterStore(i) for i in range(2)]
+    run(job, [LocalTransport(s) for s in stores])
+    transports = [CountingTransport(s) for s in stores]
+    client = SparseClient(transports, "ns")
+    try:
+        net = sparse_tasks.make_task().model
+        for layer in (net.items, net.tags):
+            layer.source = RemoteSource(client)
+        both = SparseEmbeddingCollection([net.items, net.tags])
+        x, _ = next(sparse_tasks.batches(0, 1, 64, 0))
+        items, tags = both([x[:, :3], x[:, 3:]])
+        assert [t.sparse_calls for t in transports] == [["pull"], ["pull"]]
+        torch.testing.assert_close(items, net.items(x[:, :3]), rtol=0, atol=0)
+        torch.testing.assert_close(tags, net.tags(x[:, 3:]), rtol=0, atol=0)
+    finally:
+        client.close()

@@ -4,8 +4,9 @@
 """
 
 from .ids import initial_rows, owner_of, stream_of
-from .layer import SparseEmbedding, SparseEmbeddingBag, apply_sparse_gradients, sparse_layers
+from .layer import (SparseEmbedding, SparseEmbeddingBag, SparseEmbeddingCollection,
+                    apply_sparse_gradients, sparse_layers)
 from .spec import TableSpec
 
-__all__ = ["SparseEmbedding", "SparseEmbeddingBag", "TableSpec", "apply_sparse_gradients",
+__all__ = ["SparseEmbedding", "SparseEmbeddingBag", "SparseEmbeddingCollection", "TableSpec", "apply_sparse_gradients",
            "initial_rows", "owner_of", "sparse_layers", "stream_of"]

@@ -60,23 +60,49 @@ class SparseClient:
     # ------------------------------------------------------------------ training
     def pull(self, spec: TableSpec, ids: torch.Tensor) -> torch.Tensor:
         """Rows of `ids` (unique int64, CPU), float32 [n, dim], from their owners."""
-        dim = spec.embedding_dim
-        out = torch.empty((ids.numel(), dim), dtype=torch.float32)
-        positions = split_by_owner(ids, self.num_ps)
-        limit = self._rows_per_call(dim)
+        return self.pull_many([spec], [ids])[0]
+
+    def pull_many(self, specs: Sequence[TableSpec], ids: Sequence[torch.Tensor]
+                  ) -> list[torch.Tensor]:
+        """`pull` for several tables at once: one call per server carrying every
+        table's ids (more only above the call size limit), all servers at once."""
+        outs = [torch.empty((i.numel(), s.embedding_dim), dtype=torch.float32)
+                for s, i in zip(specs, ids, strict=True)]
+        positions = [split_by_owner(i, self.num_ps) for i in ids]
 
         def one(ps: int) -> None:
-            for chunk in torch.split(positions[ps], limit):
+            calls: list[list[tuple[int, torch.Tensor]]] = [[]]
+            size = 0
+            for k, spec in enumerate(specs):
+                for chunk in torch.split(positions[k][ps],
+                                         self._rows_per_call(spec.embedding_dim)):
+                    if not chunk.numel():
+                        continue
+                    nbytes = chunk.numel() * (4 * spec.embedding_dim + 8)
+                    if calls[-1] and size + nbytes > self.max_call_bytes:
+                        calls.append([])
+                        size = 0
+                    calls[-1].append((k, chunk))
+                    size += nbytes
+            for call in calls:
                 _, frames = self._call(ps, {"op": "pull", "tables": [
-                    {"name": spec.name, "count": int(chunk.numel())}]}, [ids[chunk]])
-                rows = tensor_of(frames[0], torch.float32, dim, "pulled rows")
-                if rows.shape[0] != chunk.numel():
-                    raise PSError("INTERNAL", f"parameter server {ps} sent {rows.shape[0]} "
-                                  f"rows of {spec.name!r} for {chunk.numel()} ids")
-                out[chunk] = rows
+                    {"name": specs[k].name, "count": int(c.numel())} for k, c in call]},
+                    [ids[k][c] for k, c in call])
+                if len(frames) != len(call):
+                    raise PSError("INTERNAL", f"parameter server {ps} answered a pull of "
+                                  f"{len(call)} tables with {len(frames)} frames")
+                for (k, chunk), frame in zip(call, frames, strict=True):
+                    rows = tensor_of(frame, torch.float32, specs[k].embedding_dim,
+                                     "pulled rows")
+                    if rows.shape[0] != chunk.numel():
+                        raise PSError("INTERNAL", f"parameter server {ps} sent "
+                                      f"{rows.shape[0]} rows of {specs[k].name!r} for "
+                                      f"{chunk.numel()} ids")
+                    outs[k][chunk] = rows
 
-        self._each(one, [ps for ps in range(self.num_ps) if positions[ps].numel()])
-        return out
+        self._each(one, [ps for ps in range(self.num_ps)
+                         if any(p[ps].numel() for p in positions)])
+        return outs
 
     def push(self, grads: Mapping[str, tuple[torch.Tensor, torch.Tensor]], worker: int,
              steps: Sequence[int]) -> list[dict[str, Any]]:
@@ -174,3 +200,7 @@ class RemoteSource:
 
     def pull(self, spec: TableSpec, ids: torch.Tensor) -> torch.Tensor:
         return self.client.pull(spec, ids)
+
+    def pull_many(self, specs: Sequence[TableSpec], ids: Sequence[torch.Tensor]
+                  ) -> list[torch.Tensor]:
+        return self.client.pull_many(specs, ids)

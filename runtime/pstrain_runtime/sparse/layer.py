@@ -14,7 +14,8 @@ update the local tables (the dense parameters keep their own torch optimizer).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import torch
@@ -26,6 +27,16 @@ from .checks import check_grads, check_ids
 from .rowopt import coalesce
 from .spec import TableSpec, optimizer_from_dict
 from .table import RowTable
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """One layer's ids, prepared for a pull: unique ids, and where each id's row is."""
+
+    ids: torch.Tensor
+    unique: torch.Tensor
+    inverse: torch.Tensor
+    pad_local: int | None
 
 
 class RowSource(Protocol):
@@ -88,9 +99,12 @@ class _SparseLayer(nn.Module):
                 self.spec.optimizer or OptimizerConfig(), self.spec.seed))
         return self.source
 
-    def _lookup(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int | None]:
-        """(weight, local index of each id, local padding index): the batch's unique
-        rows as one leaf tensor, and where each id's row is in it."""
+    def _source(self) -> RowSource:
+        return self.source if self.source is not None else self.local_source()
+
+    def _prepare(self, ids: torch.Tensor) -> Lookup:
+        """The batch's unique ids (the padding id left out) and where each id's row
+        will be among them."""
         if ids.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"sparse table {self.spec.name!r}: ids must be an integer "
                             f"tensor, got {ids.dtype}")
@@ -102,18 +116,31 @@ class _SparseLayer(nn.Module):
             if not bool(keep.all()):
                 pad_pos = int(torch.nonzero(~keep)[0])
                 unique = unique[keep]
-                pad_local = int(unique.numel())  # the zero row appended below
+                pad_local = int(unique.numel())  # the zero row appended in _finish
                 inverse = torch.where(inverse == pad_pos, pad_local,
                                       inverse - (inverse > pad_pos).to(torch.int64))
-        source = self.source if self.source is not None else self.local_source()
-        rows = source.pull(self.spec, unique)
+        return Lookup(ids, unique, inverse, pad_local)
+
+    def _finish(self, lookup: Lookup, rows: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, int | None]:
+        """(weight, local index of each id, local padding index): the pulled rows as one
+        leaf tensor (remembered for the push when training), and where each id is."""
+        ids = lookup.ids
         weight = rows.to(ids.device)
         if self.training and torch.is_grad_enabled():
             weight.requires_grad_(True)
-            self._pending.append((unique, weight))
-        if pad_local is not None:
+            self._pending.append((lookup.unique, weight))
+        if lookup.pad_local is not None:
             weight = torch.cat([weight, weight.new_zeros((1, self.spec.embedding_dim))])
-        return weight, inverse.to(ids.device).reshape(ids.shape), pad_local
+        return weight, lookup.inverse.to(ids.device).reshape(ids.shape), lookup.pad_local
+
+    def _lookup(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int | None]:
+        lookup = self._prepare(ids)
+        return self._finish(lookup, self._source().pull(self.spec, lookup.unique))
+
+    def _compute(self, weight: torch.Tensor, local: torch.Tensor, pad: int | None,
+                 offsets: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError
 
     # ------------------------------------------------------------------ gradients
     def take_gradients(self) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -148,7 +175,10 @@ class SparseEmbedding(_SparseLayer):
                          admit_after, evict_after_steps, optimizer, seed)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        weight, local, pad = self._lookup(ids)
+        return self._compute(*self._lookup(ids), None)
+
+    def _compute(self, weight: torch.Tensor, local: torch.Tensor, pad: int | None,
+                 offsets: torch.Tensor | None) -> torch.Tensor:
         return F.embedding(local, weight, padding_idx=pad)
 
 
@@ -169,6 +199,11 @@ class SparseEmbeddingBag(_SparseLayer):
 
     def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None
                 ) -> torch.Tensor:  # noqa: A002 - nn.EmbeddingBag's name
+        self.check_input(input, offsets)
+        return self._compute(*self._lookup(input), offsets)
+
+    @staticmethod
+    def check_input(input: torch.Tensor, offsets: torch.Tensor | None) -> None:  # noqa: A002
         if input.dim() == 2:
             if offsets is not None:
                 raise ValueError("offsets must be None when input is 2-D (fixed-size bags)")
@@ -178,8 +213,51 @@ class SparseEmbeddingBag(_SparseLayer):
         else:
             raise ValueError(f"input has {input.dim()} dimensions; it must be 1-D (with "
                              "offsets) or 2-D")
-        weight, local, pad = self._lookup(input)
+
+    def _compute(self, weight: torch.Tensor, local: torch.Tensor, pad: int | None,
+                 offsets: torch.Tensor | None) -> torch.Tensor:
         return F.embedding_bag(local, weight, offsets, mode=self.mode, padding_idx=pad)
+
+
+class SparseEmbeddingCollection(nn.Module):
+    """Several sparse layers looked up together: the rows of all their tables come in
+    one call per parameter server (instead of one per table), which is what a model
+    with tens of tables wants. `forward(inputs)` takes one input per layer, in order
+    (ids, or `(input, offsets)` for a bag) and returns one output per layer, the same
+    as calling each layer; gradients are pushed per table as usual."""
+
+    def __init__(self, layers: Sequence[_SparseLayer]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, inputs: Sequence[torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]]
+                ) -> list[torch.Tensor]:
+        if len(inputs) != len(self.layers):
+            raise ValueError(f"{len(inputs)} inputs for {len(self.layers)} sparse layers; "
+                             "give one per layer, in order")
+        prepared = []
+        for layer, item in zip(self.layers, inputs, strict=True):
+            ids, offsets = item if isinstance(item, tuple) else (item, None)
+            if isinstance(layer, SparseEmbeddingBag):
+                layer.check_input(ids, offsets)
+            prepared.append((layer, layer._prepare(ids), offsets))
+        rows: list[torch.Tensor | None] = [None] * len(prepared)
+        groups: dict[int, list[int]] = {}  # layers reading from the same servers
+        for k, (layer, _, _) in enumerate(prepared):
+            source = layer._source()
+            groups.setdefault(id(getattr(source, "client", source)), []).append(k)
+        for members in groups.values():
+            source = prepared[members[0]][0]._source()
+            specs = [prepared[k][0].spec for k in members]
+            wanted = [prepared[k][1].unique for k in members]
+            pull_many = getattr(source, "pull_many", None)
+            pulled = (pull_many(specs, wanted) if pull_many is not None
+                      else [source.pull(spec, ids) for spec, ids in zip(specs, wanted,
+                                                                         strict=True)])
+            for k, value in zip(members, pulled, strict=True):
+                rows[k] = value
+        return [layer._compute(*layer._finish(lookup, rows[k]), offsets)  # type: ignore[arg-type]
+                for k, (layer, lookup, offsets) in enumerate(prepared)]
 
 
 def sparse_layers(model: nn.Module) -> Iterator[tuple[str, _SparseLayer]]:

@@ -50,8 +50,9 @@ class SparseSession:
                                  f"different definitions (one at {path}); layers sharing "
                                  "a table must declare it the same way")
         client = SparseClient(transports, namespace)
+        source = RemoteSource(client)
         for _, layer in found:
-            layer.source = RemoteSource(client)
+            layer.source = source
         return cls([layer for _, layer in found], specs, client)
 
     def close(self) -> None:

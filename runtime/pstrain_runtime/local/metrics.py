@@ -145,8 +145,6 @@ def build_summary(state: RunState, metrics: Metrics, wall_seconds: float,
         "total_steps": metrics.total_steps,
         "loss": metrics.loss,
         "accuracy": metrics.accuracy,
-        "auc": metrics.auc,
-        "logloss": metrics.logloss,
         "wall_seconds": round(wall_seconds, 3),
         "train_seconds": metrics.train_seconds,
         "samples_per_sec": metrics.samples_per_sec,
@@ -162,6 +160,9 @@ def build_summary(state: RunState, metrics: Metrics, wall_seconds: float,
         "failed_replica": state.culprit,
         "replicas": replicas,
     }
+    for name in ("auc", "logloss"):  # only a model whose evaluation reports them
+        if getattr(metrics, name) is not None:
+            summary[name] = getattr(metrics, name)
     if metrics.sparse_rows is not None:  # only a model with sparse tables has these
         summary["sparse_rows"] = metrics.sparse_rows
         summary["sparse_bytes"] = metrics.sparse_bytes

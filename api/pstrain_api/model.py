@@ -493,6 +493,11 @@ class Progress(ApiModel):
                               "report one, e.g. click-through-rate models).")
     logloss: float | None = Field(default=None, description="Latest eval log loss (tasks "
                                   "that report one).")
+    sparse_rows: int | None = Field(default=None, ge=0, description="Live rows of the "
+                                    "model's sparse embedding tables, over all parameter "
+                                    "servers (models with sparse tables only).")
+    sparse_bytes: int | None = Field(default=None, ge=0, description="Parameter-server "
+                                     "memory held by those rows and their optimizer state.")
     updated_at: Timestamp | None = Field(default=None, description="When last refreshed.")
     advanced_at: Timestamp | None = Field(
         default=None, description="When the global step was last seen to advance."

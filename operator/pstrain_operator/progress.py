@@ -41,6 +41,8 @@ _KEYS = {
     "eval_accuracy": ("eval_accuracy", "evalAccuracy", "accuracy"),
     "auc": ("auc",),
     "logloss": ("logloss",),
+    "sparse_rows": ("sparse_rows",),
+    "sparse_bytes": ("sparse_bytes",),
 }
 
 
@@ -113,6 +115,8 @@ def progress_from_status(data: Mapping[str, Any] | None, now: datetime) -> Progr
                            if "eval_accuracy" in values else None),
             auc=float(values["auc"]) if "auc" in values else None,
             logloss=float(values["logloss"]) if "logloss" in values else None,
+            sparse_rows=int(values["sparse_rows"]) if "sparse_rows" in values else None,
+            sparse_bytes=int(values["sparse_bytes"]) if "sparse_bytes" in values else None,
             updated_at=now,
         )
     except (TypeError, ValueError):

@@ -171,6 +171,10 @@ def test_progress_from_status() -> None:
                                 "logloss": 0.47}, now)
     assert got is not None
     assert (got.eval_accuracy, got.auc, got.logloss) == (None, 0.85, 0.47)
+    assert (got.sparse_rows, got.sparse_bytes) == (None, None)
+    got = progress_from_status({"global_step": 7, "sparse_rows": 1500,
+                                "sparse_bytes": 3 * 2**20}, now)
+    assert got is not None and (got.sparse_rows, got.sparse_bytes) == (1500, 3 * 2**20)
     assert progress_from_status({"loss": 1.0}, now) is None
     assert progress_from_status(None, now) is None
     assert progress_from_status({"global_step": "x"}, now) is None

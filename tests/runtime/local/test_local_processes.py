@@ -150,7 +150,9 @@ def test_restart_policy(fake, policy, backoff, codes, phase, reason, restarts):
 def test_restarted_replica_keeps_address_and_environment(fake):
     result, lines, starts = fake(
         make_job("j").ps(1).workers(1),
-        {"j-ps-0": {"codes": [137, 0], "wait_done": False, "run": 0.1},
+        # Each attempt serves for a while: the runner must see attempt 1 serving (its
+        # health check) before it crashes, however loaded the machine.
+        {"j-ps-0": {"codes": [137, 0], "wait_done": False, "run": 2.0},
          "j-worker-0": {"wait_exit": ["j-ps-0", 2]}})
     assert result.summary["phase"] == "Succeeded"
     ps_starts = [s for s in starts if s["name"] == "j-ps-0"]

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pstrain_api import constants as c
-from pstrain_api.model import TrainingJob, TrainingJobStatus
+from pstrain_api.model import Progress, TrainingJob, TrainingJobStatus
 from pstrain_operator.build import applied_spec, spec_hash
 from pstrain_operator.reconcile import ObservedPod
 
@@ -91,3 +91,10 @@ def pod(job: TrainingJob, role: str, index: int = 0, phase: str = "Running",
     kw.setdefault("applied_spec", json.dumps(applied_spec(job)))
     return ObservedPod(name=f"{job.name}-{role}-{index}", role=role, index=index,
                        phase=phase, ready=ready, uid=f"u-{role}-{index}", **kw)
+
+
+def progress_status(**given: Any) -> dict[str, Any]:
+    """`status.progress` as the operator's merge patch writes it: every Progress field by
+    its wire name, null unless `given` (a field added to Progress needs no test edits)."""
+    names = [f.alias or name for name, f in Progress.model_fields.items()]
+    return {name: given.get(name) for name in names}

@@ -24,7 +24,7 @@ from pstrain_operator.reconcile import (
 from pstrain_operator.observe import observe_pod
 from pstrain_operator.settings import PodSettings
 
-from .op_builders import T0, at, make_job, pod
+from .op_builders import T0, at, make_job, pod, progress_status
 
 SETTINGS = PodSettings()
 SVC = CreateService({}, "j")

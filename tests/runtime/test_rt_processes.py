@@ -29,7 +29,9 @@ def digits_job(name: str, steps: int, mode: str = "async", ps: int = 1, workers:
 
 
 def test_job_finishes_and_every_replica_exits_0() -> None:
-    run = ProcessJob(digits_job("e2e", steps=300, ps=2, workers=2))
+    # 450 async steps with momentum: >= 0.9 even when load makes one worker much slower
+    # than the other (300 steps reached 0.88 once on a machine at load average 10).
+    run = ProcessJob(digits_job("e2e", steps=450, ps=2, workers=2))
     try:
         run.start()
         done = run.chief.wait_event(lambda e: e["event"] == "done", timeout=150)
@@ -37,7 +39,7 @@ def test_job_finishes_and_every_replica_exits_0() -> None:
     finally:
         run.stop_all()
     assert codes == {name: 0 for name in codes}
-    assert done["step"] == 300  # servers apply nothing past the target
+    assert done["step"] == 450  # servers apply nothing past the target
     assert done["accuracy"] >= 0.9
     assert any(e for e in [run.ps(0).lines, run.ps(1).lines] if any("ready" in x for x in e))
 

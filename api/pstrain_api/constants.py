@@ -50,6 +50,13 @@ DATA_PORT_NAME: Final = "pstrain-data"
 ENV_DATA_PORT: Final = "PSTRAIN_DATA_PORT"  # where a PS listens for it; unset: any port
 LOCAL_HOST: Final = "127.0.0.1"
 
+# Readiness gates of a replica (pstrain_api.readiness): what "ready" means for its program.
+ReadinessGate = Literal["Auto", "GRPCHealth", "TCP", "None"]
+GATE_GRPC: Final = "GRPCHealth"
+GATE_TCP: Final = "TCP"
+GATE_PROBE: Final = "Probe"  # the user's own readinessProbe from the template
+GATE_NONE: Final = "None"
+
 # Main container name in generated pods (the env is injected into every container, not
 # only this one).
 MAIN_CONTAINER: Final = "pstrain"

@@ -146,6 +146,11 @@ class PodTemplate(ApiModel):
     annotations: dict[str, str] | None = Field(
         default=None, description="Extra pod annotations."
     )
+    readiness_probe: FreeForm | None = Field(
+        default=None,
+        description="core/v1 Probe of the main container. When set it is the role's "
+        "readiness gate (see `readiness` of the role).",
+    )
 
     @model_validator(mode="after")
     def _no_reserved_env(self) -> PodTemplate:
@@ -196,6 +201,14 @@ class ReplicaSpec(ApiModel):
     )
     template: PodTemplate | None = Field(
         default=None, description="Pod-template overrides for this role."
+    )
+    readiness: c.ReadinessGate = Field(
+        default="Auto",
+        description="When a replica counts as ready (workers start once every parameter "
+        "server is ready). Auto: the pstrain runtime's gRPC health service when the "
+        "template sets no command, else a TCP connection to the replica port, as "
+        "`tf.distribute.Server` serves; a readinessProbe in the template overrides it. "
+        "GRPCHealth, TCP: that check. None: ready once started.",
     )
 
     @model_validator(mode="after")
@@ -487,3 +500,11 @@ class TrainingJob(ApiModel):
     @property
     def has_separate_chief(self) -> bool:
         return self.spec.replicas.chief is not None
+
+    def replica_spec(self, role: str) -> ReplicaSpec:
+        """The spec of `role`'s replicas; KeyError when the job has no such role."""
+        reps = self.spec.replicas
+        spec = {c.ROLE_PS: reps.ps, c.ROLE_WORKER: reps.worker, c.ROLE_CHIEF: reps.chief}
+        if spec.get(role) is None:
+            raise KeyError(f"job {self.name} has no {role} replicas")
+        return spec[role]  # type: ignore[return-value]

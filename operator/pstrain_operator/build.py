@@ -7,8 +7,9 @@ Invariants of every pod:
   the job's Service, so it resolves at the address the cluster spec gives;
 - labels job/role/index/is-chief/managed-by, an ownerReference (controller) to the job;
 - the cluster-spec environment in EVERY container (main, sidecars, init containers);
-- a parameter server's main container declares the gRPC port (probed for readiness) and
-  the data-plane port, and is told the latter in PSTRAIN_DATA_PORT (`data_plane_env`);
+- a parameter server's main container declares the gRPC port and the data-plane port
+  and is told the latter in PSTRAIN_DATA_PORT (`data_plane_env`); it is probed for
+  readiness as its program allows (`readiness_probe`);
 - `command: ["pstrain", "replica"]` unless the template overrides it;
 - `restartPolicy: Never` (the operator restarts replicas according to the run policy);
 - annotation `pstrain.io/spec-hash` of the spec parts a pod is built from, and
@@ -27,6 +28,7 @@ from pstrain_api import constants as c
 from pstrain_api.cluster import ClusterSpec, Task
 from pstrain_api.model import ReplicaSpec, TrainingJob
 from pstrain_api.names import service_name
+from pstrain_api.readiness import readiness_gate, user_probe
 
 from .settings import PodSettings
 
@@ -89,14 +91,6 @@ def replica_labels(job: TrainingJob, task: Task, is_chief: bool) -> dict[str, st
     }
 
 
-def role_spec(job: TrainingJob, role: str) -> ReplicaSpec:
-    reps = job.spec.replicas
-    spec = {c.ROLE_PS: reps.ps, c.ROLE_WORKER: reps.worker, c.ROLE_CHIEF: reps.chief}[role]
-    if spec is None:
-        raise KeyError(f"job {job.name} has no {role} replicas")
-    return spec
-
-
 def _env_list(env: dict[str, str]) -> list[dict[str, Any]]:
     return [{"name": k, "value": v} for k, v in env.items()]
 
@@ -129,11 +123,27 @@ def _resources(spec: ReplicaSpec) -> dict[str, Any]:
     return out
 
 
+def readiness_probe(spec: ReplicaSpec, task: Task) -> dict[str, Any] | None:
+    """The main container's readinessProbe: the role's readiness gate
+    (pstrain_api.readiness) as a probe. A parameter server is probed on its replica port
+    by default (workers start once every PS is Ready); other roles only when the user
+    asks for a check by `readiness` or a probe of their own."""
+    gate = readiness_gate(spec)
+    if gate == c.GATE_PROBE:
+        return copy.deepcopy(user_probe(spec))
+    if gate == c.GATE_NONE or (task.role != c.ROLE_PS and spec.readiness == "Auto"):
+        return None
+    check: dict[str, Any] = (
+        {"grpc": {"port": c.REPLICA_PORT}} if gate == c.GATE_GRPC
+        else {"tcpSocket": {"port": c.REPLICA_PORT}})
+    return {**check, "periodSeconds": 2, "failureThreshold": 3}
+
+
 def build_pod(
     job: TrainingJob, cluster: ClusterSpec, task: Task, settings: PodSettings
 ) -> dict[str, Any]:
     """The pod of replica `task`."""
-    spec = role_spec(job, task.role)
+    spec = job.replica_spec(task.role)
     tpl = spec.template.model_copy() if spec.template else None
     name = cluster.replica_name(task)
     env = cluster.env(task)
@@ -162,11 +172,9 @@ def build_pod(
             {"name": c.REPLICA_PORT_NAME, "containerPort": c.REPLICA_PORT, "protocol": "TCP"},
             {"name": c.DATA_PORT_NAME, "containerPort": c.DATA_PORT, "protocol": "TCP"},
         ]
-        main["readinessProbe"] = {
-            "grpc": {"port": c.REPLICA_PORT},
-            "periodSeconds": 2,
-            "failureThreshold": 3,
-        }
+    probe = readiness_probe(spec, task)
+    if probe is not None:
+        main["readinessProbe"] = probe
     if tpl and tpl.security_context is not None:
         main["securityContext"] = copy.deepcopy(tpl.security_context)
     elif restricted:

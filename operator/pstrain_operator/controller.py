@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from pstrain_api import constants as c
 from pstrain_api.cluster import Task, kubernetes_cluster_spec
 from pstrain_api.model import TrainingJobStatus
+from pstrain_api.readiness import runs_pstrain_runtime
 from pstrain_api.validate import check_manifest
 
 from .build import job_selector
@@ -179,6 +180,7 @@ class Reconciler:
                      None)
         chief_ended = chief is not None and chief.phase in ("Succeeded", "Failed")
         if (old_status.phase == "Running" and not chief_ended
+                and runs_pstrain_runtime(job.spec.replicas.ps)  # else no status service
                 and self._may_ask(f"{job.namespace}/{job.name}")):
             address = str(cluster.addresses[Task(c.ROLE_PS, 0)])
             try:

@@ -82,7 +82,7 @@ BAD = [
                  "spec.replicas.chief.replicas is 2; it must be at most 1.", id="two-chiefs"),
     pytest.param(job().set("spec.replicas.ps.replica", 2).build(),
                  "spec.replicas.ps.replica is not a known field; known fields here are: gpus, "
-                 "replicas, resources, template.", id="unknown-field-typo"),
+                 "readiness, replicas, resources, template.", id="unknown-field-typo"),
     pytest.param(job().set("spec.foo", 1).build(),
                  "spec.foo is not a known field; known fields here are: replicas, runPolicy, "
                  "training.", id="unknown-spec-field"),

@@ -57,6 +57,10 @@ GATE_TCP: Final = "TCP"
 GATE_PROBE: Final = "Probe"  # the user's own readinessProbe from the template
 GATE_NONE: Final = "None"
 
+# Where Kubernetes reads a container's termination message (core/v1 default); the chief
+# writes its final summary there (pstrain_runtime.summary).
+TERMINATION_MESSAGE_PATH: Final = "/dev/termination-log"
+
 # Main container name in generated pods (the env is injected into every container, not
 # only this one).
 MAIN_CONTAINER: Final = "pstrain"

@@ -117,7 +117,8 @@ def openapi_schema() -> dict[str, Any]:
     props = schema["properties"]
     props["apiVersion"] = {"type": "string", "description": "pstrain.io/v1alpha1"}
     props["kind"] = {"type": "string", "description": "TrainingJob"}
-    props["metadata"] = {"type": "object"}
+    props["metadata"] = {"type": "object", "description": "Standard object metadata; "
+                         "the name is at most 63 characters and names the job's pods."}
     schema.pop("required", None)
     spec = props["spec"]
     spec["default"] = {}
@@ -141,6 +142,10 @@ PRINTER_COLUMNS = [
      "description": "Ready/total workers, the chief included."},
     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.globalStep",
      "description": "Global training step."},
+    {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss",
+     "description": "Latest training loss."},
+    {"name": "Checkpoint", "type": "integer", "jsonPath": ".status.lastCheckpoint.step",
+     "description": "Global step of the most recent checkpoint."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -77,15 +77,23 @@ class VolumeMount(ApiModel):
 class Toleration(ApiModel):
     """A core/v1 Toleration."""
 
-    key: str | None = None
-    operator: Literal["Exists", "Equal"] | None = None
-    value: str | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = None
+    key: str | None = Field(default=None, description="Taint key; empty matches all keys.")
+    operator: Literal["Exists", "Equal"] | None = Field(
+        default=None, description="Exists or Equal (the default)."
+    )
+    value: str | None = Field(default=None, description="Taint value (operator Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to match; empty matches all effects."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, description="How long a NoExecute taint is tolerated."
+    )
 
 
 class LocalObjectReference(ApiModel):
-    name: str = Field(min_length=1)
+    """A reference to an object in the job's namespace."""
+
+    name: str = Field(min_length=1, description="Name of the object.")
 
 
 class PodTemplate(ApiModel):

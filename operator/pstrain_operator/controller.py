@@ -17,14 +17,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
 
 from pstrain_api import constants as c
-from pstrain_api.cluster import Task, kubernetes_cluster_spec
+from pstrain_api.cluster import ClusterSpec, Task, kubernetes_cluster_spec
 from pstrain_api.model import TrainingJobStatus
 from pstrain_api.readiness import runs_pstrain_runtime
 from pstrain_api.validate import check_manifest
@@ -36,7 +36,9 @@ from .progress import (
     FETCH_TIMEOUT_S,
     FetchStatus,
     checkpoint_from_status,
+    chief_summary,
     progress_from_status,
+    progress_interval_for,
 )
 from .reconcile import (
     REQUEUE_RUNNING_S,
@@ -174,31 +176,48 @@ class Reconciler:
         pods = [observe_pod(p) for p in self.kube.list_pods(job.namespace, job_selector(job.name))]
         observed_pods = tuple(p for p in pods if p is not None)
         service = self.kube.service_exists(job.namespace, job.name)
-        progress = checkpoint = None
         cluster = kubernetes_cluster_spec(job)
         chief = next((p for p in observed_pods if p.name == cluster.replica_name(cluster.chief)),
                      None)
         chief_ended = chief is not None and chief.phase in ("Succeeded", "Failed")
-        if (old_status.phase == "Running" and not chief_ended
-                and runs_pstrain_runtime(job.spec.replicas.ps)  # else no status service
-                and self._may_ask(f"{job.namespace}/{job.name}")):
-            address = str(cluster.addresses[Task(c.ROLE_PS, 0)])
-            try:
-                reply = self.fetch_status(address, FETCH_TIMEOUT_S)
-            except Exception as exc:  # a status probe must never break reconciling
-                log.info("progress of %s from %s unavailable: %s", job.name, address, exc)
-                reply = None
-            log.debug("job status of %s from %s: %s", job.name, address, reply)
-            progress = progress_from_status(reply, now)
-            checkpoint = checkpoint_from_status(reply)
-        return decide(Observed(job, observed_pods, service, now, progress, checkpoint),
+        has_status = runs_pstrain_runtime(job.spec.replicas.ps)  # else no status service
+        reply = None
+        if (chief is not None and chief.phase == "Succeeded"
+                and old_status.phase not in c.TERMINAL_PHASES):
+            # The final read, before the clean-up deletes the parameter servers: the
+            # chief's own summary, else PS 0 while it still answers.
+            reply = chief_summary(chief.message)
+            if reply is None and has_status:
+                reply = self._fetch_status(job.name, cluster)
+        elif (old_status.phase == "Running" and not chief_ended and has_status
+                and self._may_ask(f"{job.namespace}/{job.name}", old_status)):
+            reply = self._fetch_status(job.name, cluster)
+        progress = progress_from_status(reply, now)
+        checkpoint = checkpoint_from_status(reply)
+        plan = decide(Observed(job, observed_pods, service, now, progress, checkpoint),
                       self.pod_settings, self.progress_interval)
+        if plan.status.phase == "Running" and has_status and plan.requeue_after is not None:
+            soon = progress_interval_for(plan.status, self.progress_interval)
+            plan = replace(plan, requeue_after=min(plan.requeue_after, soon))
+        return plan
 
-    def _may_ask(self, key: str) -> bool:
-        """At most one progress probe per job per progress interval."""
+    def _fetch_status(self, job_name: str, cluster: ClusterSpec) -> Mapping[str, Any] | None:
+        address = str(cluster.addresses[Task(c.ROLE_PS, 0)])
+        try:
+            reply = self.fetch_status(address, FETCH_TIMEOUT_S)
+        except Exception as exc:  # a status probe must never break reconciling
+            log.info("progress of %s from %s unavailable: %s", job_name, address, exc)
+            return None
+        log.debug("job status of %s from %s: %s", job_name, address, reply)
+        return reply
+
+    def _may_ask(self, key: str, status: TrainingJobStatus) -> bool:
+        """At most one progress probe per job per progress interval; more often while no
+        step is known yet, so that a short job shows its step too."""
         now = self.monotonic()
+        interval = progress_interval_for(status, self.progress_interval)
         with self._guard:
-            if now - self._asked.get(key, -1e9) < self.progress_interval * 0.9:
+            if now - self._asked.get(key, -1e9) < interval * 0.9:
                 return False
             self._asked[key] = now
             return True

@@ -27,6 +27,7 @@ from pstrain_api.cluster import ReplicaIdentity, parse_cluster_env
 
 ENV_BIND_ADDRESS = "PSTRAIN_BIND_ADDRESS"
 ENV_NUM_THREADS = "PSTRAIN_NUM_THREADS"
+ENV_TERMINATION_LOG = "PSTRAIN_TERMINATION_LOG"  # the chief's summary file; for tests
 
 
 def bind_address(identity: ReplicaIdentity, environ: Mapping[str, str]) -> str:
@@ -95,6 +96,7 @@ def run_trainer(identity: ReplicaIdentity, environ: Mapping[str, str], overlap: 
     from .checkpoint import CheckpointError
     from .client import connect
     from .store import PSError
+    from .summary import final_summary, write_termination_message
     from .trainer import Trainer, TrainingDiverged, WorkerRole
 
     raw = environ.get(c.ENV_TRAINING)
@@ -118,8 +120,12 @@ def run_trainer(identity: ReplicaIdentity, environ: Mapping[str, str], overlap: 
     trainer = None
     try:
         trainer = Trainer(training, role, [connect(a, training.transport) for a in ps], overlap=overlap)
-        trainer.run()
+        result = trainer.run()
         if role.is_chief:
+            write_termination_message(final_summary(
+                result.global_step, result.loss, result.samples_per_sec,
+                result.metrics.get("accuracy"), trainer.last_checkpoint),
+                environ.get(ENV_TERMINATION_LOG, c.TERMINATION_MESSAGE_PATH))
             trainer.shutdown_servers()
         return 0
     except (TrainingDiverged, CheckpointError, TimeoutError, PSError, ValueError) as exc:

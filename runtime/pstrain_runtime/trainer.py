@@ -129,6 +129,7 @@ class Trainer:
                            if ckpt.directory else None)
         self.last_step = 0  # newest global step seen
         self.last_ckpt_step: int | None = None
+        self.last_checkpoint: tuple[int, str, float] | None = None  # step, path, time written
         self.lost_steps = 0
         self._fresh = False  # the mirror holds parameters pulled by the last push
         # Pipelining (async only): step k's push_pull runs in the background while step
@@ -232,6 +233,7 @@ class Trainer:
                           slot_steps=slot_steps, wall_time=time.time())
         path = self.ckpt_store.save(ckpt)
         self.last_ckpt_step = ckpt.global_step
+        self.last_checkpoint = (ckpt.global_step, str(path), ckpt.wall_time)
         self.emit("checkpoint", step=ckpt.global_step, path=str(path))
         self._report(checkpoint=(ckpt.global_step, str(path), ckpt.wall_time))
         return path

@@ -40,8 +40,28 @@ def test_crd_names_subresource_and_printer_columns():
         "PS": ".status.psReady",
         "Workers": ".status.workersReady",
         "Step": ".status.progress.globalStep",
+        "Loss": ".status.progress.loss",
+        "Checkpoint": ".status.lastCheckpoint.step",
         "Age": ".metadata.creationTimestamp",
     }
+
+
+def _undescribed(node: dict[str, Any], path: str = "") -> list[str]:
+    out = []
+    for name, sub in (node.get("properties") or {}).items():
+        here = f"{path}.{name}"
+        if not sub.get("description"):
+            out.append(here)
+        out += _undescribed(sub, here)
+    for key, mark in (("items", "[]"), ("additionalProperties", "{}")):
+        if isinstance(node.get(key), dict):
+            out += _undescribed(node[key], path + mark)
+    return out
+
+
+def test_every_crd_field_has_a_description():
+    """`kubectl explain trainingjob.spec...` shows a description for every field."""
+    assert _undescribed(openapi_schema()) == []
 
 
 def _walk(node: Any, path: str = ""):

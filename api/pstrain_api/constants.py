@@ -87,3 +87,6 @@ COND_SPEC_REJECTED: Final = "SpecChangeRejected"
 # that says "the node or the scheduler stopped me" rather than "my program is wrong".
 # 130 SIGINT, 137 SIGKILL (also the OOM killer), 143 SIGTERM (eviction, preemption).
 RETRYABLE_EXIT_CODES: Final = frozenset({130, 137, 143})
+# A replica that exits with this code (sysexits' EX_CONFIG) reports a configuration error,
+# such as an entry point that cannot be imported: the job fails at once, no restart.
+EXIT_CONFIG_ERROR: Final = 78

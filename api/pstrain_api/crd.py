@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from . import constants as c
+from . import rules
 from .model import TrainingJob
 
 _DROP_KEYS = {"title", "$defs", "discriminator"}
@@ -123,14 +124,22 @@ def openapi_schema() -> dict[str, Any]:
     spec = props["spec"]
     spec["default"] = {}
     props["status"].pop("default", None)
-    ps = spec["properties"]["replicas"]["properties"]["ps"]
-    ps["x-kubernetes-validations"] = [
-        {
-            "rule": "!has(self.gpus) || self.gpus == 0",
-            "message": "parameter servers keep parameters on the CPU and may not request GPUs",
-        }
-    ]
+    for path, bounds in rules.CRD_BOUNDS:
+        schema_at(schema, path).update(bounds)
+    for path, rule in rules.CRD_RULES:
+        schema_at(schema, path).setdefault("x-kubernetes-validations", []).append(
+            rule.to_crd())
     return schema
+
+
+def schema_at(schema: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+    """The schema node at `path`: property names, "[]" for array items, "{}" for map
+    values."""
+    node = schema
+    for part in path:
+        node = (node["items"] if part == "[]" else node["additionalProperties"]
+                if part == "{}" else node["properties"][part])
+    return node
 
 
 PRINTER_COLUMNS = [

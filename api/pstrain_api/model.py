@@ -12,7 +12,6 @@ them and the user would never learn their setting was ignored.
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -20,10 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from . import constants as c
+from . import rules
 from .names import check_job_name
 
-# Kubernetes quantities are int-or-string ("500m", "2Gi", 4).
-QUANTITY_RE = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
 ENTRYPOINT_RE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 ENV_NAME_RE = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 
@@ -46,6 +44,13 @@ class ApiModel(BaseModel):
     def to_api(self) -> dict[str, Any]:
         """The object as the API server stores it: camelCase, no unset optionals."""
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def _raise_first(found: rules.Found) -> None:
+    """The first rule broken, as a model error ('PATH is VALUE; RULE'); `pstrain
+    validate` reports the others too (validate.check_manifest)."""
+    if found:
+        raise ValueError(rules.joined(*found[0]))
 
 
 FreeForm = Annotated[dict[str, Any], Field(json_schema_extra=FREE_FORM)]
@@ -162,13 +167,7 @@ class PodTemplate(ApiModel):
 
     @model_validator(mode="after")
     def _no_reserved_env(self) -> PodTemplate:
-        for i, var in enumerate(self.env or []):
-            if var.name.startswith(c.RESERVED_ENV_PREFIX) or var.name in c.RESERVED_ENV_NAMES:
-                raise ValueError(
-                    f"env[{i}].name is {var.name!r}; names starting with "
-                    f"{c.RESERVED_ENV_PREFIX} and {', '.join(sorted(c.RESERVED_ENV_NAMES))} "
-                    "are set by pstrain and may not be overridden"
-                )
+        _raise_first(rules.env_problems([var.to_api() for var in self.env or []]))
         return self
 
 
@@ -180,18 +179,7 @@ class Resources(ApiModel):
 
     @model_validator(mode="after")
     def _quantities(self) -> Resources:
-        for part in ("requests", "limits"):
-            for name, qty in (getattr(self, part) or {}).items():
-                if isinstance(qty, int):
-                    ok = qty >= 0
-                else:
-                    match = QUANTITY_RE.match(qty)
-                    ok = bool(match) and not qty.startswith("-")
-                if not ok:
-                    raise ValueError(
-                        f"{part}.{name} is {qty!r}; it must be a non-negative Kubernetes "
-                        "quantity such as 500m, 2, 4Gi"
-                    )
+        _raise_first(rules.quantity_problems(self.to_api()))
         return self
 
 
@@ -220,13 +208,8 @@ class ReplicaSpec(ApiModel):
     )
 
     @model_validator(mode="after")
-    def _gpus_once(self) -> ReplicaSpec:
-        limits = (self.resources.limits or {}) if self.resources else {}
-        if self.gpus is not None and c.GPU_RESOURCE in limits:
-            raise ValueError(
-                f"gpus is {self.gpus} and resources.limits also sets {c.GPU_RESOURCE}; "
-                "set the GPU count in one place only"
-            )
+    def _rules(self) -> ReplicaSpec:
+        _raise_first(rules.replica_problems(self.to_api(), is_ps=isinstance(self, PSReplicaSpec)))
         return self
 
     @property
@@ -239,16 +222,8 @@ class ReplicaSpec(ApiModel):
 
 
 class PSReplicaSpec(ReplicaSpec):
-    """Parameter servers: hold parameter shards and apply the optimizer, on the CPU."""
-
-    @model_validator(mode="after")
-    def _no_gpu(self) -> PSReplicaSpec:
-        if self.gpu_count:
-            raise ValueError(
-                f"gpus is {self.gpu_count}; parameter servers keep parameters and "
-                "optimizer state on the CPU, so a parameter server may not request GPUs"
-            )
-        return self
+    """Parameter servers: hold parameter shards and apply the optimizer, on the CPU, so
+    they may not request GPUs (rules.PS_NO_GPU, checked by ReplicaSpec._rules)."""
 
 
 class WorkerReplicaSpec(ReplicaSpec):

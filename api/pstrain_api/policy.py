@@ -36,6 +36,13 @@ def decide_restart(
 ) -> RestartDecision:
     """What to do about `replica`, which failed with `exit_code` (None: evicted/lost)."""
     how = f"exit code {exit_code}" if exit_code is not None else (reason or "lost")
+    if exit_code == c.EXIT_CONFIG_ERROR:
+        return RestartDecision(
+            "fail", "ConfigurationError",
+            f"{replica} exited with code {exit_code}: its configuration is wrong (such as "
+            "an entry point that cannot be imported; see its log), so restarting it "
+            "cannot help.",
+        )
     if policy.restart_policy == "Never":
         return RestartDecision(
             "fail", "RestartPolicyNever",

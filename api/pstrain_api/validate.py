@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from . import constants as c
+from . import rules
 from .model import TrainingJob
 
 
@@ -149,6 +150,14 @@ def check_manifest(data: Any, source: str = "") -> tuple[TrainingJob | None, lis
         for err in exc.errors():
             loc = err["loc"]
             problems.append(Problem(source, _path(loc), _describe(err, data)))
+        # The model stops at a replica spec's first broken rule (and checks none where
+        # a field has the wrong type); report every one.
+        seen = {p.message for p in problems}
+        for path, text in rules.manifest_problems(data):
+            message = rules.sentence(path, text)
+            if message not in seen:
+                seen.add(message)
+                problems.append(Problem(source, path, message))
         return None, problems
     return job, []
 

@@ -91,6 +91,7 @@ def run_ps(identity: ReplicaIdentity, environ: Mapping[str, str]) -> int:
 def run_trainer(identity: ReplicaIdentity, environ: Mapping[str, str], overlap: bool) -> int:
     import torch
 
+    from pstrain_api.entrypoint import EntrypointError
     from pstrain_api.model import Training
 
     from .checkpoint import CheckpointError
@@ -128,6 +129,9 @@ def run_trainer(identity: ReplicaIdentity, environ: Mapping[str, str], overlap: 
                 environ.get(ENV_TERMINATION_LOG, c.TERMINATION_MESSAGE_PATH))
             trainer.shutdown_servers()
         return 0
+    except EntrypointError as exc:  # a configuration error: restarting cannot help
+        print(f"pstrain replica: {exc}", file=sys.stderr, flush=True)
+        return c.EXIT_CONFIG_ERROR
     except (TrainingDiverged, CheckpointError, TimeoutError, PSError, ValueError) as exc:
         print(f"pstrain replica: {identity.task.role} {identity.task.index} failed: {exc}",
               file=sys.stderr, flush=True)

@@ -18,12 +18,13 @@ arguments. The function returns a `Task` (or any object with the same attributes
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from pstrain_api.entrypoint import resolve_entrypoint
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -40,20 +41,9 @@ REQUIRED = ("model", "batches", "loss", "evaluate")
 
 
 def load_task(entrypoint: str, args: Mapping[str, Any] | None = None) -> Task:
-    """Import `module:function`, call it with `args`, and check what it returned."""
-    module_name, sep, func_name = entrypoint.partition(":")
-    if not sep or not module_name or not func_name:
-        raise ValueError(f"spec.training.entrypoint is {entrypoint!r}; it must be "
-                         "module:function")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"spec.training.entrypoint is {entrypoint!r}; module "
-                         f"{module_name!r} cannot be imported: {exc}") from exc
-    func = getattr(module, func_name, None)
-    if not callable(func):
-        raise ValueError(f"spec.training.entrypoint is {entrypoint!r}; {module_name} has "
-                         f"no function {func_name!r}")
+    """Import `module:function`, call it with `args`, and check what it returned.
+    EntrypointError (a ValueError) when it cannot be imported."""
+    func = resolve_entrypoint(entrypoint)
     try:
         task = func(**dict(args or {}))
     except TypeError as exc:

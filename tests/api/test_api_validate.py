@@ -91,9 +91,9 @@ BAD = [
                  "state on the CPU, so a parameter server may not request GPUs.",
                  id="gpu-on-ps"),
     pytest.param(job().ps(1, resources={"limits": {"nvidia.com/gpu": 1}}).build(),
-                 "spec.replicas.ps.gpus is 1; parameter servers keep parameters and optimizer "
-                 "state on the CPU, so a parameter server may not request GPUs.",
-                 id="gpu-limit-on-ps"),
+                 "spec.replicas.ps.resources.limits.nvidia.com/gpu is 1; parameter servers "
+                 "keep parameters and optimizer state on the CPU, so a parameter server may "
+                 "not request GPUs.", id="gpu-limit-on-ps"),
     pytest.param(job().workers(2, gpus=1, resources={"limits": {"nvidia.com/gpu": 1}}).build(),
                  "spec.replicas.worker.gpus is 1 and resources.limits also sets nvidia.com/gpu; "
                  "set the GPU count in one place only.", id="gpu-twice"),

@@ -1,0 +1,214 @@
+"""The rules of a TrainingJob that span fields or constrain values beyond a type, each
+written once with its sentence, and enforced in two places:
+
+- offline and in the operator: `replica_problems` runs on the manifest data (the API
+  model's validators call it, and `pstrain validate` calls it to report every problem of
+  a replica spec, not only the first);
+- at `kubectl apply`: `CRD_RULES` are the same rules as CEL (`x-kubernetes-validations`),
+  attached to the CRD by `pstrain_api.crd`, with the same sentence as message, so the
+  API server refuses the job with the words `pstrain validate` prints. A value rule's
+  message is the sentence after the field path ("is 'lots'; it must be ..."), an object
+  rule's the sentence after the object's path ("gpus and resources.limits ...").
+
+Pure: plain data in, (relative path, sentence) pairs out.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import constants as c
+
+# Kubernetes' own Quantity pattern (resource.Quantity in the OpenAPI definitions),
+# without the minus sign: requests and limits are never negative.
+QUANTITY_PATTERN = (r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+                    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+QUANTITY_RE = re.compile(QUANTITY_PATTERN)
+QUANTITY_MAX_LENGTH = 64
+RESOURCES_MAX = 32  # resource names per requests/limits map (bounds the CEL cost)
+ENV_MAX = 256
+
+QUANTITY_RULE = "it must be a non-negative Kubernetes quantity such as 500m, 2, 4Gi"
+RESERVED_ENV_RULE = (f"names starting with {c.RESERVED_ENV_PREFIX} and "
+                     f"{', '.join(sorted(c.RESERVED_ENV_NAMES))} are set by pstrain and may "
+                     "not be overridden")
+GPUS_ONCE = (f"and resources.limits also sets {c.GPU_RESOURCE}; set the GPU count in one "
+             "place only")
+PS_NO_GPU = ("parameter servers keep parameters and optimizer state on the CPU, so a "
+             "parameter server may not request GPUs")
+GPU_LIMIT = f"resources.limits.{c.GPU_RESOURCE}"
+
+Found = list[tuple[str, str]]  # (path relative to the checked object, sentence)
+
+
+def is_quantity(value: Any) -> bool:
+    """A non-negative Kubernetes quantity: an integer, or a string such as '500m'."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return value >= 0
+    return (isinstance(value, str) and len(value) <= QUANTITY_MAX_LENGTH
+            and QUANTITY_RE.match(value) is not None)
+
+
+def is_reserved_env(name: str) -> bool:
+    return name.startswith(c.RESERVED_ENV_PREFIX) or name in c.RESERVED_ENV_NAMES
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _gpu_limit(role: Mapping[str, Any]) -> tuple[bool, Any]:
+    limits = _map(_map(role.get("resources")).get("limits"))
+    return c.GPU_RESOURCE in limits, limits.get(c.GPU_RESOURCE)
+
+
+def quantity_problems(resources: Mapping[str, Any]) -> Found:
+    found: Found = []
+    for part in ("requests", "limits"):
+        for name, qty in _map(resources.get(part)).items():
+            if not is_quantity(qty):
+                found.append((f"{part}.{name}", f"is {qty!r}; {QUANTITY_RULE}"))
+    return found
+
+
+def env_problems(env: Any) -> Found:
+    found: Found = []
+    for i, var in enumerate(env if isinstance(env, Sequence) else []):
+        name = _map(var).get("name")
+        if isinstance(name, str) and is_reserved_env(name):
+            found.append((f"env[{i}].name", f"is {name!r}; {RESERVED_ENV_RULE}"))
+    return found
+
+
+def replica_problems(role: Mapping[str, Any], is_ps: bool) -> Found:
+    """Every rule broken by one replica spec (`spec.replicas.<role>`, as data)."""
+    found: Found = [(f"resources.{p}", s) for p, s in quantity_problems(
+        _map(role.get("resources")))]
+    found += [(f"template.{p}", s) for p, s in env_problems(
+        _map(role.get("template")).get("env"))]
+    gpus = role.get("gpus")
+    has_limit, limit = _gpu_limit(role)
+    if gpus is not None and has_limit:
+        found.append(("gpus", f"is {gpus!r} {GPUS_ONCE}"))
+    if is_ps and gpus not in (None, 0):
+        found.append(("gpus", f"is {gpus!r}; {PS_NO_GPU}"))
+    if is_ps and has_limit and str(limit) != "0":
+        found.append((GPU_LIMIT, f"is {limit!r}; {PS_NO_GPU}"))
+    return found
+
+
+def manifest_problems(data: Any) -> Found:
+    """Every rule broken by any replica spec of a manifest, with full field paths."""
+    replicas = _map(_map(_map(data).get("spec")).get("replicas"))
+    found: Found = []
+    for role in c.ROLES:
+        spec = replicas.get(role)
+        if isinstance(spec, Mapping):
+            base = f"spec.replicas.{role}"
+            found += [(f"{base}.{p}" if p else base, s)
+                      for p, s in replica_problems(spec, role == c.ROLE_PS)]
+    return found
+
+
+def sentence(path: str, text: str) -> str:
+    """A problem as `pstrain validate` prints it: 'PATH is VALUE; RULE.' (an object
+    rule's text starts with the field it is about: 'gpus is 2; ...')."""
+    if text.startswith("is "):
+        return f"{path} {text}."
+    return f"{path}.{text}."
+
+
+def joined(path: str, text: str) -> str:
+    """(relative path, text) as the one clause a model validator raises."""
+    return f"{path} {text}" if path else text
+
+
+# --------------------------------------------------------------------------- CEL
+
+
+def _cel_string(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _cel_repr(expr: str) -> str:
+    """CEL for Python's repr of an int-or-string value: 2, or '2'."""
+    return f"(type({expr}) == string ? \"'\" + {expr} + \"'\" : string({expr}))"
+
+
+@dataclass(frozen=True)
+class CelRule:
+    """One `x-kubernetes-validations` entry. With `message_expression` the API server
+    prints its value (which names the bad value), else `message`."""
+
+    rule: str
+    message: str
+    message_expression: str | None = None
+
+    def to_crd(self) -> dict[str, str]:
+        out = {"rule": self.rule, "message": self.message}
+        if self.message_expression:
+            out["messageExpression"] = self.message_expression
+        return out
+
+
+_HAS_GPU_LIMIT = (f"has(self.resources) && has(self.resources.limits) && "
+                  f"'{c.GPU_RESOURCE}' in self.resources.limits")
+
+QUANTITY_CEL = CelRule(
+    rule=(f"type(self) == int ? self >= 0 : "
+          f"(self.size() <= {QUANTITY_MAX_LENGTH} && self.matches({_cel_string(QUANTITY_PATTERN)}))"),
+    message=QUANTITY_RULE,
+    message_expression=f"'is ' + {_cel_repr('self')} + {_cel_string('; ' + QUANTITY_RULE)}",
+)
+RESERVED_ENV_CEL = CelRule(
+    rule=(f"!self.name.startsWith({_cel_string(c.RESERVED_ENV_PREFIX)}) && "
+          + " && ".join(f"self.name != {_cel_string(n)}" for n in sorted(c.RESERVED_ENV_NAMES))),
+    message=RESERVED_ENV_RULE,
+    message_expression=(f"\"name is '\" + self.name + \"'; \" + "
+                        f"{_cel_string(RESERVED_ENV_RULE)}"),
+)
+_LIMIT = f"self.resources.limits['{c.GPU_RESOURCE}']"
+GPUS_ONCE_CEL = CelRule(
+    rule=f"!(has(self.gpus) && {_HAS_GPU_LIMIT})",
+    message=f"gpus {GPUS_ONCE}",
+    message_expression=f"'gpus is ' + string(self.gpus) + {_cel_string(' ' + GPUS_ONCE)}",
+)
+PS_NO_GPUS_CEL = CelRule(
+    rule="!has(self.gpus) || self.gpus == 0",
+    message=f"gpus: {PS_NO_GPU}",
+    message_expression=f"'gpus is ' + string(self.gpus) + {_cel_string('; ' + PS_NO_GPU)}",
+)
+PS_NO_GPU_LIMIT_CEL = CelRule(
+    rule=f"!({_HAS_GPU_LIMIT}) || string({_LIMIT}) == '0'",
+    message=f"{GPU_LIMIT}: {PS_NO_GPU}",
+    message_expression=(f"{_cel_string(GPU_LIMIT + ' is ')} + {_cel_repr(_LIMIT)} + "
+                        f"{_cel_string('; ' + PS_NO_GPU)}"),
+)
+
+# Where each rule sits in the CRD's openAPIV3Schema: a path of property names, where
+# "[]" means the items of an array and "{}" the values of a map.
+CRD_RULES: list[tuple[tuple[str, ...], CelRule]] = []
+for _role in c.ROLES:
+    _base = ("spec", "replicas", _role)
+    CRD_RULES.append((_base, GPUS_ONCE_CEL))
+    CRD_RULES.append(((*_base, "template", "env", "[]"), RESERVED_ENV_CEL))
+    for _part in ("requests", "limits"):
+        CRD_RULES.append(((*_base, "resources", _part, "{}"), QUANTITY_CEL))
+CRD_RULES.append((("spec", "replicas", c.ROLE_PS), PS_NO_GPUS_CEL))
+CRD_RULES.append((("spec", "replicas", c.ROLE_PS), PS_NO_GPU_LIMIT_CEL))
+
+# Size bounds that let the API server estimate the rules' cost within its budget.
+CRD_BOUNDS: list[tuple[tuple[str, ...], dict[str, int]]] = []
+for _role in c.ROLES:
+    _base = ("spec", "replicas", _role)
+    CRD_BOUNDS.append(((*_base, "template", "env"), {"maxItems": ENV_MAX}))
+    CRD_BOUNDS.append(((*_base, "template", "env", "[]", "name"), {"maxLength": 256}))
+    for _part in ("requests", "limits"):
+        CRD_BOUNDS.append(((*_base, "resources", _part), {"maxProperties": RESOURCES_MAX}))
+        CRD_BOUNDS.append(((*_base, "resources", _part, "{}"),
+                           {"maxLength": QUANTITY_MAX_LENGTH}))

@@ -13,6 +13,8 @@ import re
 from . import constants as c
 
 DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS_1035_RULE = ("it must be a DNS-1035 label: lowercase letters, digits and '-', starting "
+                 "with a letter and ending with a letter or digit")
 HASH_LEN = 5
 
 
@@ -30,8 +32,7 @@ def check_job_name(name: str) -> str | None:
         )
     if not DNS_1035_LABEL.match(name):
         return (
-            f"metadata.name is {name!r}; it must be a DNS-1035 label: lowercase letters, "
-            "digits and '-', starting with a letter and ending with a letter or digit"
+            f"metadata.name is {name!r}; {DNS_1035_RULE}"
         )
     return None
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import constants as c
+from .names import DNS_1035_LABEL, DNS_1035_RULE
 
 # Kubernetes' own Quantity pattern (resource.Quantity in the OpenAPI definitions),
 # without the minus sign: requests and limits are never negative.
@@ -118,6 +119,8 @@ def manifest_problems(data: Any) -> Found:
 def sentence(path: str, text: str) -> str:
     """A problem as `pstrain validate` prints it: 'PATH is VALUE; RULE.' (an object
     rule's text starts with the field it is about: 'gpus is 2; ...')."""
+    if not path:
+        return f"{text}."
     if text.startswith("is "):
         return f"{path} {text}."
     return f"{path}.{text}."
@@ -190,9 +193,27 @@ PS_NO_GPU_LIMIT_CEL = CelRule(
                         f"{_cel_string('; ' + PS_NO_GPU)}"),
 )
 
+# The job name (names.check_job_name): the CRD can see metadata.name from the root.
+NAME_LENGTH_CEL = CelRule(
+    rule=f"self.metadata.name.size() <= {c.DNS_LABEL_MAX}",
+    message=f"metadata.name must be at most {c.DNS_LABEL_MAX} characters",
+    message_expression=(
+        "\"metadata.name is '\" + self.metadata.name + \"' (\" + "
+        "string(self.metadata.name.size()) + "
+        f"{_cel_string(' characters); the job' + chr(39) + 's Service is named after it and must be at most ' + str(c.DNS_LABEL_MAX) + ' characters')}"),
+)
+NAME_LABEL_CEL = CelRule(
+    rule=(f"self.metadata.name.size() > {c.DNS_LABEL_MAX} || "
+          f"self.metadata.name.matches({_cel_string(DNS_1035_LABEL.pattern)})"),
+    message=f"metadata.name {DNS_1035_RULE}",
+    message_expression=("\"metadata.name is '\" + self.metadata.name + \"'; \" + "
+                        f"{_cel_string(DNS_1035_RULE)}"),
+)
+
 # Where each rule sits in the CRD's openAPIV3Schema: a path of property names, where
 # "[]" means the items of an array and "{}" the values of a map.
-CRD_RULES: list[tuple[tuple[str, ...], CelRule]] = []
+CRD_RULES: list[tuple[tuple[str, ...], CelRule]] = [((), NAME_LENGTH_CEL),
+                                                     ((), NAME_LABEL_CEL)]
 for _role in c.ROLES:
     _base = ("spec", "replicas", _role)
     CRD_RULES.append((_base, GPUS_ONCE_CEL))

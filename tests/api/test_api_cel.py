@@ -121,3 +121,12 @@ def test_every_role_carries_the_rules() -> None:
         assert len(found) == (3 if role == "ps" else 1), role
         env = spec["properties"]["template"]["properties"]["env"]
         assert env["maxItems"] == rules.ENV_MAX  # bounds the rules' estimated cost
+
+
+@pytest.mark.parametrize("name", [pytest.param("x" * 64, id="too-long"),
+                                  pytest.param("My_Job", id="not-a-label"),
+                                  pytest.param("9lives", id="starts-with-digit")])
+def test_crd_refuses_bad_job_names_with_the_same_sentence(name: str) -> None:
+    data = job(name).build()
+    _, problems = check_manifest(data)
+    assert [p.message for p in problems] == cel_problems(openapi_schema(), data) != []

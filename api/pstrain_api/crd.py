@@ -18,7 +18,8 @@ import yaml
 
 from . import constants as c
 from . import rules
-from .model import TrainingJob
+from .model import POD_TEMPLATE_MARK, TrainingJob
+from .podschema import pod_template_schema
 
 _DROP_KEYS = {"title", "$defs", "discriminator"}
 
@@ -35,6 +36,11 @@ class _Converter:
             ref = node.pop("$ref").split("/")[-1]
             merged = {**copy.deepcopy(self.defs[ref]), **node}
             return self.convert(merged)
+        if node.get(POD_TEMPLATE_MARK):
+            embedded = copy.deepcopy(pod_template_schema())
+            if "description" in node:
+                embedded["description"] = node["description"]
+            return embedded
         if node.get("x-kubernetes-int-or-string"):
             keep = {k: node[k] for k in ("description", "default") if k in node}
             return {"x-kubernetes-int-or-string": True, **keep}

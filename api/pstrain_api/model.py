@@ -15,16 +15,19 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from . import constants as c
 from . import rules
 from .names import check_job_name
+from .template import schema_problems as template_schema_problems
 
 ENTRYPOINT_RE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
-ENV_NAME_RE = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 
+# Marker for the CRD generator: this subtree is Kubernetes' PodTemplateSpec
+# (pstrain_api.podschema), embedded as it is.
+POD_TEMPLATE_MARK = "x-pstrain-pod-template"
 # Marker for the CRD generator: this subtree is free-form Kubernetes data
 # (x-kubernetes-preserve-unknown-fields). Only small pod-template subtrees use it.
 FREE_FORM = {"x-kubernetes-preserve-unknown-fields": True, "type": "object"}
@@ -46,13 +49,6 @@ class ApiModel(BaseModel):
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
-def _raise_first(found: rules.Found) -> None:
-    """The first rule broken, as a model error ('PATH is VALUE; RULE'); `pstrain
-    validate` reports the others too (validate.check_manifest)."""
-    if found:
-        raise ValueError(rules.joined(*found[0]))
-
-
 FreeForm = Annotated[dict[str, Any], Field(json_schema_extra=FREE_FORM)]
 Quantity = Annotated[int | str, Field(json_schema_extra=INT_OR_STRING)]
 
@@ -60,115 +56,19 @@ Quantity = Annotated[int | str, Field(json_schema_extra=INT_OR_STRING)]
 # --------------------------------------------------------------------------- pod template
 
 
-class EnvVar(ApiModel):
-    """A container environment variable, as in core/v1 EnvVar."""
-
-    name: str = Field(min_length=1, pattern=ENV_NAME_RE, description="Variable name.")
-    value: str | None = Field(default=None, description="Literal value.")
-    value_from: FreeForm | None = Field(
-        default=None, description="Source for the value (core/v1 EnvVarSource)."
-    )
+def _check_template(value: dict[str, Any]) -> dict[str, Any]:
+    """Kubernetes' PodTemplateSpec schema (pstrain's own fields are ReplicaSpec rules)."""
+    found = template_schema_problems(value)
+    if found:
+        raise ValueError(rules.joined(*found[0]))
+    return value
 
 
-class VolumeMount(ApiModel):
-    """Where a pod volume appears in the main container (core/v1 VolumeMount)."""
-
-    name: str = Field(min_length=1, description="Name of a volume in `volumes`.")
-    mount_path: str = Field(min_length=1, description="Path inside the container.")
-    sub_path: str | None = Field(default=None, description="Sub-path of the volume to mount.")
-    read_only: bool | None = Field(default=None, description="Mount read-only.")
-
-
-class Toleration(ApiModel):
-    """A core/v1 Toleration."""
-
-    key: str | None = Field(default=None, description="Taint key; empty matches all keys.")
-    operator: Literal["Exists", "Equal"] | None = Field(
-        default=None, description="Exists or Equal (the default)."
-    )
-    value: str | None = Field(default=None, description="Taint value (operator Equal).")
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
-        default=None, description="Taint effect to match; empty matches all effects."
-    )
-    toleration_seconds: int | None = Field(
-        default=None, description="How long a NoExecute taint is tolerated."
-    )
-
-
-class LocalObjectReference(ApiModel):
-    """A reference to an object in the job's namespace."""
-
-    name: str = Field(min_length=1, description="Name of the object.")
-
-
-class PodTemplate(ApiModel):
-    """Overrides for the pods of one role. Every field is optional; what is unset comes
-    from the operator's defaults (image, command `pstrain replica`, restrictive security
-    context)."""
-
-    image: str | None = Field(default=None, min_length=1, description="Container image.")
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
-        default=None, description="Image pull policy of the main container."
-    )
-    image_pull_secrets: list[LocalObjectReference] | None = Field(
-        default=None, description="Secrets for pulling the image."
-    )
-    command: list[str] | None = Field(default=None, description="Entrypoint override.")
-    args: list[str] | None = Field(default=None, description="Arguments to the entrypoint.")
-    env: list[EnvVar] | None = Field(
-        default=None,
-        description="Extra environment. Names starting with PSTRAIN_ and TF_CONFIG are "
-        "reserved: pstrain injects them.",
-    )
-    env_from: list[FreeForm] | None = Field(
-        default=None, description="core/v1 EnvFromSource entries."
-    )
-    volume_mounts: list[VolumeMount] | None = Field(
-        default=None, description="Volume mounts of the main container."
-    )
-    volumes: list[FreeForm] | None = Field(
-        default=None, description="core/v1 Volume entries added to the pod."
-    )
-    node_selector: dict[str, str] | None = Field(default=None, description="Node selector.")
-    tolerations: list[Toleration] | None = Field(default=None, description="Tolerations.")
-    affinity: FreeForm | None = Field(default=None, description="core/v1 Affinity.")
-    service_account_name: str | None = Field(
-        default=None, min_length=1, description="Service account the pods run as."
-    )
-    priority_class_name: str | None = Field(default=None, description="Priority class.")
-    scheduler_name: str | None = Field(default=None, description="Scheduler to use.")
-    security_context: FreeForm | None = Field(
-        default=None,
-        description="core/v1 SecurityContext of the main container; replaces the "
-        "restrictive default.",
-    )
-    pod_security_context: FreeForm | None = Field(
-        default=None,
-        description="core/v1 PodSecurityContext; replaces the restrictive default.",
-    )
-    sidecars: list[FreeForm] | None = Field(
-        default=None,
-        description="Extra core/v1 Container entries. Each receives the cluster-spec "
-        "environment too.",
-    )
-    init_containers: list[FreeForm] | None = Field(
-        default=None,
-        description="core/v1 init containers. Each receives the cluster-spec environment.",
-    )
-    labels: dict[str, str] | None = Field(default=None, description="Extra pod labels.")
-    annotations: dict[str, str] | None = Field(
-        default=None, description="Extra pod annotations."
-    )
-    readiness_probe: FreeForm | None = Field(
-        default=None,
-        description="core/v1 Probe of the main container. When set it is the role's "
-        "readiness gate (see `readiness` of the role).",
-    )
-
-    @model_validator(mode="after")
-    def _no_reserved_env(self) -> PodTemplate:
-        _raise_first(rules.env_problems([var.to_api() for var in self.env or []]))
-        return self
+PodTemplateSpec = Annotated[
+    dict[str, Any],
+    AfterValidator(_check_template),
+    Field(json_schema_extra={POD_TEMPLATE_MARK: True, "type": "object"}),
+]
 
 
 class Resources(ApiModel):
@@ -179,7 +79,9 @@ class Resources(ApiModel):
 
     @model_validator(mode="after")
     def _quantities(self) -> Resources:
-        _raise_first(rules.quantity_problems(self.to_api()))
+        found = rules.quantity_problems(self.to_api())
+        if found:
+            raise ValueError(rules.joined(*found[0]))
         return self
 
 
@@ -195,8 +97,13 @@ class ReplicaSpec(ApiModel):
         ge=0,
         description=f"GPUs per replica; shorthand for a {c.GPU_RESOURCE} limit.",
     )
-    template: PodTemplate | None = Field(
-        default=None, description="Pod-template overrides for this role."
+    template: PodTemplateSpec | None = Field(
+        default=None,
+        description="The pods of this role: a Kubernetes PodTemplateSpec. The first "
+        "container, named pstrain, runs the replica; unset fields get pstrain's defaults "
+        "(the runtime image, `pstrain replica`, a restrictive security context). pstrain "
+        "owns the main container's name and ports, the injected environment (PSTRAIN_*, "
+        "TF_CONFIG), and the pod's hostname, subdomain and restartPolicy.",
     )
     readiness: c.ReadinessGate = Field(
         default="Auto",
@@ -209,7 +116,11 @@ class ReplicaSpec(ApiModel):
 
     @model_validator(mode="after")
     def _rules(self) -> ReplicaSpec:
-        _raise_first(rules.replica_problems(self.to_api(), is_ps=isinstance(self, PSReplicaSpec)))
+        """The first broken rule; `pstrain validate` reports every one
+        (validate.check_manifest)."""
+        found = rules.replica_problems(self.to_api(), is_ps=isinstance(self, PSReplicaSpec))
+        if found:
+            raise ValueError(rules.joined(*found[0]))
         return self
 
     @property

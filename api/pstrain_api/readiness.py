@@ -20,16 +20,26 @@ from typing import Any
 
 from . import constants as c
 from .model import ReplicaSpec
+from .template import main_container
 
 
 def runs_pstrain_runtime(spec: ReplicaSpec) -> bool:
-    """The role runs `pstrain replica`: its template sets no command of its own."""
-    return not (spec.template and spec.template.command)
+    """The role runs `pstrain replica`: its main container sets no command of its own."""
+    return not main_container(spec.template).get("command")
+
+
+def user_command(spec: ReplicaSpec) -> list[str] | None:
+    """The main container's own command and args, when it sets a command."""
+    main = main_container(spec.template)
+    if not main.get("command"):
+        return None
+    return [*main["command"], *(main.get("args") or [])]
 
 
 def user_probe(spec: ReplicaSpec) -> dict[str, Any] | None:
-    """The readinessProbe the user set in the role's template, if any."""
-    return spec.template.readiness_probe if spec.template else None
+    """The readinessProbe the user set on the main container, if any."""
+    probe = main_container(spec.template).get("readinessProbe")
+    return dict(probe) if probe else None
 
 
 def readiness_gate(spec: ReplicaSpec) -> str:

@@ -10,7 +10,9 @@ Invariants of every pod:
 - a parameter server's main container declares the gRPC port and the data-plane port
   and is told the latter in PSTRAIN_DATA_PORT (`data_plane_env`); it is probed for
   readiness as its program allows (`readiness_probe`);
-- `command: ["pstrain", "replica"]` unless the template overrides it;
+- built from the role's PodTemplateSpec: its first container (named pstrain) is the
+  replica's; `command: ["pstrain", "replica"]`, the operator's runtime image and a
+  restrictive security context unless the template sets them;
 - `restartPolicy: Never` (the operator restarts replicas according to the run policy);
 - annotation `pstrain.io/spec-hash` of the spec parts a pod is built from, and
   `pstrain.io/applied-spec` with those parts, so a change that cannot be applied live
@@ -110,16 +112,17 @@ def data_plane_env(task: Task) -> dict[str, str]:
     return {c.ENV_DATA_PORT: str(c.DATA_PORT)} if task.role == c.ROLE_PS else {}
 
 
-def _resources(spec: ReplicaSpec) -> dict[str, Any]:
-    requests = dict(spec.resources.requests or {}) if spec.resources else {}
-    limits = dict(spec.resources.limits or {}) if spec.resources else {}
-    if spec.gpus:
-        limits[c.GPU_RESOURCE] = spec.gpus
-    out: dict[str, Any] = {}
-    if requests:
-        out["requests"] = requests
-    if limits:
-        out["limits"] = limits
+def _resources(spec: ReplicaSpec, container: dict[str, Any]) -> dict[str, Any]:
+    """The main container's resources: the template's, then the role's `resources`
+    (per resource name), then the `gpus` shortcut."""
+    out = copy.deepcopy(container)
+    for part in ("requests", "limits"):
+        values = dict(out.get(part) or {})
+        values.update(getattr(spec.resources, part) or {} if spec.resources else {})
+        if part == "limits" and spec.gpus:
+            values[c.GPU_RESOURCE] = spec.gpus
+        if values:
+            out[part] = values
     return out
 
 
@@ -142,81 +145,37 @@ def readiness_probe(spec: ReplicaSpec, task: Task) -> dict[str, Any] | None:
 def build_pod(
     job: TrainingJob, cluster: ClusterSpec, task: Task, settings: PodSettings
 ) -> dict[str, Any]:
-    """The pod of replica `task`."""
+    """The pod of replica `task`: the role's PodTemplateSpec, with pstrain's fields set
+    and its defaults filled in where the template leaves a field unset."""
     spec = job.replica_spec(task.role)
-    tpl = spec.template.model_copy() if spec.template else None
+    template = copy.deepcopy(spec.template or {})
+    pod_spec: dict[str, Any] = template.get("spec") or {}
     name = cluster.replica_name(task)
     env = cluster.env(task)
     restricted = settings.pod_security == "restricted"
 
-    main: dict[str, Any] = {
-        "name": c.MAIN_CONTAINER,
-        "image": (tpl.image if tpl and tpl.image else settings.runtime_image),
-        "command": list(tpl.command) if tpl and tpl.command else list(REPLICA_COMMAND),
-        "env": _env_list({**env, **data_plane_env(task)})
-        + [e.to_api() for e in (tpl.env or [] if tpl else [])],
-    }
-    if tpl and tpl.args:
-        main["args"] = list(tpl.args)
-    if tpl and tpl.image_pull_policy:
-        main["imagePullPolicy"] = tpl.image_pull_policy
-    if tpl and tpl.env_from:
-        main["envFrom"] = copy.deepcopy(tpl.env_from)
-    if tpl and tpl.volume_mounts:
-        main["volumeMounts"] = [m.to_api() for m in tpl.volume_mounts]
-    resources = _resources(spec)
-    if resources:
-        main["resources"] = resources
-    if task.role == c.ROLE_PS:
-        main["ports"] = [
-            {"name": c.REPLICA_PORT_NAME, "containerPort": c.REPLICA_PORT, "protocol": "TCP"},
-            {"name": c.DATA_PORT_NAME, "containerPort": c.DATA_PORT, "protocol": "TCP"},
-        ]
-    probe = readiness_probe(spec, task)
-    if probe is not None:
-        main["readinessProbe"] = probe
-    if tpl and tpl.security_context is not None:
-        main["securityContext"] = copy.deepcopy(tpl.security_context)
-    elif restricted:
-        main["securityContext"] = copy.deepcopy(RESTRICTED_CONTAINER_SECURITY)
-
-    containers = [main] + [_with_cluster_env(s, env) for s in (tpl.sidecars or [] if tpl else [])]
-    pod_spec: dict[str, Any] = {
+    user_containers = pod_spec.get("containers") or [{"name": c.MAIN_CONTAINER}]
+    main = _main_container(user_containers[0], spec, task, env, settings, restricted)
+    pod_spec["containers"] = [main] + [_with_cluster_env(s, env) for s in user_containers[1:]]
+    if pod_spec.get("initContainers"):
+        pod_spec["initContainers"] = [_with_cluster_env(i, env)
+                                      for i in pod_spec["initContainers"]]
+    pod_spec.update({
         "hostname": name,
         "subdomain": service_name(job.name),
         "restartPolicy": "Never",
-        "enableServiceLinks": False,
-        "containers": containers,
-    }
-    if tpl and tpl.init_containers:
-        pod_spec["initContainers"] = [_with_cluster_env(i, env) for i in tpl.init_containers]
-    if tpl and tpl.volumes:
-        pod_spec["volumes"] = copy.deepcopy(tpl.volumes)
-    if tpl and tpl.node_selector:
-        pod_spec["nodeSelector"] = dict(tpl.node_selector)
-    if tpl and tpl.tolerations:
-        pod_spec["tolerations"] = [t.to_api() for t in tpl.tolerations]
-    if tpl and tpl.affinity:
-        pod_spec["affinity"] = copy.deepcopy(tpl.affinity)
-    if tpl and tpl.service_account_name:
-        pod_spec["serviceAccountName"] = tpl.service_account_name
-    if tpl and tpl.priority_class_name:
-        pod_spec["priorityClassName"] = tpl.priority_class_name
-    if tpl and tpl.scheduler_name:
-        pod_spec["schedulerName"] = tpl.scheduler_name
-    if tpl and tpl.image_pull_secrets:
-        pod_spec["imagePullSecrets"] = [s.to_api() for s in tpl.image_pull_secrets]
-    if tpl and tpl.pod_security_context is not None:
-        pod_spec["securityContext"] = copy.deepcopy(tpl.pod_security_context)
-    elif restricted:
-        pod_spec["securityContext"] = copy.deepcopy(RESTRICTED_POD_SECURITY)
+    })
+    pod_spec.setdefault("enableServiceLinks", False)
+    if restricted:
+        pod_spec.setdefault("securityContext", copy.deepcopy(RESTRICTED_POD_SECURITY))
 
-    annotations = dict(tpl.annotations or {}) if tpl else {}
+    meta = template.get("metadata") or {}
+    annotations = dict(meta.get("annotations") or {})
     annotations[ANNOTATION_SPEC_HASH] = spec_hash(job)
     annotations[ANNOTATION_APPLIED_SPEC] = json.dumps(
         applied_spec(job), sort_keys=True, separators=(",", ":")
     )
-    labels = dict(tpl.labels or {}) if tpl else {}
+    labels = dict(meta.get("labels") or {})
     labels.update(replica_labels(job, task, cluster.is_chief(task)))
     return {
         "apiVersion": "v1",
@@ -230,6 +189,33 @@ def build_pod(
         },
         "spec": pod_spec,
     }
+
+
+def _main_container(user: dict[str, Any], spec: ReplicaSpec, task: Task,
+                    env: dict[str, str], settings: PodSettings,
+                    restricted: bool) -> dict[str, Any]:
+    """The replica's own container: the template's first container with the cluster-spec
+    environment first, pstrain's ports and readiness probe, the GPU limit, and the
+    defaults (runtime image, `pstrain replica`, restrictive security context)."""
+    main = copy.deepcopy(user)
+    main["name"] = c.MAIN_CONTAINER
+    main.setdefault("image", settings.runtime_image)
+    main.setdefault("command", list(REPLICA_COMMAND))
+    main["env"] = _env_list({**env, **data_plane_env(task)}) + list(main.get("env") or [])
+    resources = _resources(spec, main.get("resources") or {})
+    if resources:
+        main["resources"] = resources
+    if task.role == c.ROLE_PS:
+        main["ports"] = [
+            {"name": c.REPLICA_PORT_NAME, "containerPort": c.REPLICA_PORT, "protocol": "TCP"},
+            {"name": c.DATA_PORT_NAME, "containerPort": c.DATA_PORT, "protocol": "TCP"},
+        ]
+    probe = readiness_probe(spec, task)
+    if probe is not None:
+        main["readinessProbe"] = probe
+    if restricted:
+        main.setdefault("securityContext", copy.deepcopy(RESTRICTED_CONTAINER_SECURITY))
+    return main
 
 
 def build_service(job: TrainingJob) -> dict[str, Any]:

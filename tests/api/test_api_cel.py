@@ -82,8 +82,8 @@ def test_pstrain_validate_reports_every_error_of_a_replica_spec() -> None:
     data = dict(BAD)["every-error-of-one-replica-spec"].build()
     _, problems = check_manifest(data)
     assert sorted(p.message for p in problems) == [
-        "spec.replicas.ps.gpus is 1 and resources.limits also sets nvidia.com/gpu; set the "
-        "GPU count in one place only.",
+        "spec.replicas.ps.gpus is 1 and a container limit also sets nvidia.com/gpu; set "
+        "the GPU count in one place only.",
         "spec.replicas.ps.gpus is 1; parameter servers keep parameters and optimizer state "
         "on the CPU, so a parameter server may not request GPUs.",
         "spec.replicas.ps.resources.limits.memory is 'lots'; it must be a non-negative "
@@ -91,8 +91,8 @@ def test_pstrain_validate_reports_every_error_of_a_replica_spec() -> None:
         "spec.replicas.ps.resources.limits.nvidia.com/gpu is 1; parameter servers keep "
         "parameters and optimizer state on the CPU, so a parameter server may not request "
         "GPUs.",
-        "spec.replicas.ps.template.env[0].name is 'TF_CONFIG'; names starting with "
-        "PSTRAIN_ and TF_CONFIG are set by pstrain and may not be overridden.",
+        "spec.replicas.ps.template.spec.containers[0].env[0].name is 'TF_CONFIG'; names "
+        "starting with PSTRAIN_ and TF_CONFIG are set by pstrain and may not be overridden.",
     ]
 
 
@@ -119,8 +119,10 @@ def test_every_role_carries_the_rules() -> None:
                                       rules.PS_NO_GPU_LIMIT_CEL)
                  if r.to_crd() in spec["x-kubernetes-validations"]]
         assert len(found) == (3 if role == "ps" else 1), role
-        env = spec["properties"]["template"]["properties"]["env"]
+        pod = spec["properties"]["template"]["properties"]["spec"]
+        env = pod["properties"]["containers"]["items"]["properties"]["env"]
         assert env["maxItems"] == rules.ENV_MAX  # bounds the rules' estimated cost
+        assert [r.to_crd() for r in rules.POD_RULES] == pod["x-kubernetes-validations"]
 
 
 @pytest.mark.parametrize("name", [pytest.param("x" * 64, id="too-long"),

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from pstrain_api.crd import build_crd, openapi_schema, render_crd_yaml
+from pstrain_api.validate import check_manifest
 
 from .job_builder import job
 from .test_api_validate import BAD
@@ -146,6 +147,7 @@ def test_examples_exist():
 # the API server checks itself before any schema: apiVersion/kind route the request, and
 # metadata is the server's own.
 NOT_IN_SCHEMA = {"gpu-on-ps", "gpu-limit-on-ps", "gpu-twice", "reserved-env", "bad-quantity",
+                 "pod-template-type",
                  "no-metadata", "wrong-api-version", "wrong-kind", "missing-kind"}
 
 
@@ -164,6 +166,29 @@ def test_ps_gpu_rule_is_a_cel_validation_in_the_crd():
 
 
 def test_pod_template_fields_survive_in_schema():
-    doc = job().template("worker", affinity={"nodeAffinity": {"x": 1}},
-                         volumes=[{"name": "v", "emptyDir": {}}]).build()
+    """Fields of a full pod template that the old hand-picked subset refused."""
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "gpu", "operator": "In", "values": ["a100"]}]}]}}}
+    doc = job().template(
+        "worker", affinity=affinity, volumes=[{"name": "v", "emptyDir": {}}],
+        runtimeClassName="nvidia", workingDir="/work",
+        livenessProbe={"exec": {"command": ["true"]}, "periodSeconds": 5},
+        spec={"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone",
+                                             "whenUnsatisfiable": "DoNotSchedule"}]},
+    ).build()
     assert list(VALIDATOR.iter_errors(doc)) == []
+    assert check_manifest(doc)[1] == []
+
+
+def test_crd_embeds_the_kubernetes_pod_template_schema():
+    worker = openapi_schema()["properties"]["spec"]["properties"]["replicas"]["properties"][
+        "worker"]["properties"]["template"]
+    pod = worker["properties"]["spec"]["properties"]
+    assert {"runtimeClassName", "topologySpreadConstraints", "containers"} <= set(pod)
+    container = pod["containers"]["items"]["properties"]
+    assert {"workingDir", "livenessProbe", "readinessProbe", "startupProbe"} <= set(container)
+    assert pod["containers"]["x-kubernetes-list-type"] == "map"
+    assert pod["containers"]["items"]["properties"]["resources"]["properties"]["limits"][
+        "additionalProperties"] == {"x-kubernetes-int-or-string": True}
+    assert "x-kubernetes-preserve-unknown-fields" not in worker

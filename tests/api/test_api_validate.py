@@ -95,8 +95,8 @@ BAD = [
                  "keep parameters and optimizer state on the CPU, so a parameter server may "
                  "not request GPUs.", id="gpu-limit-on-ps"),
     pytest.param(job().workers(2, gpus=1, resources={"limits": {"nvidia.com/gpu": 1}}).build(),
-                 "spec.replicas.worker.gpus is 1 and resources.limits also sets nvidia.com/gpu; "
-                 "set the GPU count in one place only.", id="gpu-twice"),
+                 "spec.replicas.worker.gpus is 1 and a container limit also sets "
+                 "nvidia.com/gpu; set the GPU count in one place only.", id="gpu-twice"),
     pytest.param(job().workers(2, gpus=-1).build(),
                  "spec.replicas.worker.gpus is -1; it must be at least 0.", id="negative-gpus"),
     pytest.param(job().training(entrypoint="train.py").build(),
@@ -128,15 +128,19 @@ BAD = [
                  "spec.runPolicy.backoffLimit is -1; it must be at least 0.",
                  id="negative-backoff"),
     pytest.param(job().template("worker", env=[{"name": "TF_CONFIG", "value": "{}"}]).build(),
-                 "spec.replicas.worker.template.env[0].name is 'TF_CONFIG'; names starting with "
-                 "PSTRAIN_ and TF_CONFIG are set by pstrain and may not be overridden.",
+                 "spec.replicas.worker.template.spec.containers[0].env[0].name is 'TF_CONFIG'; "
+                 "names starting with PSTRAIN_ and TF_CONFIG are set by pstrain and may not be "
+                 "overridden.",
                  id="reserved-env"),
     pytest.param(job().workers(2, resources={"requests": {"memory": "lots"}}).build(),
                  "spec.replicas.worker.resources.requests.memory is 'lots'; it must be a "
                  "non-negative Kubernetes quantity such as 500m, 2, 4Gi.", id="bad-quantity"),
-    pytest.param(job().template("ps", imagePullPolicy="Sometimes").build(),
-                 "spec.replicas.ps.template.imagePullPolicy is 'Sometimes'; it must be one of "
-                 "'Always', 'IfNotPresent' or 'Never'.", id="bad-pull-policy"),
+    pytest.param(job().template("ps", workingDirr="/w").build(),
+                 "spec.replicas.ps.template.spec.containers[0].workingDirr is not a field of "
+                 "a Kubernetes PodTemplateSpec.", id="pod-template-typo"),
+    pytest.param(job().template("ps", imagePullPolicy=5).build(),
+                 "spec.replicas.ps.template.spec.containers[0].imagePullPolicy is 5; it must "
+                 "be of type string.", id="pod-template-type"),
     pytest.param(job().set("spec.replicas.worker.replicas", "two").build(),
                  "spec.replicas.worker.replicas is 'two'; input should be a valid integer, "
                  "unable to parse string as an integer.", id="replicas-not-int"),

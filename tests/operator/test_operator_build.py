@@ -81,8 +81,7 @@ def test_worker_pod_gpus_template_and_env_in_every_container() -> None:
     job = (make_job().gpus(2)
            .template("worker", image="mine:2", args=["--x"], env=[{"name": "A", "value": "1"}],
                      sidecars=[{"name": "side", "image": "s",
-                                "env": [{"name": "TF_CONFIG", "value": "stale"},
-                                        {"name": "B", "value": "2"}]}],
+                                "env": [{"name": "B", "value": "2"}]}],
                      initContainers=[{"name": "init", "image": "i"}],
                      labels={"team": "x"}, nodeSelector={"gpu": "yes"})
            .build())

@@ -71,3 +71,40 @@ def test_a_tf_config_program_job_succeeds_and_its_servers_are_stopped() -> None:
     assert kube.jobs[("ns", "j")]["status"]["phase"] == "Succeeded"
     assert kube.pod_names() == ["j-chief-0"]  # the servers, which never exit, are gone
     assert events.reasons()[-2:] == ["ChiefSucceeded", "CleanedUpPods"]
+
+
+def test_a_full_pod_template_is_kept_and_pstrain_fills_in_its_own_fields() -> None:
+    builder = make_job().gpus(1)
+    builder.data["spec"]["replicas"]["worker"]["template"] = {
+        "metadata": {"labels": {"team": "ml"}, "annotations": {"a": "b"}},
+        "spec": {
+            "runtimeClassName": "nvidia",
+            "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone",
+                                           "whenUnsatisfiable": "DoNotSchedule"}],
+            "containers": [
+                {"name": "pstrain", "workingDir": "/work",
+                 "resources": {"requests": {"cpu": "2"}, "limits": {"memory": "4Gi"}},
+                 "env": [{"name": "A", "value": "1"}]},
+                {"name": "side", "image": "busybox"},
+            ],
+        },
+    }
+    job = builder.build()
+    cluster = kubernetes_cluster_spec(job)
+    pod = build_pod(job, cluster, Task("worker", 1), PodSettings(runtime_image="rt:1"))
+    spec = pod["spec"]
+    main, side = spec["containers"]
+    assert spec["runtimeClassName"] == "nvidia"
+    assert spec["topologySpreadConstraints"][0]["topologyKey"] == "zone"
+    assert (spec["hostname"], spec["subdomain"], spec["restartPolicy"]) == (
+        "j-worker-1", "j", "Never")
+    assert (main["name"], main["image"], main["command"], main["workingDir"]) == (
+        "pstrain", "rt:1", ["pstrain", "replica"], "/work")
+    assert main["resources"] == {"requests": {"cpu": "2"},
+                                 "limits": {"memory": "4Gi", "nvidia.com/gpu": 1}}
+    env = [e["name"] for e in main["env"]]
+    assert env[:3] == ["PSTRAIN_CLUSTER", "TF_CONFIG", "PSTRAIN_TRAINING"] and env[-1] == "A"
+    assert "TF_CONFIG" in [e["name"] for e in side["env"]]
+    assert main["securityContext"]["runAsNonRoot"] is True  # the restrictive default
+    assert pod["metadata"]["labels"]["team"] == "ml"
+    assert pod["metadata"]["annotations"]["a"] == "b"

@@ -30,6 +30,7 @@ from pstrain_api import constants as c
 from pstrain_api.cluster import ClusterSpec, local_cluster_spec, task_count
 from pstrain_api.events import parse_event
 from pstrain_api.model import TrainingJob
+from pstrain_api.readiness import user_command
 
 from .devices import ENV_VISIBLE, DeviceRequest, assign_gpus, visible_gpus
 from .metrics import Metrics, build_summary, fold
@@ -86,9 +87,9 @@ def own_commands(job: TrainingJob, spec: ClusterSpec) -> dict[str, list[str]]:
     replica command (`pstrain replica`)."""
     out: dict[str, list[str]] = {}
     for task in spec.tasks():
-        tpl = job.replica_spec(task.role).template
-        if tpl is not None and tpl.command:
-            out[spec.replica_name(task)] = [*tpl.command, *(tpl.args or [])]
+        command = user_command(job.replica_spec(task.role))
+        if command:
+            out[spec.replica_name(task)] = command
     return out
 
 

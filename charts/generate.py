@@ -64,6 +64,8 @@ CLUSTER_SCOPED = frozenset({
 # two sets, so that a new one is placed deliberately rather than by default.
 NAMESPACED = frozenset({
     ("pstrain.io", "trainingjobs"),
+    ("scheduling.volcano.sh", "podgroups"),
+    ("scheduling.x-k8s.io", "podgroups"),
     ("pstrain.io", "trainingjobs/status"),
     ("", "pods"),
     ("", "pods/log"),

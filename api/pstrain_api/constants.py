@@ -90,3 +90,8 @@ RETRYABLE_EXIT_CODES: Final = frozenset({130, 137, 143})
 # A replica that exits with this code (sysexits' EX_CONFIG) reports a configuration error,
 # such as an entry point that cannot be imported: the job fails at once, no restart.
 EXIT_CONFIG_ERROR: Final = 78
+# A trainer exits with this code when the parameter servers did not answer their health
+# check within the gang start's startup timeout: the job fails (reason StartupTimeout).
+EXIT_STARTUP_TIMEOUT: Final = 75
+# Gang start: how long (seconds) a trainer waits for every parameter server at startup.
+ENV_STARTUP_TIMEOUT: Final = "PSTRAIN_STARTUP_TIMEOUT"

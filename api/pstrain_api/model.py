@@ -249,6 +249,40 @@ class Training(ApiModel):
 # --------------------------------------------------------------------------- run policy
 
 
+class GangScheduling(ApiModel):
+    """Start mode Gang: every pod of the job is created at once as one group that a
+    batch scheduler admits all-or-nothing; the runtime keeps the start order itself
+    (workers and the chief wait until every parameter server answers its health check).
+    Without it, pods start in order (parameter servers first), which a gang scheduler
+    cannot admit as one group."""
+
+    provider: Literal["Volcano", "SchedulerPlugins", "Kueue"] = Field(
+        description="Volcano: a scheduling.volcano.sh PodGroup and schedulerName volcano. "
+        "SchedulerPlugins: a scheduling.x-k8s.io PodGroup (coscheduling plugin). Kueue: "
+        "Kueue's pod-group labels and annotations on every pod (plain-pod integration).",
+    )
+    queue: str | None = Field(
+        default=None, min_length=1,
+        description="Volcano queue, or Kueue LocalQueue (kueue.x-k8s.io/queue-name).",
+    )
+    scheduler_name: str | None = Field(
+        default=None, min_length=1,
+        description="schedulerName of every pod. Default: volcano (Volcano), "
+        "scheduler-plugins-scheduler (SchedulerPlugins), the cluster's default (Kueue). A "
+        "pod template's own schedulerName wins.",
+    )
+    priority_class_name: str | None = Field(
+        default=None, min_length=1,
+        description="priorityClassName of every pod and of the PodGroup. A pod template's "
+        "own priorityClassName wins.",
+    )
+    startup_timeout_seconds: int = Field(
+        default=600, ge=1,
+        description="How long workers and the chief wait for every parameter server to "
+        "answer its health check before the job fails (reason StartupTimeout).",
+    )
+
+
 class RunPolicy(ApiModel):
     restart_policy: Literal["Never", "OnFailure", "ExitCode"] = Field(
         default="OnFailure",
@@ -272,7 +306,13 @@ class RunPolicy(ApiModel):
     suspend: bool = Field(
         default=False,
         description="Suspended jobs have no pods; on resume, training continues from the "
-        "last checkpoint.",
+        "last checkpoint. A job created suspended (as Kueue admits jobs) creates nothing "
+        "until it is resumed.",
+    )
+    gang_scheduling: GangScheduling | None = Field(
+        default=None,
+        description="Create every pod at once as one group for a gang scheduler "
+        "(Volcano, scheduler-plugins coscheduling, Kueue). Unset: ordered start.",
     )
 
 

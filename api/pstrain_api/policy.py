@@ -43,6 +43,13 @@ def decide_restart(
             "an entry point that cannot be imported; see its log), so restarting it "
             "cannot help.",
         )
+    if exit_code == c.EXIT_STARTUP_TIMEOUT:
+        return RestartDecision(
+            "fail", "StartupTimeout",
+            f"{replica} exited with code {exit_code}: the parameter servers did not all "
+            "answer their health check within the startup timeout (spec.runPolicy."
+            "gangScheduling.startupTimeoutSeconds).",
+        )
     if policy.restart_policy == "Never":
         return RestartDecision(
             "fail", "RestartPolicyNever",

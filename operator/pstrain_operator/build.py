@@ -32,6 +32,8 @@ from pstrain_api.model import ReplicaSpec, TrainingJob
 from pstrain_api.names import service_name
 from pstrain_api.readiness import readiness_gate, user_probe
 
+from .gang import apply_to_pod as apply_gang
+from .gang import startup_env
 from .settings import PodSettings
 
 ANNOTATION_SPEC_HASH = f"{c.GROUP}/spec-hash"
@@ -155,7 +157,8 @@ def build_pod(
     restricted = settings.pod_security == "restricted"
 
     user_containers = pod_spec.get("containers") or [{"name": c.MAIN_CONTAINER}]
-    main = _main_container(user_containers[0], spec, task, env, settings, restricted)
+    own_env = {**data_plane_env(task), **startup_env(job, task)}
+    main = _main_container(user_containers[0], spec, task, env, own_env, settings, restricted)
     pod_spec["containers"] = [main] + [_with_cluster_env(s, env) for s in user_containers[1:]]
     if pod_spec.get("initContainers"):
         pod_spec["initContainers"] = [_with_cluster_env(i, env)
@@ -177,7 +180,7 @@ def build_pod(
     )
     labels = dict(meta.get("labels") or {})
     labels.update(replica_labels(job, task, cluster.is_chief(task)))
-    return {
+    return apply_gang(job, {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -188,11 +191,11 @@ def build_pod(
             "ownerReferences": [owner_reference(job)],
         },
         "spec": pod_spec,
-    }
+    })
 
 
 def _main_container(user: dict[str, Any], spec: ReplicaSpec, task: Task,
-                    env: dict[str, str], settings: PodSettings,
+                    env: dict[str, str], own_env: dict[str, str], settings: PodSettings,
                     restricted: bool) -> dict[str, Any]:
     """The replica's own container: the template's first container with the cluster-spec
     environment first, pstrain's ports and readiness probe, the GPU limit, and the
@@ -201,7 +204,7 @@ def _main_container(user: dict[str, Any], spec: ReplicaSpec, task: Task,
     main["name"] = c.MAIN_CONTAINER
     main.setdefault("image", settings.runtime_image)
     main.setdefault("command", list(REPLICA_COMMAND))
-    main["env"] = _env_list({**env, **data_plane_env(task)}) + list(main.get("env") or [])
+    main["env"] = _env_list({**env, **own_env}) + list(main.get("env") or [])
     resources = _resources(spec, main.get("resources") or {})
     if resources:
         main["resources"] = resources

@@ -42,6 +42,7 @@ from .progress import (
 )
 from .reconcile import (
     REQUEUE_RUNNING_S,
+    CreateObject,
     CreatePod,
     CreateService,
     DeleteJob,
@@ -227,7 +228,7 @@ class Reconciler:
         meta = body.get("metadata") or {}
         namespace, name = meta.get("namespace", "default"), meta.get("name", "")
         for action in plan.actions:
-            if isinstance(action, CreateService | CreatePod):
+            if isinstance(action, CreateService | CreateObject | CreatePod):
                 try:
                     created = self.kube.create(action.manifest)
                 except KubeError as exc:

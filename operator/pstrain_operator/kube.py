@@ -58,7 +58,15 @@ def core_path(namespace: str, plural: str, name: str | None = None) -> str:
     return f"{path}/{quote(name)}" if name else path
 
 
-_PLURALS = {"Pod": "pods", "Service": "services"}
+_PLURALS = {"Pod": "pods", "Service": "services", "PodGroup": "podgroups"}
+
+
+def object_path(manifest: Mapping[str, Any]) -> str:
+    """Where objects like `manifest` are created: /api/v1 for the core group, else
+    /apis/<group>/<version>."""
+    api = manifest["apiVersion"]
+    base = "/api/v1" if api == "v1" else f"/apis/{api}"
+    return f"{base}/namespaces/{quote(manifest['metadata']['namespace'])}/{_PLURALS[manifest['kind']]}"
 
 
 class RestKube:
@@ -142,7 +150,7 @@ class RestKube:
     def create(self, manifest: Mapping[str, Any]) -> bool:
         kind = manifest["kind"]
         meta = manifest["metadata"]
-        path = core_path(meta["namespace"], _PLURALS[kind])
+        path = object_path(manifest)
         status, data = self._call("POST", path, body=dict(manifest))
         if status == 409:
             log.debug("%s %s already exists", kind, meta["name"])

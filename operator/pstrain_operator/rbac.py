@@ -15,6 +15,8 @@ Who needs what:
 - pods: kopf lists/watches them (pod events wake the owning job); the operator lists
   them by label selector, creates and deletes them.
 - services: the operator gets and creates the headless Service.
+- podgroups (Volcano, scheduler-plugins): the operator creates a gang-started job's
+  PodGroup (spec.runPolicy.gangScheduling).
 - events: kopf posts the operator's decisions (core/v1 Events).
 - customresourcedefinitions, namespaces: kopf's resource and namespace discovery.
 - kopfpeerings (namespaced, when PSTRAIN_OPERATOR_NAMESPACES is set) and
@@ -34,6 +36,8 @@ PERMISSIONS: Final[tuple[Permission, ...]] = (
     ("pstrain.io", "trainingjobs/status", ("patch",)),
     ("", "pods", ("list", "watch", "create", "delete")),
     ("", "services", ("get", "create")),
+    ("scheduling.volcano.sh", "podgroups", ("create",)),
+    ("scheduling.x-k8s.io", "podgroups", ("create",)),
     ("", "events", ("create",)),
     ("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),
     ("", "namespaces", ("list", "watch")),

@@ -39,8 +39,10 @@ from .build import (
     ANNOTATION_SPEC_HASH,
     build_pod,
     build_service,
+    owner_reference,
     spec_hash,
 )
+from .gang import build_pod_group, gang_of
 from .settings import PodSettings
 
 # How soon to look again when nothing else (a pod or job event) wakes the operator.
@@ -181,6 +183,14 @@ class CreateService:
 
 
 @dataclass(frozen=True)
+class CreateObject:
+    """Another child object, such as a gang's PodGroup."""
+
+    kind: str
+    manifest: dict[str, Any] = field(compare=False, repr=False)
+
+
+@dataclass(frozen=True)
 class CreatePod:
     name: str
     role: str
@@ -199,7 +209,7 @@ class DeleteJob:
     why: str = field(compare=False, default="")
 
 
-Action = CreateService | CreatePod | DeletePod | DeleteJob
+Action = CreateService | CreateObject | CreatePod | DeletePod | DeleteJob
 
 
 @dataclass(frozen=True)
@@ -521,7 +531,11 @@ def decide(obs: Observed, settings: PodSettings,
         return not hold and cluster.replica_name(task) not in by_name
 
     new_ps = [_create(job, cluster, t, settings) for t in cluster.ps_tasks() if absent(t)]
+    gang = gang_of(job) is not None  # every pod at once; the runtime keeps the order
     if new_ps:
+        group = build_pod_group(job, owner_reference(job))
+        if group is not None:
+            actions.append(CreateObject(group["kind"], group))
         actions.extend(new_ps)
         events.append(Event("Normal", R_CREATED_PS, f"created parameter servers {_names(new_ps)}"))
     ps_pods = [by_name.get(cluster.replica_name(t)) for t in cluster.ps_tasks()]
@@ -533,13 +547,14 @@ def decide(obs: Observed, settings: PodSettings,
 
     workers = [t for t in cluster.tasks() if t.role != c.ROLE_PS and not cluster.is_chief(t)]
     chief_created = False
-    if all_ps_ready:
+    if all_ps_ready or gang:
         new_workers = [_create(job, cluster, t, settings) for t in workers if absent(t)]
         if new_workers:
             actions.extend(new_workers)
+            why = ("gang start: created with the parameter servers" if gang else
+                   f"all {len(ps_pods)} parameter servers are Ready")
             events.append(Event("Normal", R_STARTED_WORKERS,
-                                f"all {len(ps_pods)} parameter servers are Ready; started "
-                                f"workers {_names(new_workers)}"))
+                                f"{why}; started workers {_names(new_workers)}"))
         if absent(cluster.chief):
             new_chief = _create(job, cluster, cluster.chief, settings)
             actions.append(new_chief)

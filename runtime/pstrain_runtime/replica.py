@@ -118,6 +118,8 @@ def run_trainer(identity: ReplicaIdentity, environ: Mapping[str, str], overlap: 
     if not ps:
         print("pstrain replica: the cluster spec has no parameter servers", file=sys.stderr)
         return 2
+    if not startup_barrier(ps, environ):
+        return c.EXIT_STARTUP_TIMEOUT
     trainer = None
     try:
         trainer = Trainer(training, role, [connect(a, training.transport) for a in ps], overlap=overlap)
@@ -139,6 +141,25 @@ def run_trainer(identity: ReplicaIdentity, environ: Mapping[str, str], overlap: 
     finally:
         if trainer is not None:
             trainer.close()
+
+
+def startup_barrier(ps: Sequence[str], environ: Mapping[str, str]) -> bool:
+    """Gang start (PSTRAIN_STARTUP_TIMEOUT set): wait until every parameter server
+    answers its health check; False, after saying which did not, when the time is up."""
+    raw = environ.get(c.ENV_STARTUP_TIMEOUT)
+    if not raw:
+        return True
+    from .health import wait_all_serving
+
+    timeout = float(raw)
+    missing = wait_all_serving(ps, timeout)
+    if missing:
+        print(f"pstrain replica: parameter servers {', '.join(missing)} did not answer their "
+              f"health check within {timeout:g}s ({c.ENV_STARTUP_TIMEOUT}, "
+              "spec.runPolicy.gangScheduling.startupTimeoutSeconds)", file=sys.stderr,
+              flush=True)
+        return False
+    return True
 
 
 def replica_main(argv: Sequence[str]) -> int:

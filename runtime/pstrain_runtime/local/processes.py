@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from pstrain_api import constants as c
 
+from ..health import wait_serving
 from .supervisor import Exited, Healthy, normalize_exit_code
 
 DEFAULT_REPLICA_COMMAND: tuple[str, ...] = (sys.executable, "-m", "pstrain_api.cli",
@@ -157,28 +158,6 @@ class ReplicaProcess:
             os.killpg(self.popen.pid, signum)
         except (ProcessLookupError, PermissionError):
             pass  # the group is gone
-
-
-def wait_serving(address: str, stop: threading.Event, interval: float = 0.1) -> bool:
-    """Poll grpc.health.v1 Check at `address` until SERVING (True) or `stop` is set."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    options = [("grpc.initial_reconnect_backoff_ms", 100),
-               ("grpc.min_reconnect_backoff_ms", 100),
-               ("grpc.max_reconnect_backoff_ms", 500)]
-    with grpc.insecure_channel(address, options=options) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        request = health_pb2.HealthCheckRequest(service="")
-        while not stop.is_set():
-            try:
-                reply = stub.Check(request, timeout=1.0, wait_for_ready=True)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return True
-            except grpc.RpcError:
-                pass
-            stop.wait(interval)
-    return False
 
 
 def wait_listening(address: str, stop: threading.Event, interval: float = 0.1) -> bool:

@@ -49,6 +49,11 @@ DATA_PORT: Final = 2223
 DATA_PORT_NAME: Final = "pstrain-data"
 ENV_DATA_PORT: Final = "PSTRAIN_DATA_PORT"  # where a PS listens for it; unset: any port
 LOCAL_HOST: Final = "127.0.0.1"
+# Every replica pod serves Prometheus metrics here (pstrain_runtime.metrics); locally the
+# variable is unset and no metrics server starts.
+METRICS_PORT: Final = 9400
+METRICS_PORT_NAME: Final = "metrics"
+ENV_METRICS_PORT: Final = "PSTRAIN_METRICS_PORT"
 
 # Readiness gates of a replica (pstrain_api.readiness): what "ready" means for its program.
 ReadinessGate = Literal["Auto", "GRPCHealth", "TCP", "None"]

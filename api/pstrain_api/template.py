@@ -33,8 +33,8 @@ KIND = "PodTemplateSpec"
 OWNED_POD_FIELDS = ("hostname", "subdomain")
 MAIN_NAME_RULE = (f"the first container is the replica's main container, which pstrain "
                   f"names {c.MAIN_CONTAINER!r}")
-PORTS_RULE = (f"is set; pstrain declares the main container's ports ({c.REPLICA_PORT}, and "
-              f"{c.DATA_PORT} on a parameter server)")
+PORTS_RULE = (f"is set; pstrain declares the main container's ports ({c.REPLICA_PORT} and "
+              f"{c.DATA_PORT} on a parameter server, {c.METRICS_PORT} for metrics)")
 DNS_NAME_RULE = "pstrain sets it so that each replica has the DNS name its cluster spec gives"
 RESTART_RULE = "it must be 'Never' (pstrain restarts replicas by spec.runPolicy)"
 

@@ -7,8 +7,10 @@ Invariants of every pod:
   the job's Service, so it resolves at the address the cluster spec gives;
 - labels job/role/index/is-chief/managed-by, an ownerReference (controller) to the job;
 - the cluster-spec environment in EVERY container (main, sidecars, init containers);
-- a parameter server's main container declares the gRPC port and the data-plane port
-  and is told the latter in PSTRAIN_DATA_PORT (`data_plane_env`); it is probed for
+- the runtime's main container declares the metrics port (9400, `metrics`) and is told it
+  in PSTRAIN_METRICS_PORT; a parameter server's also declares the gRPC port and the
+  data-plane port and is told the latter in PSTRAIN_DATA_PORT (`data_plane_env`); it is
+  probed for
   readiness as its program allows (`readiness_probe`);
 - built from the role's PodTemplateSpec: its first container (named pstrain) is the
   replica's; `command: ["pstrain", "replica"]`, the operator's runtime image and a
@@ -30,7 +32,7 @@ from pstrain_api import constants as c
 from pstrain_api.cluster import ClusterSpec, Task
 from pstrain_api.model import ReplicaSpec, TrainingJob
 from pstrain_api.names import service_name
-from pstrain_api.readiness import readiness_gate, user_probe
+from pstrain_api.readiness import readiness_gate, runs_pstrain_runtime, user_probe
 
 from .gang import apply_to_pod as apply_gang
 from .gang import startup_env
@@ -128,6 +130,12 @@ def _resources(spec: ReplicaSpec, container: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def metrics_env(spec: ReplicaSpec) -> dict[str, str]:
+    """Where the pstrain runtime serves /metrics (the pod declares the port `metrics`);
+    a program of the user's own gets neither."""
+    return {c.ENV_METRICS_PORT: str(c.METRICS_PORT)} if runs_pstrain_runtime(spec) else {}
+
+
 def readiness_probe(spec: ReplicaSpec, task: Task) -> dict[str, Any] | None:
     """The main container's readinessProbe: the role's readiness gate
     (pstrain_api.readiness) as a probe. A parameter server is probed on its replica port
@@ -157,7 +165,7 @@ def build_pod(
     restricted = settings.pod_security == "restricted"
 
     user_containers = pod_spec.get("containers") or [{"name": c.MAIN_CONTAINER}]
-    own_env = {**data_plane_env(task), **startup_env(job, task)}
+    own_env = {**data_plane_env(task), **startup_env(job, task), **metrics_env(spec)}
     main = _main_container(user_containers[0], spec, task, env, own_env, settings, restricted)
     pod_spec["containers"] = [main] + [_with_cluster_env(s, env) for s in user_containers[1:]]
     if pod_spec.get("initContainers"):
@@ -208,11 +216,15 @@ def _main_container(user: dict[str, Any], spec: ReplicaSpec, task: Task,
     resources = _resources(spec, main.get("resources") or {})
     if resources:
         main["resources"] = resources
+    main["ports"] = ([{"name": c.METRICS_PORT_NAME, "containerPort": c.METRICS_PORT,
+                       "protocol": "TCP"}] if metrics_env(spec) else [])
     if task.role == c.ROLE_PS:
-        main["ports"] = [
+        main["ports"][:0] = [
             {"name": c.REPLICA_PORT_NAME, "containerPort": c.REPLICA_PORT, "protocol": "TCP"},
             {"name": c.DATA_PORT_NAME, "containerPort": c.DATA_PORT, "protocol": "TCP"},
         ]
+    if not main["ports"]:
+        del main["ports"]
     probe = readiness_probe(spec, task)
     if probe is not None:
         main["readinessProbe"] = probe

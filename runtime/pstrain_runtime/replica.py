@@ -20,6 +20,7 @@ import ipaddress
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from pstrain_api import constants as c
 from pstrain_api import events
@@ -69,8 +70,16 @@ def run_ps(identity: ReplicaIdentity, environ: Mapping[str, str]) -> int:
         print(f"pstrain replica: {c.ENV_DATA_PORT} is {environ[c.ENV_DATA_PORT]!r}; it must "
               "be a port number (0 to 65535; 0 or unset: any free port)", file=sys.stderr)
         return 2
+    from .store import ParameterStore
+
+    store = ParameterStore(identity.task.index)
+    registry = metrics_registry(environ)
+    if registry is not None:
+        from .metrics import MeteredStore, PSMetrics
+
+        store = MeteredStore(store, PSMetrics(registry))  # type: ignore[assignment]
     server = PSServer(bind_address(identity, environ), ps_index=identity.task.index,
-                      data_port=data_port)
+                      data_port=data_port, store=store)
     try:
         server.start()
     except (OSError, RuntimeError) as exc:
@@ -123,6 +132,12 @@ def run_trainer(identity: ReplicaIdentity, environ: Mapping[str, str], overlap: 
     trainer = None
     try:
         trainer = Trainer(training, role, [connect(a, training.transport) for a in ps], overlap=overlap)
+        registry = metrics_registry(environ)
+        if registry is not None:
+            from .metrics import MeteredClient, WorkerMetrics
+
+            trainer.client = MeteredClient(trainer.client, WorkerMetrics(registry),
+                                           training.batch_size)
         result = trainer.run()
         if role.is_chief:
             write_termination_message(final_summary(
@@ -141,6 +156,20 @@ def run_trainer(identity: ReplicaIdentity, environ: Mapping[str, str], overlap: 
     finally:
         if trainer is not None:
             trainer.close()
+
+
+def metrics_registry(environ: Mapping[str, str]) -> Any:
+    """A registry served at /metrics on PSTRAIN_METRICS_PORT, or None when unset."""
+    raw = environ.get(c.ENV_METRICS_PORT)
+    if not raw:
+        return None
+    from prometheus_client import CollectorRegistry
+
+    from .metrics import serve_metrics
+
+    registry = CollectorRegistry()
+    serve_metrics(int(raw), registry)
+    return registry
 
 
 def startup_barrier(ps: Sequence[str], environ: Mapping[str, str]) -> bool:

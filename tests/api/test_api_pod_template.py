@@ -24,8 +24,8 @@ OWNED = [
      "container, which pstrain names 'pstrain'."),
     ("main-container-ports", {"spec": {"containers": [
         {"name": "pstrain", "ports": [{"containerPort": 8080}]}]}},
-     f"{W}.containers[0].ports is set; pstrain declares the main container's ports (2222, "
-     "and 2223 on a parameter server)."),
+     f"{W}.containers[0].ports is set; pstrain declares the main container's ports (2222 "
+     "and 2223 on a parameter server, 9400 for metrics)."),
     ("hostname", {"spec": {"hostname": "h"}},
      f"{W}.hostname is 'h'; pstrain sets it so that each replica has the DNS name its "
      "cluster spec gives."),

@@ -87,6 +87,7 @@ COND_SUCCEEDED: Final = "Succeeded"
 COND_FAILED: Final = "Failed"
 COND_SUSPENDED: Final = "Suspended"
 COND_SPEC_REJECTED: Final = "SpecChangeRejected"
+COND_CREATE_REJECTED: Final = "CreateRejected"
 
 # Exit codes that the ExitCode restart policy treats as retryable: killed by a signal
 # that says "the node or the scheduler stopped me" rather than "my program is wrong".

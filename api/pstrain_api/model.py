@@ -305,9 +305,18 @@ class RunPolicy(ApiModel):
     )
     suspend: bool = Field(
         default=False,
-        description="Suspended jobs have no pods; on resume, training continues from the "
-        "last checkpoint. A job created suspended (as Kueue admits jobs) creates nothing "
-        "until it is resumed.",
+        description="Suspended jobs have no pods. With a checkpoint directory the chief is "
+        "asked for a checkpoint first and training continues from it on resume; without "
+        "one, training restarts from step 0 on resume. A job created suspended (as Kueue "
+        "admits jobs) creates nothing until it is resumed.",
+    )
+    stall_timeout_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        description="Stall watchdog: when the global step does not advance for this long "
+        "while the job runs, the workers and the chief are restarted (one restart of the "
+        "backoffLimit), or the job fails with reason Stalled when the restart policy allows "
+        "no more. Unset: off.",
     )
     gang_scheduling: GangScheduling | None = Field(
         default=None,
@@ -351,12 +360,35 @@ class Progress(ApiModel):
     samples_per_second: float | None = Field(default=None, description="Throughput.")
     eval_accuracy: float | None = Field(default=None, description="Latest eval accuracy.")
     updated_at: datetime | None = Field(default=None, description="When last refreshed.")
+    advanced_at: datetime | None = Field(
+        default=None, description="When the global step was last seen to advance."
+    )
 
 
 class CheckpointStatus(ApiModel):
     step: int = Field(ge=0, description="Global step of the checkpoint.")
     path: str = Field(description="Where it was written.")
     time: datetime | None = Field(default=None, description="When it was written.")
+
+
+class CreateRefusal(ApiModel):
+    """The API server refused to create one of the job's objects; retried with back-off."""
+
+    object: str = Field(description="Kind/name of the object that was refused.")
+    code: int | None = Field(default=None, description="HTTP status of the refusal.")
+    message: str = Field(default="", description="The API server's message.")
+    attempts: int = Field(default=1, ge=1, description="Refused attempts so far.")
+    first_time: datetime | None = Field(default=None, description="First refusal.")
+    last_time: datetime | None = Field(default=None, description="Latest refusal.")
+
+
+class CheckpointRequest(ApiModel):
+    """A checkpoint asked of the chief before a disruption (suspend, a deadline, an
+    eviction); the disruption waits for it, up to a bound."""
+
+    step: int = Field(ge=0, description="A checkpoint at or after this step is awaited.")
+    reason: str = Field(default="", description="Why: Suspend, Deadline, Disruption, ...")
+    requested_at: datetime | None = Field(default=None, description="When it was asked.")
 
 
 class FailureCause(ApiModel):
@@ -385,6 +417,31 @@ class TrainingJobStatus(ApiModel):
         default=None, description="Most recent checkpoint."
     )
     failure: FailureCause | None = Field(default=None, description="Root cause of failure.")
+    create_refusal: CreateRefusal | None = Field(
+        default=None, description="The API server's latest refusal to create a pod or Service."
+    )
+    lost_steps: int = Field(
+        default=0, ge=0,
+        description="Global steps of training thrown away so far (suspends and disruptions "
+        "without a checkpoint to continue from).",
+    )
+    disruptions: int = Field(
+        default=0, ge=0,
+        description="Replicas replaced after a deletion or eviction from outside the "
+        "operator; included in restarts, not counted against backoffLimit.",
+    )
+    counted_disruptions: list[str] = Field(
+        default_factory=list,
+        description="UIDs of the pods whose deletion or eviction was already counted as a "
+        "restart (the most recent ones); asked:<uid> marks a running pod whose announced "
+        "disruption already got a checkpoint request.",
+    )
+    checkpoint_request: CheckpointRequest | None = Field(
+        default=None, description="A checkpoint asked of the chief that is awaited."
+    )
+    resumed_from_step: int | None = Field(
+        default=None, description="The checkpoint step training continued from on resume."
+    )
     observed_generation: int | None = Field(
         default=None, description="The spec generation this status describes."
     )

@@ -73,3 +73,39 @@ def decide_restart(
         "restart", "Restarting",
         f"restarting {replica} ({how}); restart {restarts_used + 1} of {policy.backoff_limit}.",
     )
+
+
+REASON_STALLED = "Stalled"
+
+
+def stalled_for(policy: RunPolicy, advanced_at: float | None, now: float) -> float | None:
+    """Seconds the global step has not advanced, once that reaches
+    `runPolicy.stallTimeoutSeconds`; None while it has not (or the watchdog is off, or
+    no step was seen yet). Times are seconds on any one clock."""
+    limit = policy.stall_timeout_seconds
+    if limit is None or advanced_at is None:
+        return None
+    idle = now - advanced_at
+    return idle if idle >= limit else None
+
+
+def decide_stall(policy: RunPolicy, step: int, idle: float, restarts_used: int,
+                 ) -> RestartDecision:
+    """The stall watchdog's decision, shared by the local runner and the operator: the
+    global step stayed at `step` for `idle` seconds. Restart the training replicas (the
+    workers and the chief: the parameter servers keep the parameters) as one restart of
+    the backoffLimit, or fail the job with reason Stalled when the restart policy allows
+    no more. A stall is not the program's own exit, so restartPolicy ExitCode restarts it
+    like a retryable one."""
+    what = (f"the global step stayed at {step} for {idle:.0f}s (stallTimeoutSeconds is "
+            f"{policy.stall_timeout_seconds})")
+    if policy.restart_policy == "Never":
+        return RestartDecision("fail", REASON_STALLED, f"{what}; restartPolicy is Never.")
+    if restarts_used >= policy.backoff_limit:
+        return RestartDecision(
+            "fail", REASON_STALLED,
+            f"{what}; {restarts_used} restarts used, backoffLimit is {policy.backoff_limit}.")
+    return RestartDecision(
+        "restart", "RestartingStalled",
+        f"{what}; restarting the workers and the chief; restart {restarts_used + 1} of "
+        f"{policy.backoff_limit}.")

@@ -24,8 +24,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from pstrain_api import constants as c
-from pstrain_api.cluster import ClusterSpec, Task, kubernetes_cluster_spec
-from pstrain_api.model import TrainingJobStatus
+from pstrain_api.cluster import kubernetes_cluster_spec
+from pstrain_api.model import TrainingJob, TrainingJobStatus
 from pstrain_api.readiness import runs_pstrain_runtime
 from pstrain_api.validate import check_manifest
 
@@ -34,6 +34,7 @@ from .kube import Kube, KubeError
 from .metrics import Metrics
 from .progress import (
     FETCH_TIMEOUT_S,
+    AskCheckpoint,
     FetchStatus,
     checkpoint_from_status,
     chief_summary,
@@ -50,19 +51,25 @@ from .reconcile import (
     Event,
     Observed,
     Plan,
+    RequestCheckpoint,
     decide,
     decide_invalid,
-    observe_pod,
+    ps0_address,
     status_to_api,
+    unapplied,
 )
+from .observe import observe_pod
+from .refusals import cleared, record_refusal
 from .settings import PodSettings
 
 log = logging.getLogger(__name__)
 
 EventSink = Callable[[Mapping[str, Any], Event], None]
-R_CREATE_REJECTED = "CreateRejected"
 MAX_RERUNS = 10
 COALESCED_REQUEUE_S = 2.0
+# A namespace that refused a create because it is being deleted is left alone this long
+# (then tried once more): no retries, events or status writes into a dying namespace.
+TERMINATING_NAMESPACE_S = 60.0
 
 
 @dataclass
@@ -93,6 +100,7 @@ class Reconciler:
     pod_settings: PodSettings
     emit: EventSink
     fetch_status: FetchStatus
+    ask_checkpoint: AskCheckpoint = field(default=lambda address, timeout: None)
     metrics: Metrics = field(default_factory=Metrics)
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     progress_interval: float = REQUEUE_RUNNING_S
@@ -101,6 +109,8 @@ class Reconciler:
     # When progress was last asked for, per job: only to rate-limit the probe (a PS that
     # cannot be reached costs up to the fetch timeout), never to decide anything.
     _asked: dict[str, float] = field(default_factory=dict, init=False)
+    # Namespaces seen being deleted, with when (monotonic): rate-limits work only.
+    _terminating: dict[str, float] = field(default_factory=dict, init=False)
     _guard: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def forget(self, namespace: str, name: str) -> None:
@@ -152,12 +162,22 @@ class Reconciler:
         return delay
 
     def _reconcile(self, namespace: str, name: str) -> float | None:
+        with self._guard:
+            seen = self._terminating.get(namespace)
+        if seen is not None and self.monotonic() - seen < TERMINATING_NAMESPACE_S:
+            return None
         body = self.kube.get_job(namespace, name)
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
             return None
         old_status = parse_status(body.get("status"))
         plan = self.plan(body, old_status)
-        self.apply(body, plan)
+        try:
+            plan = self.apply(body, plan)
+        except NamespaceTerminating:
+            log.info("namespace %s is being deleted; leaving job %s alone", namespace, name)
+            with self._guard:
+                self._terminating[namespace] = self.monotonic()
+            return None
         new = plan.status_patch
         if new != status_to_api(old_status):
             self.kube.patch_job_status(namespace, name, new)
@@ -180,19 +200,21 @@ class Reconciler:
         cluster = kubernetes_cluster_spec(job)
         chief = next((p for p in observed_pods if p.name == cluster.replica_name(cluster.chief)),
                      None)
-        chief_ended = chief is not None and chief.phase in ("Succeeded", "Failed")
+        chief_failed = chief is not None and chief.phase == "Failed"
+        chief_succeeded = chief is not None and chief.phase == "Succeeded"
         has_status = runs_pstrain_runtime(job.spec.replicas.ps)  # else no status service
-        reply = None
-        if (chief is not None and chief.phase == "Succeeded"
-                and old_status.phase not in c.TERMINAL_PHASES):
-            # The final read, before the clean-up deletes the parameter servers: the
-            # chief's own summary, else PS 0 while it still answers.
-            reply = chief_summary(chief.message)
-            if reply is None and has_status:
-                reply = self._fetch_status(job.name, cluster)
-        elif (old_status.phase == "Running" and not chief_ended and has_status
-                and self._may_ask(f"{job.namespace}/{job.name}", old_status)):
-            reply = self._fetch_status(job.name, cluster)
+        # The final read once the chief succeeded, before the clean-up deletes the
+        # parameter servers: the chief's own summary (its termination message) first.
+        reply = (chief_summary(chief.message)
+                 if chief is not None and chief_succeeded
+                 and old_status.phase not in c.TERMINAL_PHASES else None)
+        # Progress while running; at once while a checkpoint is awaited (suspend, a
+        # deadline, the final one after the chief succeeded).
+        awaited = old_status.checkpoint_request is not None or chief_succeeded
+        if (reply is None and has_status and old_status.phase == "Running"
+                and not chief_failed
+                and (awaited or self._may_ask(f"{job.namespace}/{job.name}", old_status))):
+            reply = self._fetch_status(job)
         progress = progress_from_status(reply, now)
         checkpoint = checkpoint_from_status(reply)
         plan = decide(Observed(job, observed_pods, service, now, progress, checkpoint),
@@ -202,14 +224,14 @@ class Reconciler:
             plan = replace(plan, requeue_after=min(plan.requeue_after, soon))
         return plan
 
-    def _fetch_status(self, job_name: str, cluster: ClusterSpec) -> Mapping[str, Any] | None:
-        address = str(cluster.addresses[Task(c.ROLE_PS, 0)])
+    def _fetch_status(self, job: TrainingJob) -> Mapping[str, Any] | None:
+        address = ps0_address(job)
         try:
             reply = self.fetch_status(address, FETCH_TIMEOUT_S)
         except Exception as exc:  # a status probe must never break reconciling
-            log.info("progress of %s from %s unavailable: %s", job_name, address, exc)
+            log.info("progress of %s from %s unavailable: %s", job.name, address, exc)
             return None
-        log.debug("job status of %s from %s: %s", job_name, address, reply)
+        log.debug("job status of %s from %s: %s", job.name, address, reply)
         return reply
 
     def _may_ask(self, key: str, status: TrainingJobStatus) -> bool:
@@ -223,20 +245,32 @@ class Reconciler:
             self._asked[key] = now
             return True
 
-    def apply(self, body: Mapping[str, Any], plan: Plan) -> None:
-        """Carry out the plan's actions in order, then post its events."""
+    def apply(self, body: Mapping[str, Any], plan: Plan) -> Plan:
+        """Carry out the plan's actions in order, then post its events; returns the plan
+        as carried out. A refused create is expected (an invalid template, a missing
+        ServiceAccount, a quota): the creates after it are skipped, and the refusal goes
+        in the status with back-off (`refusals`), never as an exception."""
         meta = body.get("metadata") or {}
         namespace, name = meta.get("namespace", "default"), meta.get("name", "")
+        refused: tuple[str, KubeError] | None = None
+        skipped: set[str] = set()
         for action in plan.actions:
             if isinstance(action, CreateService | CreateObject | CreatePod):
+                if refused is not None:
+                    skipped.add(action.name)
+                    continue
                 try:
                     created = self.kube.create(action.manifest)
                 except KubeError as exc:
-                    # Quota, admission or an invalid template: say so on the job, then
-                    # let the handler retry (the cause may be fixed meanwhile).
-                    self.emit(body, Event("Warning", R_CREATE_REJECTED,
-                                          f"creating {action.name} failed: {exc}"))
-                    raise
+                    if exc.namespace_terminating:
+                        raise NamespaceTerminating(namespace) from exc
+                    kind = action.manifest.get("kind", "Pod")
+                    log.warning("%s/%s: the API server refused to create %s %s (%s): %s",
+                                namespace, name, kind, action.name, exc.status,
+                                exc.api_message)
+                    refused = (f"{kind}/{action.name}", exc)
+                    skipped.add(action.name)
+                    continue
                 if created and isinstance(action, CreatePod):
                     self.metrics.pods_created.labels(action.role).inc()
             elif isinstance(action, DeletePod):
@@ -245,6 +279,43 @@ class Reconciler:
             elif isinstance(action, DeleteJob):
                 log.info("deleting job %s/%s: %s", namespace, name, action.why)
                 self.kube.delete_job(namespace, name)
+            elif isinstance(action, RequestCheckpoint):
+                plan = self._ask_checkpoint(body, plan, action)
+        if refused is not None:
+            obj, exc = refused
+            plan = unapplied(plan, skipped)
+            status, event, delay = record_refusal(plan.status, obj, exc.status or None,
+                                                  exc.api_message, self.clock())
+            plan = replace(plan, status=status, requeue_after=delay,
+                           events=plan.events + ((event,) if event else ()))
+        elif any(isinstance(a, CreateService | CreatePod) for a in plan.actions):
+            plan = replace(plan, status=cleared(plan.status, self.clock()))
         for event in plan.events:
             log.info("%s/%s %s: %s", namespace, name, event.reason, event.message)
             self.emit(body, event)
+        return plan
+
+
+    def _ask_checkpoint(self, body: Mapping[str, Any], plan: Plan,
+                        action: RequestCheckpoint) -> Plan:
+        """RequestCheckpoint on PS 0. The step it was asked at (PS 0's, fresher than the
+        operator's last reading) becomes the step awaited; an unreachable PS 0 leaves the
+        request to run out its bound."""
+        meta = body.get("metadata") or {}
+        try:
+            step = self.ask_checkpoint(action.address, FETCH_TIMEOUT_S)
+        except Exception as exc:  # a control call must never break reconciling
+            log.info("checkpoint request to %s failed: %s", action.address, exc)
+            step = None
+        log.info("%s/%s: asked %s for a checkpoint (%s): %s", meta.get("namespace"),
+                 meta.get("name"), action.address, action.why,
+                 f"at step {step}" if step is not None else "unreachable")
+        req = plan.status.checkpoint_request
+        if step is None or req is None or step <= req.step:
+            return plan
+        return replace(plan, status=plan.status.model_copy(update={
+            "checkpoint_request": req.model_copy(update={"step": step})}))
+
+
+class NamespaceTerminating(Exception):
+    """A create was refused because the job's namespace is being deleted."""

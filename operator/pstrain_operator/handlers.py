@@ -77,17 +77,27 @@ def reconcile_job(name: str, namespace: str, **_: Any) -> None:
         raise kopf.TemporaryError(f"{REQUEUE_MARK} look again in {delay:.1f}s", delay=delay)
 
 
+def reconcile_quietly(namespace: str, name: str) -> None:
+    """Reconcile on a watch event. An API refusal is expected (the periodic handler
+    retries it): one line in the log, never a traceback."""
+    try:
+        _get().reconcile(namespace, name)
+    except KubeError as exc:
+        log.warning("reconciling %s/%s: the API server refused a call (%s): %s; retrying "
+                    "later", namespace, name, exc.status, exc.api_message)
+
+
 @kopf.on.event(c.GROUP, c.VERSION, c.PLURAL)
 def job_event(name: str, namespace: str, type: str | None, **_: Any) -> None:
     if type == "DELETED":
         _get().forget(namespace, name)
         return
-    _get().reconcile(namespace, name)
+    reconcile_quietly(namespace, name)
 
 
 @kopf.on.event("", "v1", "pods", labels={c.LABEL_MANAGED_BY: c.MANAGED_BY, c.LABEL_JOB: kopf.PRESENT})
 def pod_event(labels: Mapping[str, str], namespace: str, **_: Any) -> None:
-    _get().reconcile(namespace, labels[c.LABEL_JOB])
+    reconcile_quietly(namespace, labels[c.LABEL_JOB])
 
 
 class RequeueIsNotAnError(logging.Filter):

@@ -31,11 +31,23 @@ REQUEST_TIMEOUT_S = 30
 
 
 class KubeError(RuntimeError):
-    """A Kubernetes API call failed in a way the caller must handle (or retry)."""
+    """A Kubernetes API call failed in a way the caller must handle (or retry).
 
-    def __init__(self, status: int, message: str):
+    `api_message`: the API server's own message (what a user should read);
+    `causes`: the `details.causes[].type` of its Status object."""
+
+    def __init__(self, status: int, message: str, api_message: str = "",
+                 causes: tuple[str, ...] = ()):
         self.status = status
+        self.api_message = api_message or message
+        self.causes = causes
         super().__init__(message)
+
+    @property
+    def namespace_terminating(self) -> bool:
+        """The namespace is being deleted: nothing new can be made in it, ever."""
+        return "NamespaceTerminating" in self.causes or (
+            self.status == 403 and "because it is being terminated" in self.api_message)
 
 
 class Kube(Protocol):
@@ -67,6 +79,22 @@ def object_path(manifest: Mapping[str, Any]) -> str:
     api = manifest["apiVersion"]
     base = "/api/v1" if api == "v1" else f"/apis/{api}"
     return f"{base}/namespaces/{quote(manifest['metadata']['namespace'])}/{_PLURALS[manifest['kind']]}"
+
+
+def _api_status(raw: bytes | str) -> dict[str, Any]:
+    """The API server's error Status object, reduced to its message and cause types."""
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    try:
+        data = json.loads(text) if text else None
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        return {"message": text[:200], "causes": ()}
+    details = data.get("details")
+    causes = (details.get("causes") if isinstance(details, dict) else None) or []
+    return {"message": str(data.get("message") or ""),
+            "causes": tuple(str(c["type"]) for c in causes
+                            if isinstance(c, dict) and c.get("type"))}
 
 
 class RestKube:
@@ -111,20 +139,22 @@ class RestKube:
             response = self.api.call_api(*params, _request_timeout=REQUEST_TIMEOUT_S)
             response.read()
         except ApiException as exc:
-            raise KubeError(exc.status or 0, f"{method} {path} failed: {exc.reason}") from exc
+            if not exc.status:
+                raise KubeError(0, f"{method} {path} failed: {exc.reason}") from exc
+            return exc.status, _api_status(exc.body or b"")
         raw = response.data or b""
+        if response.status >= 400:
+            return response.status, _api_status(raw)
         try:
             data = json.loads(raw) if raw else None
         except ValueError:
             data = None
-        if response.status >= 400:
-            message = data.get("message") if isinstance(data, dict) else raw[:200]
-            return response.status, {"message": message}
         return response.status, data
 
     def _check(self, method: str, path: str, status: int, data: Any) -> None:
         if status >= 400:
-            raise KubeError(status, f"{method} {path} returned {status}: {data.get('message')}")
+            raise KubeError(status, f"{method} {path} returned {status}: {data.get('message')}",
+                            str(data.get("message") or ""), tuple(data.get("causes") or ()))
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         status, data = self._call("GET", job_path(namespace, name))

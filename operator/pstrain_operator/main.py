@@ -35,11 +35,12 @@ def run(settings: OperatorSettings) -> None:
     from .handlers import RequeueIsNotAnError, install, kopf_settings, post_event
     from .kube import RestKube
     from .metrics import Metrics
-    from .progress import default_fetcher
+    from .progress import default_asker, default_fetcher
 
     metrics = Metrics()
     install(Reconciler(kube=RestKube.from_environment(), pod_settings=settings.pods,
-                       emit=post_event, fetch_status=default_fetcher(), metrics=metrics,
+                       emit=post_event, fetch_status=default_fetcher(),
+                       ask_checkpoint=default_asker(), metrics=metrics,
                        progress_interval=settings.progress_interval))
     logging.getLogger("kopf.objects").addFilter(RequeueIsNotAnError())
     if settings.metrics_port:

@@ -18,6 +18,8 @@ from pstrain_api.model import CheckpointStatus, Progress, TrainingJobStatus
 log = logging.getLogger(__name__)
 
 FetchStatus = Callable[[str, float], Mapping[str, Any] | None]
+# Ask PS 0 for a checkpoint; returns the step asked at, None when it cannot be reached.
+AskCheckpoint = Callable[[str, float], int | None]
 FETCH_TIMEOUT_S = 1.0
 # While a running job has no step yet, progress is read this often (a short job would
 # otherwise end before the first regular read and never show a step).
@@ -44,6 +46,20 @@ def default_fetcher() -> FetchStatus:
         log.info("pstrain_runtime.status_client is not installed; progress is not reported")
         return _no_status
     return fetch_job_status
+
+
+def _no_checkpoint(address: str, timeout: float) -> None:
+    return None
+
+
+def default_asker() -> AskCheckpoint:
+    """The runtime's RequestCheckpoint client when installed, else one that reaches no one
+    (the operator then waits out its bound and goes on)."""
+    try:
+        from pstrain_runtime.status_client import request_checkpoint
+    except ImportError:
+        return _no_checkpoint
+    return request_checkpoint
 
 
 def progress_from_status(data: Mapping[str, Any] | None, now: datetime) -> Progress | None:

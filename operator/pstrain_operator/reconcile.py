@@ -23,7 +23,7 @@ from pstrain_api import constants as c
 from pstrain_api.cluster import ClusterSpec, Task, kubernetes_cluster_spec
 from pstrain_api.model import (
     CheckpointStatus,
-    Condition,
+    CreateRefusal,
     FailureCause,
     Progress,
     Replicas,
@@ -34,15 +34,11 @@ from pstrain_api.model import (
 )
 from pstrain_api.policy import decide_restart
 
-from .build import (
-    ANNOTATION_APPLIED_SPEC,
-    ANNOTATION_SPEC_HASH,
-    build_pod,
-    build_service,
-    owner_reference,
-    spec_hash,
-)
+from . import checkpointing, disruption, refusals, stall, suspend
+from .build import build_pod, build_service, owner_reference, spec_hash
+from .conditions import Event, condition_is, set_condition
 from .gang import build_pod_group, gang_of
+from .observe import ObservedPod
 from .settings import PodSettings
 
 # How soon to look again when nothing else (a pod or job event) wakes the operator.
@@ -60,6 +56,7 @@ R_STARTED_WORKERS = "StartedWorkers"
 R_STARTED_CHIEF = "StartedChief"
 R_ALL_STARTED = "AllReplicasStarted"
 R_RESTARTING = "RestartingReplica"
+R_RESTARTING_STALLED = "RestartingStalled"
 R_WAITING_FOR_RESTART = "WaitingForRestartedReplicas"
 R_CHIEF_SUCCEEDED = "ChiefSucceeded"
 R_DEADLINE = "DeadlineExceeded"
@@ -70,96 +67,6 @@ R_SPEC_APPLIED = "SpecApplied"
 R_CLEANUP = "CleanedUpPods"
 R_TTL = "TTLExpired"
 R_UNEXPECTED_POD = "UnexpectedPod"
-
-ACTIVE_PHASES = frozenset({"Pending", "Running", "Unknown"})
-
-
-# --------------------------------------------------------------------------- observation
-
-
-@dataclass(frozen=True)
-class ObservedPod:
-    """What the decision needs to know about one pod."""
-
-    name: str
-    role: str
-    index: int
-    phase: str = "Pending"
-    ready: bool = False
-    uid: str = ""
-    exit_code: int | None = None
-    reason: str = ""
-    message: str = ""
-    deleting: bool = False
-    spec_hash: str = ""
-    applied_spec: str = ""
-    owner_uid: str = ""
-
-    @property
-    def active(self) -> bool:
-        return not self.deleting and self.phase in ACTIVE_PHASES
-
-
-def _terminated(pod: Mapping[str, Any]) -> tuple[int | None, str, str]:
-    """Exit code, reason and message of the container that explains the pod's end:
-    the main container when it terminated, else the first one that failed."""
-    statuses = list((pod.get("status") or {}).get("containerStatuses") or [])
-    statuses.sort(key=lambda s: s.get("name") != c.MAIN_CONTAINER)
-    for cs in statuses:
-        state = (cs.get("state") or {}).get("terminated") or (
-            cs.get("lastState") or {}
-        ).get("terminated")
-        if state and (cs.get("name") == c.MAIN_CONTAINER or state.get("exitCode")):
-            code = state.get("exitCode")
-            return (
-                int(code) if code is not None else None,
-                str(state.get("reason") or ""),
-                str(state.get("message") or ""),
-            )
-    return None, "", ""
-
-
-def observe_pod(pod: Mapping[str, Any]) -> ObservedPod | None:
-    """The pod as the decision sees it, or None when it is not a pstrain replica."""
-    meta = pod.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    annotations = meta.get("annotations") or {}
-    role = labels.get(c.LABEL_ROLE)
-    try:
-        index = int(labels.get(c.LABEL_INDEX, ""))
-    except ValueError:
-        return None
-    if role not in c.ROLES:
-        return None
-    status = pod.get("status") or {}
-    ready = any(
-        cond.get("type") == "Ready" and cond.get("status") == "True"
-        for cond in status.get("conditions") or []
-    )
-    exit_code, reason, message = _terminated(pod)
-    phase = str(status.get("phase") or "Pending")
-    if status.get("reason"):  # pod-level: Evicted, DeadlineExceeded, NodeLost, ...
-        reason = str(status["reason"])
-        message = str(status.get("message") or message)
-    if phase == "Failed" and not reason:
-        reason = "Error"
-    return ObservedPod(
-        name=str(meta.get("name", "")),
-        uid=str(meta.get("uid") or ""),
-        role=role,
-        index=index,
-        phase=phase,
-        ready=ready and phase == "Running",
-        exit_code=exit_code,
-        reason=reason,
-        message=message,
-        deleting=bool(meta.get("deletionTimestamp")),
-        spec_hash=str(annotations.get(ANNOTATION_SPEC_HASH, "")),
-        applied_spec=str(annotations.get(ANNOTATION_APPLIED_SPEC, "")),
-        owner_uid=next((str(ref.get("uid") or "") for ref in meta.get("ownerReferences") or []
-                        if ref.get("controller")), ""),
-    )
-
 
 @dataclass(frozen=True)
 class Observed:
@@ -189,6 +96,10 @@ class CreateObject:
     kind: str
     manifest: dict[str, Any] = field(compare=False, repr=False)
 
+    @property
+    def name(self) -> str:
+        return str(self.manifest["metadata"]["name"])
+
 
 @dataclass(frozen=True)
 class CreatePod:
@@ -209,14 +120,21 @@ class DeleteJob:
     why: str = field(compare=False, default="")
 
 
-Action = CreateService | CreateObject | CreatePod | DeletePod | DeleteJob
-
-
 @dataclass(frozen=True)
-class Event:
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
+class RequestCheckpoint:
+    """Ask the chief, through PS 0 at `address`, for a checkpoint before a disruption."""
+
+    address: str
+    why: str = field(compare=False, default="")
+
+
+def ps0_address(job: TrainingJob) -> str:
+    """Where the operator reaches parameter server 0 (status, checkpoint requests)."""
+    return str(kubernetes_cluster_spec(job).addresses[Task(c.ROLE_PS, 0)])
+
+
+Action = (CreateService | CreateObject | CreatePod | DeletePod | DeleteJob
+          | RequestCheckpoint)
 
 
 @dataclass(frozen=True)
@@ -249,35 +167,6 @@ def _drop_nulls_in_lists(value: Any, in_list: bool = False) -> Any:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def set_condition(
-    conditions: Sequence[Condition],
-    type_: str,
-    status: Literal["True", "False", "Unknown"],
-    reason: str,
-    message: str,
-    now: datetime,
-) -> list[Condition]:
-    """Conditions with `type_` set; lastTransitionTime changes only when status does."""
-    out: list[Condition] = []
-    found = False
-    for cond in conditions:
-        if cond.type != type_:
-            out.append(cond)
-            continue
-        found = True
-        when = cond.last_transition_time if cond.status == status else now
-        out.append(Condition(type=type_, status=status, reason=reason, message=message,
-                             last_transition_time=when))
-    if not found:
-        out.append(Condition(type=type_, status=status, reason=reason, message=message,
-                             last_transition_time=now))
-    return out
-
-
-def condition_is(status: TrainingJobStatus, type_: str, value: str = "True") -> bool:
-    return any(cond.type == type_ and cond.status == value for cond in status.conditions)
 
 
 def _count(job: TrainingJob, pods: Sequence[ObservedPod],
@@ -321,7 +210,7 @@ def _with_counts(job: TrainingJob, st: TrainingJobStatus, pods: Sequence[Observe
     })
 
 
-def _names(pods: Sequence[ObservedPod] | Sequence[CreatePod]) -> str:
+def _names(pods: Sequence[ObservedPod | CreatePod | DeletePod]) -> str:
     return ", ".join(p.name for p in pods)
 
 
@@ -408,44 +297,15 @@ def decide(obs: Observed, settings: PodSettings,
 
     # 1. A finished job only cleans up and, after its TTL, deletes itself.
     if old.phase in c.TERMINAL_PHASES:
-        cleanup = cleanup_actions(job, live)
-        actions.extend(cleanup)
-        if cleanup:
-            events.append(Event("Normal", R_CLEANUP, f"deleted pods {_names(cleanup)} "
-                                f"(cleanPodPolicy {policy.clean_pod_policy})"))
-        requeue = REQUEUE_CLEANUP_S if cleanup else None
-        ttl = policy.ttl_seconds_after_finished
-        if ttl is not None and old.completion_time is not None:
-            expires = old.completion_time + timedelta(seconds=ttl)
-            left = (expires - now).total_seconds()
-            if left <= 0:
-                actions.append(DeleteJob(f"ttlSecondsAfterFinished ({ttl}) passed"))
-                events.append(Event("Normal", R_TTL, f"deleting the job: it finished at "
-                                    f"{old.completion_time.isoformat()} and "
-                                    f"ttlSecondsAfterFinished is {ttl}"))
-                requeue = None
-            else:
-                requeue = min(requeue or left, left)
-        return Plan(tuple(actions), _with_counts(job, st, obs.pods, actions), tuple(events),
-                    requeue)
+        return _decide_finished(job, st, obs, live)
 
-    # 2. Suspended: no pods, the job stays.
+    # 2. Suspended: no pods, the job stays; a running job checkpoints first.
     if policy.suspend:
-        for p in live:
-            actions.append(DeletePod(p.name, p.uid, "the job is suspended"))
-        if old.phase != "Suspended":
-            events.append(Event("Normal", R_SUSPENDED, "suspended: deleting all pods; "
-                                "training continues from the last checkpoint on resume"))
-        st.phase = "Suspended"
-        st.conditions = set_condition(st.conditions, c.COND_SUSPENDED, "True", R_SUSPENDED,
-                                      "The job is suspended (spec.runPolicy.suspend).", now)
-        st.conditions = set_condition(st.conditions, c.COND_RUNNING, "False", R_SUSPENDED,
-                                      "The job is suspended.", now)
-        return Plan(tuple(actions), _with_counts(job, st, obs.pods, actions), tuple(events),
-                    REQUEUE_CLEANUP_S if live else None)
+        return _decide_suspended(job, old, st, obs, live)
     if old.phase == "Suspended":
-        events.append(Event("Normal", R_RESUMED, "resumed: recreating pods; training "
-                            "continues from the last checkpoint"))
+        message, st.resumed_from_step = suspend.resumed(job, st)
+        events.append(Event("Normal", R_RESUMED, message))
+        st.progress = None  # read afresh once running again
         st.conditions = set_condition(st.conditions, c.COND_SUSPENDED, "False", R_RESUMED,
                                       "The job was resumed.", now)
         st.start_time = None  # activeDeadlineSeconds counts from the resume
@@ -468,27 +328,47 @@ def decide(obs: Observed, settings: PodSettings,
     deadline = policy.active_deadline_seconds
     if deadline is not None and st.start_time is not None:
         if (now - st.start_time).total_seconds() >= deadline:
+            if old.phase == "Running":
+                gate = checkpointing.gate(job, st, obs.checkpoint, now, "deadline")
+                st = gate.status
+                events.extend(gate.events)
+                if not gate.ready:
+                    return _hold(job, st, obs, gate, events)
             message = f"the job ran longer than activeDeadlineSeconds ({deadline} s)"
             return _finish(job, st, obs, "Failed", R_DEADLINE, message, None, events)
+
+    # 5. Creates the API server keeps refusing: back off, and fail in bounded time.
+    backoff = refusals.wait_left(old, job.metadata.generation, now)
+    hold = hold or backoff > 0
 
     cluster = kubernetes_cluster_spec(job)
     by_name = {p.name: p for p in obs.pods}
     wanted = {cluster.replica_name(t) for t in cluster.tasks()}
+    given_up = refusals.gave_up(old)
+    if given_up and old.create_refusal is not None:
+        return _finish(job, st, obs, "Failed", refusals.R_CREATE_REJECTED, given_up,
+                       _refusal_cause(cluster, old.create_refusal), events)
 
-    # 5. Pods that are not part of the job (left from another spec) go.
+    # 6. Pods that are not part of the job (left from another spec) go.
     for p in live:
         if p.name not in wanted:
             actions.append(DeletePod(p.name, p.uid, "not a replica of the current spec"))
             events.append(Event("Normal", R_UNEXPECTED_POD,
                                 f"deleting pod {p.name}: it is not a replica of the spec"))
 
-    # 6. Failed replicas: restart within the run policy, or fail the job.
+    # 7. Pods deleted or evicted from outside: name the cause, count the replacement,
+    # and ask for a checkpoint when a DisruptionTarget announces one.
+    st = _note_disruptions(job, old, st, obs, wanted, actions, events)
+
+    # 8. Failed replicas: restart within the run policy, or fail the job. Disruptions
+    # from outside are restarts, but not the job's own failures (backoffLimit).
     restarted: set[str] = set()
     for task in cluster.tasks():
         p = by_name.get(cluster.replica_name(task))
         if p is None or p.deleting or p.phase != "Failed":
             continue
-        decision = decide_restart(policy, p.name, p.exit_code, st.restarts, p.reason)
+        decision = decide_restart(policy, p.name, p.exit_code, st.restarts - st.disruptions,
+                                  p.reason)
         how = _how(p)
         if decision.action == "fail":
             cause = FailureCause(role=p.role, pod=p.name, exit_code=p.exit_code,
@@ -498,6 +378,7 @@ def decide(obs: Observed, settings: PodSettings,
                            cause, events, actions)
         actions.append(DeletePod(p.name, p.uid, decision.message))
         restarted.add(p.name)
+        st.counted_disruptions = disruption.remembered(st.counted_disruptions, [p.uid])
         st.restarts += 1
         role_status = st.replica_statuses.get(p.role, RoleStatus())
         st.replica_statuses = {**st.replica_statuses,
@@ -507,25 +388,47 @@ def decide(obs: Observed, settings: PodSettings,
                             f"restarted pod {p.name} because it failed ({how}); "
                             f"{decision.message}"))
 
-    # 7. Success: the chief completed.
+    # 9. Success: the chief completed.
+    progress = (stall.merged_progress(old.progress, obs.progress, now)
+                if obs.progress is not None else st.progress)
     chief = by_name.get(cluster.replica_name(cluster.chief))
     if chief is not None and not chief.deleting and chief.phase == "Succeeded":
         step = st.progress.global_step if st.progress else None
         if obs.progress is not None:
-            st.progress = obs.progress
+            st.progress = progress
             step = obs.progress.global_step
-        if obs.checkpoint is not None:
+        # The parameter servers are stopped only once the final checkpoint is confirmed
+        # (ones that already exited did so after the chief's Finish, which follows it).
+        if any(p.role == c.ROLE_PS and p.active for p in live):
+            gate = checkpointing.gate(job, st, obs.checkpoint, now, "success", ask=False,
+                                      step=job.spec.training.steps)
+            st = gate.status
+            events.extend(gate.events)
+            if not gate.ready:
+                return _hold(job, st, obs, gate, events, actions)
+        elif obs.checkpoint is not None:
             st.last_checkpoint = obs.checkpoint
         at = f" at global step {step}" if step else ""
         return _finish(job, st, obs, "Succeeded", R_CHIEF_SUCCEEDED,
                        f"the chief {chief.name} completed{at}", None, events, actions)
 
-    # 8. Create what is missing, in order: Service, PS, workers once PS are Ready, chief.
+    # 10. The stall watchdog (runPolicy.stallTimeoutSeconds).
+    stalled = (stall.check_stall(policy, progress, st.restarts - st.disruptions, now)
+               if old.phase == "Running" and not restarted else None)
+    if stalled is not None and stalled.action == "fail":
+        return _finish(job, st, obs, "Failed", stalled.reason, stalled.message, None, events,
+                       actions)
+    if stalled is not None:
+        restarted |= _restart_stalled(st, live, actions, events, stalled.message)
+        progress = progress.model_copy(update={"advanced_at": now}) if progress else None
+
+    # 11. Create what is missing, in order: Service, PS, workers once PS are Ready, chief.
     if not obs.service_exists and not hold:
         service = build_service(job)
         actions.append(CreateService(service, service["metadata"]["name"]))
         events.append(Event("Normal", R_CREATED_SERVICE,
-                            f"created headless Service {service['metadata']['name']}"))
+                            f"created headless Service {service['metadata']['name']}",
+                            about=(service["metadata"]["name"],)))
 
     def absent(task: Task) -> bool:
         return not hold and cluster.replica_name(task) not in by_name
@@ -537,7 +440,8 @@ def decide(obs: Observed, settings: PodSettings,
         if group is not None:
             actions.append(CreateObject(group["kind"], group))
         actions.extend(new_ps)
-        events.append(Event("Normal", R_CREATED_PS, f"created parameter servers {_names(new_ps)}"))
+        events.append(Event("Normal", R_CREATED_PS, f"created parameter servers {_names(new_ps)}",
+                            about=tuple(p.name for p in new_ps)))
     ps_pods = [by_name.get(cluster.replica_name(t)) for t in cluster.ps_tasks()]
     ps_ready = sum(1 for p in ps_pods if p is not None and p.ready and not p.deleting)
     all_ps_ready = ps_ready == len(ps_pods)
@@ -554,12 +458,14 @@ def decide(obs: Observed, settings: PodSettings,
             why = ("gang start: created with the parameter servers" if gang else
                    f"all {len(ps_pods)} parameter servers are Ready")
             events.append(Event("Normal", R_STARTED_WORKERS,
-                                f"{why}; started workers {_names(new_workers)}"))
+                                f"{why}; started workers {_names(new_workers)}",
+                                about=tuple(p.name for p in new_workers)))
         if absent(cluster.chief):
             new_chief = _create(job, cluster, cluster.chief, settings)
             actions.append(new_chief)
             chief_created = True
-            events.append(Event("Normal", R_STARTED_CHIEF, f"started the chief {new_chief.name}"))
+            events.append(Event("Normal", R_STARTED_CHIEF, f"started the chief {new_chief.name}",
+                                about=(new_chief.name,)))
 
     if st.start_time is None and any(isinstance(a, CreatePod) for a in actions):
         st.start_time = now
@@ -567,36 +473,181 @@ def decide(obs: Observed, settings: PodSettings,
         st.conditions = set_condition(st.conditions, c.COND_CREATED, "True", R_PODS_CREATED,
                                       "The job's pods are being created.", now)
 
-    # 9. Phase and progress.
+    # 12. Phase and progress.
     chief_up = chief_created or (
         chief is not None and not chief.deleting and chief.name not in restarted
     )
     if (all_ps_ready or ps_finished) and chief_up:
-        if old.phase != "Running":
+        if st.create_refusal is None and (old.phase != "Running"
+                                          or not condition_is(old, c.COND_RUNNING)):
             st.conditions = set_condition(
                 st.conditions, c.COND_RUNNING, "True", R_ALL_STARTED,
                 "All parameter servers are Ready and every worker was started.", now)
         st.phase = "Running"
-        if obs.progress is not None:
-            st.progress = obs.progress
+        # The stall watchdog's clock starts when the job (re)starts running.
+        st.progress = (progress if old.phase == "Running" or progress is None
+                       else progress.model_copy(update={"advanced_at": now}))
         if obs.checkpoint is not None:
             st.last_checkpoint = obs.checkpoint
+        st, settled = checkpointing.settle(st, now)
+        events.extend(settled)
         requeue = REQUEUE_STARTING_S if ps_finished else progress_interval
     else:
         message = f"waiting for parameter servers to be Ready ({ps_ready}/{len(ps_pods)})"
-        if not all_ps_ready and old.phase != "Starting":
+        if not all_ps_ready and old.phase != "Starting" and not backoff:
             events.append(Event("Normal", R_WAITING_FOR_PS, message))
-        st.conditions = set_condition(st.conditions, c.COND_RUNNING, "False",
-                                      R_WAITING_FOR_PS if not all_ps_ready
-                                      else R_WAITING_FOR_RESTART,
-                                      message if not all_ps_ready
-                                      else "waiting for restarted replicas", now)
+        if not backoff:  # while backing off, the Running condition quotes the refusal
+            st.conditions = set_condition(st.conditions, c.COND_RUNNING, "False",
+                                          R_WAITING_FOR_PS if not all_ps_ready
+                                          else R_WAITING_FOR_RESTART,
+                                          message if not all_ps_ready
+                                          else "waiting for restarted replicas", now)
         st.phase = "Starting"
-        requeue = REQUEUE_STARTING_S
+        requeue = min(REQUEUE_STARTING_S, backoff) if backoff else REQUEUE_STARTING_S
     if deadline is not None and st.start_time is not None:
         left = deadline - (now - st.start_time).total_seconds()
         requeue = max(0.5, min(requeue, left))
     return Plan(tuple(actions), _with_counts(job, st, obs.pods, actions), tuple(events), requeue)
+
+
+def _decide_finished(job: TrainingJob, st: TrainingJobStatus, obs: Observed,
+                     live: Sequence[ObservedPod]) -> Plan:
+    """A finished job only cleans up and, after its TTL, deletes itself."""
+    policy, now = job.spec.run_policy, obs.now
+    cleanup = cleanup_actions(job, live)
+    actions: list[Action] = list(cleanup)
+    events: list[Event] = []
+    if cleanup:
+        events.append(Event("Normal", R_CLEANUP, f"deleted pods {_names(cleanup)} "
+                            f"(cleanPodPolicy {policy.clean_pod_policy})"))
+    requeue = REQUEUE_CLEANUP_S if cleanup else None
+    ttl = policy.ttl_seconds_after_finished
+    if ttl is not None and st.completion_time is not None:
+        expires = st.completion_time + timedelta(seconds=ttl)
+        left = (expires - now).total_seconds()
+        if left <= 0:
+            actions.append(DeleteJob(f"ttlSecondsAfterFinished ({ttl}) passed"))
+            events.append(Event("Normal", R_TTL, f"deleting the job: it finished at "
+                                f"{st.completion_time.isoformat()} and "
+                                f"ttlSecondsAfterFinished is {ttl}"))
+            requeue = None
+        else:
+            requeue = min(requeue or left, left)
+    return Plan(tuple(actions), _with_counts(job, st, obs.pods, actions), tuple(events),
+                requeue)
+
+
+def _decide_suspended(job: TrainingJob, old: TrainingJobStatus, st: TrainingJobStatus,
+                      obs: Observed, live: Sequence[ObservedPod]) -> Plan:
+    """Suspended: no pods, the job stays. A running job checkpoints first (bounded)."""
+    now = obs.now
+    events: list[Event] = []
+    if obs.progress is not None:  # the freshest step: what a suspension loses counts
+        st.progress = stall.merged_progress(old.progress, obs.progress, now)
+    if old.phase == "Running" and live:
+        gate = checkpointing.gate(job, st, obs.checkpoint, now, "suspend")
+        st = gate.status
+        events.extend(gate.events)
+        if not gate.ready:
+            return _hold(job, st, obs, gate, events)
+    actions: list[Action] = [DeletePod(p.name, p.uid, "the job is suspended") for p in live]
+    if old.phase != "Suspended":
+        message, lost = suspend.suspended(job, st)
+        events.append(Event("Normal", R_SUSPENDED, message))
+        st.lost_steps += lost
+    st.phase = "Suspended"
+    st.create_refusal = None  # the user stepped in: retry afresh on resume
+    st.conditions = set_condition(st.conditions, c.COND_SUSPENDED, "True", R_SUSPENDED,
+                                  "The job is suspended (spec.runPolicy.suspend).", now)
+    st.conditions = set_condition(st.conditions, c.COND_RUNNING, "False", R_SUSPENDED,
+                                  "The job is suspended.", now)
+    return Plan(tuple(actions), _with_counts(job, st, obs.pods, actions), tuple(events),
+                REQUEUE_CLEANUP_S if live else None)
+
+
+def _refusal_cause(cluster: ClusterSpec, refusal: CreateRefusal) -> FailureCause:
+    """The root cause of a job failed by refused creates: the refused pod and its role."""
+    refused = refusal.object.split("/")[-1]
+    role = next((t.role for t in cluster.tasks() if cluster.replica_name(t) == refused), "")
+    return FailureCause(role=role, pod=refused, reason=refusals.R_CREATE_REJECTED,
+                        message=refusal.message)
+
+
+def _note_disruptions(job: TrainingJob, old: TrainingJobStatus, st: TrainingJobStatus,
+                      obs: Observed, wanted: set[str], actions: list[Action],
+                      events: list[Event]) -> TrainingJobStatus:
+    """Pods deleted or evicted from outside get an event naming the cause and count as a
+    restart. A disruption announced by a DisruptionTarget condition (an eviction, a
+    preemption) asks the chief for a checkpoint, once per pod: an eviction cannot be
+    held up, so nothing waits for it."""
+    uid = job.metadata.uid
+    coming = disruption.announced(obs.pods, wanted, uid, st.counted_disruptions)
+    events.extend(disruption.count(st, disruption.from_outside(
+        obs.pods, wanted, uid, st.counted_disruptions)))
+    if not coming or old.phase != "Running":
+        return st
+    st.counted_disruptions = disruption.remembered(
+        st.counted_disruptions, [disruption.ASKED + p.uid for p in coming if not p.deleting])
+    if st.checkpoint_request is not None:
+        return st
+    why = f"disruption of {coming[0].name}"
+    gate = checkpointing.gate(job, st, obs.checkpoint, obs.now, why)
+    events.extend(gate.events)
+    if gate.ask:
+        actions.append(RequestCheckpoint(ps0_address(job), why))
+    return gate.status
+
+
+def _hold(job: TrainingJob, st: TrainingJobStatus, obs: Observed,
+          gate: checkpointing.Gate, events: list[Event],
+          actions: Sequence[Action] = ()) -> Plan:
+    """Wait for a checkpoint before a disruption; ask the chief for it when the gate says."""
+    asks = (RequestCheckpoint(ps0_address(job), st.checkpoint_request.reason),) if (
+        gate.ask and st.checkpoint_request is not None) else ()
+    return Plan((*actions, *asks), _with_counts(job, st, obs.pods, actions), tuple(events),
+                gate.requeue)
+
+
+def _restart_stalled(st: TrainingJobStatus, live: Sequence[ObservedPod],
+                     actions: list[Action], events: list[Event], why: str) -> set[str]:
+    """Delete the workers and the chief of a stalled job (they are recreated in order);
+    one restart of the backoffLimit. The parameter servers keep the parameters."""
+    gone = {a.name for a in actions if isinstance(a, DeletePod)}
+    victims = [p for p in live if p.role != c.ROLE_PS and p.active and p.name not in gone]
+    actions.extend(DeletePod(p.name, p.uid, why) for p in victims)
+    st.counted_disruptions = disruption.remembered(st.counted_disruptions,
+                                                   [p.uid for p in victims])
+    st.restarts += 1
+    events.append(Event("Warning", R_RESTARTING_STALLED, why))
+    return {p.name for p in victims}
+
+
+def unapplied(plan: Plan, names: set[str]) -> Plan:
+    """The plan as carried out when the creates of `names` did not happen (the API
+    server refused one): they are not counted, no event reports them, and a job whose
+    chief was not created is not Running."""
+    if not names:
+        return plan
+    st = plan.status
+    counts = dict(st.replica_statuses)
+    chief_missing = False
+    for a in plan.actions:
+        if isinstance(a, CreatePod) and a.name in names:
+            if a.role in counts:
+                role = counts[a.role]
+                counts[a.role] = role.model_copy(update={"active": max(0, role.active - 1)})
+            labels = (a.manifest.get("metadata") or {}).get("labels") or {}
+            chief_missing |= labels.get(c.LABEL_IS_CHIEF) == "true"
+    update: dict[str, Any] = {"replica_statuses": counts}
+    if chief_missing and st.phase == "Running":
+        update["phase"] = "Starting"
+    return replace(
+        plan,
+        actions=tuple(a for a in plan.actions
+                      if not (isinstance(a, CreatePod | CreateService) and a.name in names)),
+        status=st.model_copy(update=update),
+        events=tuple(e for e in plan.events if not set(e.about) & names),
+    )
 
 
 def _how(p: ObservedPod) -> str:
@@ -628,6 +679,7 @@ def _finish(
     st.phase = phase
     st.completion_time = now
     st.failure = cause
+    st.checkpoint_request = None
     kind = c.COND_SUCCEEDED if phase == "Succeeded" else c.COND_FAILED
     st.conditions = set_condition(st.conditions, kind, "True", reason, message, now)
     st.conditions = set_condition(st.conditions, c.COND_RUNNING, "False", reason,

@@ -159,7 +159,8 @@ def run_trainer(identity: ReplicaIdentity, environ: Mapping[str, str], overlap: 
 
 
 def metrics_registry(environ: Mapping[str, str]) -> Any:
-    """A registry served at /metrics on PSTRAIN_METRICS_PORT, or None when unset."""
+    """A registry served at /metrics on PSTRAIN_METRICS_PORT, or None when it is unset
+    or cannot be served (the port is taken: training goes on without metrics)."""
     raw = environ.get(c.ENV_METRICS_PORT)
     if not raw:
         return None
@@ -168,7 +169,12 @@ def metrics_registry(environ: Mapping[str, str]) -> Any:
     from .metrics import serve_metrics
 
     registry = CollectorRegistry()
-    serve_metrics(int(raw), registry)
+    try:
+        serve_metrics(int(raw), registry)
+    except (OSError, ValueError) as exc:  # metrics are worth having, not worth failing for
+        print(f"pstrain replica: no /metrics: cannot serve on {c.ENV_METRICS_PORT}={raw!r}: "
+              f"{exc}", file=sys.stderr, flush=True)
+        return None
     return registry
 
 

@@ -118,6 +118,14 @@ class ParameterServerService:
             _abort(context, exc)
             raise
 
+    def request_checkpoint(self, request: pb.NamespaceRequest,
+                           context: grpc.ServicerContext) -> pb.StepInfo:
+        try:
+            return self.store.request_checkpoint(request.namespace)
+        except PSError as exc:
+            _abort(context, exc)
+            raise
+
 
 def build_handler(service: ParameterServerService) -> grpc.GenericRpcHandler:
     unary = grpc.unary_unary_rpc_method_handler
@@ -144,6 +152,8 @@ def build_handler(service: ParameterServerService) -> grpc.GenericRpcHandler:
                               pb.Empty.SerializeToString),
         "GetJobStatus": unary(service.get_job_status, pb.NamespaceRequest.FromString,
                               pb.JobStatus.SerializeToString),
+        "RequestCheckpoint": unary(service.request_checkpoint, pb.NamespaceRequest.FromString,
+                                   pb.StepInfo.SerializeToString),
     }
     return grpc.method_handlers_generic_handler(SERVICE, handlers)
 

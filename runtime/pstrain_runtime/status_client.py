@@ -40,6 +40,18 @@ def status_to_dict(status: ps_pb2.JobStatus) -> dict[str, Any]:
     }
 
 
+def _ask(address: str, timeout: float, method: str, namespace: str) -> Any:
+    """One unary call with a NamespaceRequest to the server at `address`; None when it
+    cannot be reached, refuses, or does not answer within `timeout` seconds."""
+    try:
+        with grpc.insecure_channel(address) as channel:
+            stub = ps_pb2_grpc.ParameterServerStub(channel)
+            return getattr(stub, method)(ps_pb2.NamespaceRequest(namespace=namespace),
+                                         timeout=timeout)
+    except grpc.RpcError:
+        return None
+
+
 def fetch_job_status(address: str, timeout: float, namespace: str = "") -> dict[str, Any] | None:
     """The job status held by the parameter server at `address` (PS 0), or None when it
     cannot be reached, holds no job yet, or does not answer within `timeout` seconds.
@@ -47,11 +59,14 @@ def fetch_job_status(address: str, timeout: float, namespace: str = "") -> dict[
     `namespace` is "<k8s namespace>/<job name>"; empty means the job that reported last
     (a parameter server normally serves one job).
     """
-    try:
-        with grpc.insecure_channel(address) as channel:
-            stub = ps_pb2_grpc.ParameterServerStub(channel)
-            reply = stub.GetJobStatus(ps_pb2.NamespaceRequest(namespace=namespace),
-                                      timeout=timeout)
-    except grpc.RpcError:
-        return None
-    return status_to_dict(reply)
+    reply = _ask(address, timeout, "GetJobStatus", namespace)
+    return status_to_dict(reply) if reply is not None else None
+
+
+def request_checkpoint(address: str, timeout: float, namespace: str = "") -> int | None:
+    """Ask PS 0 at `address` for a checkpoint before a disruption: the chief writes one
+    when it next hears from PS 0, and its step then shows in `fetch_job_status`. Returns
+    the global step the request was made at (a checkpoint at or after it answers it), or
+    None when the server cannot be reached or holds no job."""
+    reply = _ask(address, timeout, "RequestCheckpoint", namespace)
+    return int(reply.global_step) if reply is not None and reply.initialized else None

@@ -36,7 +36,9 @@ from .proto import ps_pb2 as pb
 
 SLOT_SEPARATOR = "@"
 GRAD_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
-WAIT_SLICE = 0.5  # seconds between checks of done/stop while blocking
+WAIT_SLICE = 0.5  # seconds between checks of done/stop/cancel while blocking
+MAX_WAIT = 60.0  # seconds: no wait in the store lasts longer, whatever the caller asks
+Gone = Callable[[], bool]  # True once the caller cancelled or disconnected
 
 
 def is_all_finite(tensor: torch.Tensor) -> bool:
@@ -148,6 +150,7 @@ class Namespace:
         self.worker_pushes: dict[int, int] = {}
         self.buckets: dict[int, Bucket] = {}
         self.skipped_nonfinite = 0
+        self.checkpoint_wanted = -1  # RequestCheckpoint: a checkpoint at/after this step
         self.report = JobReport()
         self.shapes: dict[str, tuple[int, ...]] = {}  # of params, for push checks
         self.metas: dict[str, pb.TensorMeta] = {}  # of params, for pull headers
@@ -190,7 +193,8 @@ class Namespace:
             self.told_done.add(worker)
         return pb.StepInfo(global_step=self.global_step, done=self.done,
                            initialized=self.initialized,
-                           skipped_nonfinite=self.skipped_nonfinite)
+                           skipped_nonfinite=self.skipped_nonfinite,
+                           checkpoint_requested=self.checkpoint_wanted >= 0)
 
 
 def optimizer_from_pb(spec: pb.OptimizerSpec) -> OptimizerConfig:
@@ -244,12 +248,19 @@ def _read_body(header: pb.StreamHeader, messages: Iterator[bytes],
         raise _invalid(str(exc)) from exc
 
 
+def _at_target(ns: Namespace, worker: int) -> pb.PushReply:
+    return pb.PushReply(info=ns.info(worker), applied=False,
+                        note=f"the target of {ns.target_steps} steps is reached")
+
+
 class ParameterStore:
     """All namespaces of one parameter server."""
 
-    def __init__(self, ps_index: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, ps_index: int = 0, clock: Callable[[], float] = time.monotonic,
+                 max_wait: float = MAX_WAIT) -> None:
         self.ps_index = ps_index
         self.clock = clock
+        self.max_wait = max_wait
         self._lock = threading.Lock()
         self._namespaces: dict[str, Namespace] = {}
         self.stopping = threading.Event()
@@ -281,14 +292,20 @@ class ParameterStore:
                           f"{self.ps_index} yet")
         return ns
 
-    def _wait(self, ns: Namespace, ready: Callable[[], bool], timeout: float | None) -> bool:
-        """Wait on ns.cond (held) until ready(), done, stop, or timeout."""
-        deadline = None if timeout is None else self.clock() + timeout
+    def _wait(self, ns: Namespace, ready: Callable[[], bool], timeout: float | None,
+              gone: Gone | None = None) -> bool:
+        """Wait on ns.cond (held) until ready(), done, stop, re-init, the caller is
+        `gone` (cancelled or disconnected: checked every WAIT_SLICE), or the deadline:
+        `timeout` (the caller's), never more than `max_wait`. Every wait ends."""
+        limit = self.max_wait if timeout is None else min(timeout, self.max_wait)
+        deadline = self.clock() + limit
         epoch = ns.epoch
         while not ready():
             if ns.done or self.stopping.is_set() or ns.epoch != epoch:
                 return False
-            left = WAIT_SLICE if deadline is None else min(WAIT_SLICE, deadline - self.clock())
+            if gone is not None and gone():
+                return False
+            left = min(WAIT_SLICE, deadline - self.clock())
             if left <= 0:
                 return False
             ns.cond.wait(left)
@@ -392,12 +409,14 @@ class ParameterStore:
             return ns.info()
 
     # ------------------------------------------------------------------ push
-    def push(self, messages: Iterator[bytes], timeout: float | None = None) -> pb.PushReply:
+    def push(self, messages: Iterator[bytes], timeout: float | None = None,
+             gone: Gone | None = None) -> pb.PushReply:
         header = _read_header(messages, pb.STREAM_KIND_PUSH)
-        return self._push(header, messages, timeout)
+        return self._push(header, messages, timeout, gone)
 
     def push_pull(self, messages: Iterator[bytes], timeout: float | None = None,
-                  chunk_bytes: int = wire.CHUNK_BYTES) -> Iterator[bytes]:
+                  chunk_bytes: int = wire.CHUNK_BYTES,
+                  gone: Gone | None = None) -> Iterator[bytes]:
         """A push, then a pull of the pushed tensors (one round trip for a worker).
 
         Validates and applies now (raises PSError like `push`), then returns the PULL
@@ -406,25 +425,26 @@ class ParameterStore:
         after the Push would (in sync mode: after the push's step was applied, within
         the staleness bound)."""
         header = _read_header(messages, pb.STREAM_KIND_PUSH)
-        reply = self._push(header, messages, timeout)
+        reply = self._push(header, messages, timeout, gone)
         names = [meta.name for meta in header.tensors]
         if not names:
             raise _invalid("push_pull: the push lists no tensors; name the tensors to pull "
                            "back")
         request = pb.PullRequest(namespace=header.namespace, names=names,
                                  worker=header.worker)
-        return self.pull(request, timeout, chunk_bytes, push_reply=reply)
+        return self.pull(request, timeout, chunk_bytes, push_reply=reply, gone=gone)
 
-    def push_pull_small(self, message: bytes) -> bytes:
+    def push_pull_small(self, message: bytes, timeout: float | None = None,
+                        gone: Gone | None = None) -> bytes:
         """`push_pull` with the whole stream batched in one message each way."""
         try:
             frames = wire.decode_batch(message)
         except wire.WireError as exc:
             raise _invalid(f"push_pull: {exc}") from exc
-        return wire.encode_batch(self.push_pull(iter(frames)))
+        return wire.encode_batch(self.push_pull(iter(frames), timeout, gone=gone))
 
     def _push(self, header: pb.StreamHeader, messages: Iterator[bytes],
-              timeout: float | None) -> pb.PushReply:
+              timeout: float | None, gone: Gone | None) -> pb.PushReply:
         ns = self._ready(header.namespace)
         if not 0 <= header.worker < ns.num_workers:
             raise _invalid(f"push: worker is {header.worker}; this job has workers "
@@ -485,8 +505,8 @@ class ParameterStore:
                     f"{header.worker} was rejected and not applied ({count} rejected so far)"
                 )
             if mode == "sync":
-                return self._push_sync(ns, header, grads, timeout)
-            return self._push_async(ns, header, grads, timeout)
+                return self._push_sync(ns, header, grads, timeout, gone)
+            return self._push_async(ns, header, grads, timeout, gone)
         finally:
             if flat is not None:
                 ns.give_flat(flat)
@@ -495,22 +515,26 @@ class ParameterStore:
                     ns.give(key, tensor)
 
     def _push_async(self, ns: Namespace, header: pb.StreamHeader,
-                    grads: dict[str, torch.Tensor], timeout: float | None) -> pb.PushReply:
+                    grads: dict[str, torch.Tensor], timeout: float | None,
+                    gone: Gone | None) -> pb.PushReply:
         worker = header.worker
         with ns.cond:
+            # The target is checked before the staleness wait too: a worker that stopped
+            # at the target never pushes again, so waiting for it would not end.
+            if ns.target_steps and ns.global_step >= ns.target_steps:
+                return _at_target(ns, worker)
             if ns.staleness is not None:
                 def allowed() -> bool:
                     mine = ns.worker_pushes.get(worker, 0)
                     slowest = min(ns.worker_pushes.get(w, 0) for w in range(ns.num_workers))
                     return mine - slowest <= ns.staleness  # type: ignore[operator]
 
-                if not self._wait(ns, allowed, timeout):
+                if not self._wait(ns, allowed, timeout, gone):
                     return pb.PushReply(info=ns.info(worker), applied=False,
                                         note="not applied: the job is done or the wait "
                                         "for slower workers timed out")
             if ns.target_steps and ns.global_step >= ns.target_steps:
-                return pb.PushReply(info=ns.info(worker), applied=False,
-                                    note=f"the target of {ns.target_steps} steps is reached")
+                return _at_target(ns, worker)
             started = time.perf_counter()
             # Reduced-precision gradients are widened into pooled float32 buffers.
             widened = {key: ns.take(key, torch.float32).copy_(grad)
@@ -529,7 +553,8 @@ class ParameterStore:
             return pb.PushReply(info=ns.info(worker), applied=True, apply_seconds=spent)
 
     def _push_sync(self, ns: Namespace, header: pb.StreamHeader,
-                   grads: dict[str, torch.Tensor], timeout: float | None) -> pb.PushReply:
+                   grads: dict[str, torch.Tensor], timeout: float | None,
+                   gone: Gone | None) -> pb.PushReply:
         worker, step = header.worker, header.step
         bound = ns.staleness or 0
         with ns.cond:
@@ -538,9 +563,8 @@ class ParameterStore:
                                     note=f"step {step} was already applied; the global "
                                     f"step is {ns.global_step}")
             if ns.target_steps and step >= ns.target_steps:
-                return pb.PushReply(info=ns.info(worker), applied=False,
-                                    note=f"the target of {ns.target_steps} steps is reached")
-            if not self._wait(ns, lambda: step <= ns.global_step + bound, timeout):
+                return _at_target(ns, worker)
+            if not self._wait(ns, lambda: step <= ns.global_step + bound, timeout, gone):
                 return pb.PushReply(info=ns.info(worker), applied=False,
                                     note=f"step {step} is more than {bound} ahead")
             bucket = ns.buckets.setdefault(step, Bucket())
@@ -565,8 +589,14 @@ class ParameterStore:
                     del grads[key]  # owned by the bucket now; returned to the pool after apply
                 bucket.contributors.add(worker)
             spent = self._apply_ready_buckets(ns)
-            self._wait(ns, lambda: ns.global_step >= step + 1 - bound, timeout)
+            complete = self._wait(ns, lambda: ns.global_step >= step + 1 - bound, timeout,
+                                  gone)
             note = "duplicate contribution ignored" if duplicate else ""
+            if not complete and not ns.done:
+                # The contribution stays in its bucket; the worker pulls again and, if
+                # the step is still open, pushes it again (a duplicate, ignored).
+                note = (f"step {step} was not complete within the wait; the contribution "
+                        "is kept")
             return pb.PushReply(info=ns.info(worker), applied=not duplicate, note=note,
                                 apply_seconds=spent)
 
@@ -591,7 +621,8 @@ class ParameterStore:
     # ------------------------------------------------------------------ pull
     def pull(self, request: pb.PullRequest, timeout: float | None = None,
              chunk_bytes: int = wire.CHUNK_BYTES,
-             push_reply: pb.PushReply | None = None) -> Iterator[bytes]:
+             push_reply: pb.PushReply | None = None,
+             gone: Gone | None = None) -> Iterator[bytes]:
         """Validate now (raises PSError), then return the frame iterator."""
         ns = self._ready(request.namespace)
         names = list(request.names) or sorted(ns.params)
@@ -602,7 +633,7 @@ class ParameterStore:
                               f"{self.ps_index} in namespace {ns.name!r}")
         with ns.cond:
             if request.min_step > ns.global_step:
-                self._wait(ns, lambda: ns.global_step >= request.min_step, timeout)
+                self._wait(ns, lambda: ns.global_step >= request.min_step, timeout, gone)
             header = pb.StreamHeader(kind=pb.STREAM_KIND_PULL, namespace=ns.name,
                                      global_step=ns.global_step, ps_index=self.ps_index,
                                      fingerprint=ns.fingerprint,
@@ -652,21 +683,36 @@ class ParameterStore:
             if report.has_eval:
                 r.eval_accuracy = report.eval_accuracy
             if report.has_checkpoint:
+                if 0 <= ns.checkpoint_wanted <= report.checkpoint_step:
+                    ns.checkpoint_wanted = -1  # the requested checkpoint is written
                 r.checkpoint_step = report.checkpoint_step
                 r.checkpoint_path = report.checkpoint_path
                 r.checkpoint_time = report.checkpoint_time
             r.target_steps = report.target_steps or r.target_steps
             r.updated_time = time.time()
 
+    def _reported(self, namespace: str) -> Namespace:
+        """`namespace`, or the most recently reported one when empty."""
+        if namespace:
+            return self.namespace(namespace)
+        candidates = self.namespaces()
+        if not candidates:
+            raise PSError("NOT_FOUND", "this parameter server holds no namespace yet")
+        return max(candidates, key=lambda n: n.report.updated_time)
+
+    def request_checkpoint(self, namespace: str) -> pb.StepInfo:
+        """Ask the chief for a checkpoint (it sees `checkpoint_requested` in its next push
+        reply or Info); the request stands until it reports one at or after today's step.
+        Returns the StepInfo, whose global_step is the step asked for."""
+        ns = self._reported(namespace)
+        with ns.cond:
+            if ns.checkpoint_wanted < 0:
+                ns.checkpoint_wanted = ns.global_step
+            return ns.info()
+
     def job_status(self, namespace: str) -> pb.JobStatus:
         """Status of `namespace`, or of the most recently reported one when empty."""
-        if namespace:
-            ns = self.namespace(namespace)
-        else:
-            candidates = self.namespaces()
-            if not candidates:
-                raise PSError("NOT_FOUND", "this parameter server holds no namespace yet")
-            ns = max(candidates, key=lambda n: n.report.updated_time)
+        ns = self._reported(namespace)
         with ns.cond:
             r = ns.report
             return pb.JobStatus(

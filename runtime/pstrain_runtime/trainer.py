@@ -3,8 +3,9 @@
 Every worker: pull all shards (concurrently) into the model, run forward/backward on
 its own batch (CUDA when present, CPU otherwise), push every shard's gradients
 (concurrently; with `overlap`, a shard's push starts during backward as soon as its
-gradients are complete). It stops when the global step reaches `training.steps`, or
-when a server says the job is done.
+gradients are complete). It stops when every server's step reaches `training.steps`
+(they differ after a server restarted without a checkpoint), or when a server says
+the job is done.
 
 The chief (worker 0) also: initialises the servers (fresh, or from the latest
 checkpoint), reads the global step (kept by parameter server 0, one increment per
@@ -501,7 +502,7 @@ class Trainer:
                         self._handle(exc)
                         continue
                 self.last_step = max(self.last_step, gstep) if role.is_chief else gstep
-                if gstep >= training.steps:
+                if min(self.client.last_pull_steps) >= training.steps:
                     break
                 if training.mode == "sync":
                     # Each server counts its own steps; they agree except after a server
@@ -540,8 +541,11 @@ class Trainer:
                 if any(r.info.done for r in replies):
                     finished_by_peer = True
                     break
+                # Every server must reach the target: one that lags (restarted without
+                # a checkpoint) still needs this worker's gradients for its last steps.
+                reached = min(r.info.global_step for r in replies) >= training.steps
                 if not role.is_chief:
-                    if gstep >= training.steps:
+                    if reached:
                         break
                     continue
                 # chief duties
@@ -555,7 +559,13 @@ class Trainer:
                     self._report(loss=avg, samples_per_sec=rate)
                     window_loss.clear()
                     last_progress = now
-                if self.ckpt_store is not None and gstep >= next_ckpt and gstep < training.steps:
+                # A checkpoint is due by the interval, or asked for before a disruption
+                # (RequestCheckpoint on PS 0: suspend, a deadline, an eviction).
+                asked = (replies[0].info.checkpoint_requested
+                         and gstep > (self.last_ckpt_step if self.last_ckpt_step is not None
+                                      else -1))
+                if (self.ckpt_store is not None and (gstep >= next_ckpt or asked)
+                        and gstep < training.steps):
                     try:
                         self._save_checkpoint()
                     except PSError as exc:  # a server failed under the checkpoint: recover
@@ -569,7 +579,7 @@ class Trainer:
                     self.emit("eval", step=gstep, **metrics)
                     self._report(accuracy=metrics.get("accuracy"))
                     next_eval = (gstep // eval_every + 1) * eval_every
-                if gstep >= training.steps:
+                if reached:
                     break
 
             self._drain()

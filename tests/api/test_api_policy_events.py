@@ -62,3 +62,31 @@ def test_emit_writes_one_flushed_line():
 def test_unknown_event_kind_is_refused():
     with pytest.raises(ValueError, match="event kind 'bogus'"):
         format_event("bogus")
+
+
+@pytest.mark.parametrize("policy, advanced_at, now, idle", [
+    ({}, 0.0, 10**6, None),                                   # off by default
+    ({"stallTimeoutSeconds": 60}, None, 10**6, None),          # no step seen yet
+    ({"stallTimeoutSeconds": 60}, 100.0, 159.0, None),         # not yet
+    ({"stallTimeoutSeconds": 60}, 100.0, 160.0, 60.0),         # at the limit
+], ids=["off", "no-step-yet", "not-yet", "stalled"])
+def test_stalled_for(policy: dict, advanced_at: float | None, now: float,
+                     idle: float | None) -> None:
+    from pstrain_api.policy import stalled_for
+
+    assert stalled_for(RunPolicy.model_validate(policy), advanced_at, now) == idle
+
+
+@pytest.mark.parametrize("policy, used, action, reason", [
+    ({"stallTimeoutSeconds": 60}, 0, "restart", "RestartingStalled"),
+    ({"stallTimeoutSeconds": 60, "restartPolicy": "ExitCode"}, 2, "restart",
+     "RestartingStalled"),
+    ({"stallTimeoutSeconds": 60, "restartPolicy": "Never"}, 0, "fail", "Stalled"),
+    ({"stallTimeoutSeconds": 60, "backoffLimit": 2}, 2, "fail", "Stalled"),
+], ids=["restart", "exit-code-policy-restarts", "never-fails", "backoff-used-up"])
+def test_decide_stall(policy: dict, used: int, action: str, reason: str) -> None:
+    from pstrain_api.policy import decide_stall
+
+    got = decide_stall(RunPolicy.model_validate(policy), 42, 61.0, used)
+    assert (got.action, got.reason) == (action, reason)
+    assert "the global step stayed at 42 for 61s (stallTimeoutSeconds is 60)" in got.message

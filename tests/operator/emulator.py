@@ -9,7 +9,9 @@ Every emulator workaround lives here, never in the operator:
 - it ignores `metadata.generateName` (kopf names Events that way); names are made up,
   and created objects get a uid and creationTimestamp (pods: phase Pending) as on a
   real server;
-- it cannot parse `/api/v1/namespaces` (kopf lists and watches it); served here.
+- it cannot parse `/api/v1/namespaces` (kopf lists and watches it); served here;
+- it admits every object; `refuse` makes it answer chosen requests with an error
+  Status, as a real server's validation, admission or quota would.
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ class SelectingEmulator(kmock.KubernetesEmulator):
         self.recorded: list[Recorded] = []
         self.namespaces: list[str] = []
         self.closing = asyncio.Event()
+        # (method, path, body) -> (HTTP status, Status message) to refuse, or None.
+        self.refuse: Callable[[str, str, Any], tuple[int, str] | None] | None = None
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         if raw_request.path.rstrip("/") != "/api/v1/namespaces":
@@ -115,6 +119,13 @@ class SelectingEmulator(kmock.KubernetesEmulator):
         method = str(getattr(request.method, "value", request.method)).upper()
         self.recorded.append(Recorded(method, request.url.path, dict(request.params),
                                       dict(request.headers).get("User-Agent", "")))
+        refusal = self.refuse(method, request.url.path, request.data) if self.refuse else None
+        if refusal is not None:
+            code, message = refusal
+            return aiohttp.web.json_response(
+                {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                 "message": message, "reason": "Invalid" if code == 422 else "Forbidden",
+                 "code": code}, status=code)
         if method == "POST" and isinstance(request.data, dict):
             meta = request.data.setdefault("metadata", {})
             if not meta.get("name") and meta.get("generateName"):  # kopf's Events use it
@@ -204,6 +215,13 @@ class EmulatorThread:
                 "apiVersion": "kopf.dev/v1", "kind": "KopfPeering",
                 "metadata": {"name": name, "namespace": namespace}}
         self.call(declare)
+
+    def refuse(self, rule: Callable[[str, str, Any], tuple[int, str] | None] | None) -> None:
+        """Refuse the requests `rule` picks (None: admit everything again)."""
+        def set_rule() -> None:
+            assert self.emulator is not None
+            self.emulator.refuse = rule
+        self.call(set_rule)
 
     def stop(self) -> None:
         async def stop() -> None:

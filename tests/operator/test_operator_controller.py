@@ -207,26 +207,287 @@ def test_progress_probe_is_rate_limited_per_job() -> None:
     assert len(status.asked) == 2
 
 
-def test_a_rejected_create_is_reported_on_the_job_and_retried() -> None:
+class Clock:
+    """A settable wall clock for the reconciler."""
+
+    def __init__(self, seconds: float = 0.0) -> None:
+        self.seconds = seconds
+
+    def __call__(self) -> datetime:
+        return at(self.seconds)
+
+
+INVALID = ('Pod "j-worker-1" is invalid: spec.containers[0].volumeMounts[0].name: '
+           'Not found: "data"')
+
+
+def refusing(kube: FakeKube, message: str = INVALID, code: int = 422,
+             kinds: tuple[str, ...] = ("worker",)) -> list[str]:
+    """Make `kube` refuse creating pods of the given roles; returns the attempts."""
     from pstrain_operator.kube import KubeError
 
-    kube, events = FakeKube(), Recorder()
-    kube.add_job(make_job().body())
-    original = kube.create
+    original = FakeKube.create.__get__(kube)
+    attempts: list[str] = []
 
     def create(manifest: Mapping[str, Any]) -> bool:
-        if manifest["kind"] == "Pod":
-            raise KubeError(403, 'POST pods returned 403: exceeded quota: pods')
+        role = manifest["metadata"].get("labels", {}).get("pstrain.io/replica-role")
+        if manifest["kind"] == "Pod" and role in kinds:
+            attempts.append(manifest["metadata"]["name"])
+            raise KubeError(code, f"POST pods returned {code}: {message}", message)
         return original(manifest)
 
     kube.create = create  # type: ignore[method-assign]
-    op = make_reconciler(kube, events, FakeStatus())
-    with pytest.raises(KubeError) as err:  # reaches the handler, which retries
+    return attempts
+
+
+def started(body: dict[str, Any] | None = None
+            ) -> tuple[FakeKube, Recorder, FakeStatus, Clock, Reconciler]:
+    """A job (the default one unless given) with its reconciler on a settable clock."""
+    kube, events, status, clock = FakeKube(), Recorder(), FakeStatus(), Clock()
+    kube.add_job(body or make_job().body())
+    op = make_reconciler(kube, events, status)
+    op.clock = clock
+    return kube, events, status, clock, op
+
+
+def bring_up(op: Reconciler, kube: FakeKube) -> None:
+    """Reconcile while playing a node that makes every pod Running and Ready: PS first,
+    then the workers, as the operator creates them."""
+    for _ in range(3):
         op.reconcile("ns", "j")
-    assert err.value.status == 403
-    rejected = [e for e in events.events if e.reason == "CreateRejected"]
-    assert rejected[0].type == "Warning" and "exceeded quota" in rejected[0].message
-    assert "j-ps-0" in rejected[0].message
-    kube.create = original  # type: ignore[method-assign]
+        for name in kube.pod_names():
+            kube.set_pod("ns", name, "Running", ready=True)
+
+
+def conditions(kube: FakeKube) -> dict[str, dict[str, Any]]:
+    return {cond["type"]: cond for cond in kube.jobs[("ns", "j")]["status"]["conditions"]}
+
+
+def test_a_refused_pod_backs_off_reports_once_and_fails_the_job_in_bounded_time() -> None:
+    kube, events, _, clock, op = started()
+    op.reconcile("ns", "j")
+    kube.set_pod("ns", "j-ps-0", "Running", ready=True)
+    events.reasons()
+    attempts = refusing(kube)
+
+    clock.seconds = 1
+    assert op.reconcile("ns", "j") == 5.0  # the first retry waits 5 s
+    st = kube.jobs[("ns", "j")]["status"]
+    assert (st["phase"], st["psReady"]) == ("Starting", "1/1")  # not WaitingForPS (0/1)
+    assert conditions(kube)["CreateRejected"]["status"] == "True"
+    assert INVALID in conditions(kube)["CreateRejected"]["message"]
+    assert conditions(kube)["Running"]["reason"] == "CreateRejected"
+    assert st["createRefusal"]["attempts"] == 1 and st["createRefusal"]["code"] == 422
+    assert events.reasons() == ["CreateRejected"]  # and no "started workers"
+    assert attempts == ["j-worker-1"]  # the creates after a refused one wait too
+
+    # Pod and job events wake the job meanwhile: no attempt, no event, no status write.
+    patches = kube.status_patches
+    for t in (2, 3, 5.5):
+        clock.seconds = t
+        assert 0 < op.reconcile("ns", "j") <= 5.0
+    assert attempts == ["j-worker-1"] and events.reasons() == []
+    assert kube.status_patches == patches
+
+    # Retries double their wait; the same refusal is not reported again.
+    waits: list[float] = []
+    while len(waits) < 7:  # follow the requeues the handler would honour
+        tried = len(attempts)
+        delay = op.reconcile("ns", "j")
+        assert delay is not None
+        if len(attempts) > tried:
+            waits.append(delay)
+        clock.seconds += delay
+    assert waits == [10.0, 20.0, 40.0, 80.0, 160.0, 160.0, 160.0]
+    assert events.reasons() == []
+    assert len(attempts) == 8 and clock.seconds == 1 + 5 + sum(waits)
+
+    # A different refusal is reported once.
+    refusing(kube, message="pods \"j-worker-1\" is forbidden: exceeded quota", code=403)
+    clock.seconds += 160
+    op.reconcile("ns", "j")
+    assert events.reasons() == ["CreateRejected"]
+    assert "exceeded quota" in conditions(kube)["CreateRejected"]["message"]
+
+    # Refused for longer than the bound (600 s): the job fails with that reason.
+    assert kube.jobs[("ns", "j")]["status"]["phase"] == "Starting"
+    assert op.reconcile("ns", "j") is not None or True
+    clock.seconds += 1
+    op.reconcile("ns", "j")
+    st = kube.jobs[("ns", "j")]["status"]
+    assert st["phase"] == "Failed"
+    assert conditions(kube)["Failed"]["reason"] == "CreateRejected"
+    assert "exceeded quota" in conditions(kube)["Failed"]["message"]
+    assert (st["failure"]["pod"], st["failure"]["role"]) == ("j-worker-1", "worker")
+    assert "j-ps-0" not in kube.pod_names()  # cleaned up
+
+
+def test_a_refused_parameter_server_still_gets_a_status_and_clears_once_created() -> None:
+    kube, events, _, clock, op = started()
+    attempts = refusing(kube, kinds=("ps",))
+    assert op.reconcile("ns", "j") == 5.0
+    st = kube.jobs[("ns", "j")]["status"]
+    assert (st["phase"], st["psReady"]) == ("Starting", "0/1")
+    assert st["replicaStatuses"]["ps"]["active"] == 0  # the refused pod is not counted
+    assert conditions(kube)["CreateRejected"]["status"] == "True"
+    assert events.reasons() == ["CreatedService", "WaitingForPS", "CreateRejected"]
+    assert attempts == ["j-ps-0"]
+
+    # The cause is fixed (say the ServiceAccount now exists): the next try creates it.
+    kube.create = FakeKube.create.__get__(kube)  # type: ignore[method-assign]
+    clock.seconds = 5
     op.reconcile("ns", "j")
     assert kube.pod_names() == ["j-ps-0"]
+    cond = conditions(kube)["CreateRejected"]
+    assert (cond["status"], cond["reason"]) == ("False", "Created")
+    assert "createRefusal" not in kube.jobs[("ns", "j")]["status"]
+    assert events.reasons() == ["CreatedPS"]
+
+
+def test_a_spec_edit_retries_a_refused_create_at_once() -> None:
+    kube, events, _, clock, op = started()
+    attempts = refusing(kube, kinds=("ps",))
+    op.reconcile("ns", "j")
+    clock.seconds = 1
+    op.reconcile("ns", "j")
+    assert attempts == ["j-ps-0"]
+    kube.jobs[("ns", "j")]["metadata"]["generation"] = 2
+    op.reconcile("ns", "j")
+    assert attempts == ["j-ps-0", "j-ps-0"]
+
+
+def test_a_terminating_namespace_is_left_alone() -> None:
+    kube, events = FakeKube(), Recorder()
+    kube.add_job(make_job().body())
+    attempts = refusing(kube, code=403, kinds=("ps",), message=(
+        'pods "j-ps-0" is forbidden: unable to create new content in namespace ns '
+        "because it is being terminated"))
+    op = make_reconciler(kube, events, FakeStatus())
+    op.monotonic = lambda: 50.0  # type: ignore[method-assign]
+    assert op.reconcile("ns", "j") is None
+    assert kube.status_patches == 0 and events.reasons() == []
+    kube.calls.clear()
+    assert op.reconcile("ns", "j") is None  # within a minute: not even a read
+    assert kube.calls == [] and attempts == ["j-ps-0"]
+    op.monotonic = lambda: 111.0  # type: ignore[method-assign]
+    op.reconcile("ns", "j")  # a minute later: one more try, still quiet
+    assert attempts == ["j-ps-0", "j-ps-0"] and events.reasons() == []
+
+
+@pytest.mark.parametrize("body, message, causes, terminating", [
+    (b'{"kind":"Status","message":"pods \\"x\\" is forbidden: unable to create new '
+     b'content in namespace ns because it is being terminated","reason":"Forbidden",'
+     b'"details":{"causes":[{"type":"NamespaceTerminating","message":"x"}]}}',
+     'pods "x" is forbidden: unable to create new content in namespace ns because it '
+     "is being terminated", ("NamespaceTerminating",), True),
+    (b'{"kind":"Status","message":"Pod \\"x\\" is invalid: a b","reason":"Invalid",'
+     b'"details":{"causes":[{"reason":"FieldValueInvalid","field":"metadata.labels"}]}}',
+     'Pod "x" is invalid: a b', (), False),
+    (b"<html>bad gateway</html>", "<html>bad gateway</html>", (), False),
+], ids=["namespace-terminating", "invalid", "not-json"])
+def test_api_error_status_is_read_for_its_message_and_causes(
+        body: bytes, message: str, causes: tuple[str, ...], terminating: bool) -> None:
+    from pstrain_operator.kube import KubeError, _api_status
+
+    data = _api_status(body)
+    assert data == {"message": message, "causes": causes}
+    assert KubeError(403, "x", data["message"], data["causes"]).namespace_terminating \
+        is terminating
+
+
+def test_suspend_asks_for_a_checkpoint_waits_for_it_and_resumes_from_it() -> None:
+    body = make_job().body()
+    body["spec"]["training"]["checkpoint"] = {"directory": "/ckpt"}
+    kube, events, status, clock, op = started(body)
+    asked: list[str] = []
+
+    def ask(address: str, timeout: float) -> int:
+        asked.append(address)
+        return 130  # PS 0's step when asked: fresher than the operator's reading
+
+    op.ask_checkpoint = ask
+    bring_up(op, kube)
+    status.reply = {"global_step": 120, "checkpoint_step": 100,
+                    "checkpoint_path": "/ckpt/100.pt"}
+    op.reconcile("ns", "j")
+    assert kube.jobs[("ns", "j")]["status"]["phase"] == "Running"
+    events.reasons()
+
+    kube.jobs[("ns", "j")]["spec"]["runPolicy"]["suspend"] = True
+    assert op.reconcile("ns", "j") == 2.0
+    assert asked == ["j-ps-0.j.ns.svc:2222"]
+    st = kube.jobs[("ns", "j")]["status"]
+    assert st["checkpointRequest"]["step"] == 130 and st["phase"] == "Running"
+    assert len(kube.pod_names()) == 3  # nothing deleted before the checkpoint
+    assert events.reasons() == ["CheckpointRequested"]
+
+    clock.seconds = 3
+    status.reply = {"global_step": 131, "checkpoint_step": 131,
+                    "checkpoint_path": "/ckpt/131.pt"}
+    op.reconcile("ns", "j")
+    st = kube.jobs[("ns", "j")]["status"]
+    assert st["phase"] == "Suspended" and st["lastCheckpoint"]["step"] == 131
+    assert "checkpointRequest" not in st and kube.pod_names() == []
+    assert events.reasons() == ["CheckpointConfirmed", "JobSuspended"]
+    assert len(asked) == 1
+
+    kube.jobs[("ns", "j")]["spec"]["runPolicy"]["suspend"] = False
+    op.reconcile("ns", "j")
+    st = kube.jobs[("ns", "j")]["status"]
+    assert st["resumedFromStep"] == 131
+    resumed = [e for e in events.events if e.reason == "JobResumed"]
+    assert "continues from the checkpoint at step 131" in resumed[0].message
+
+
+def test_a_refused_replacement_while_running_is_reported_and_running_again_once_created(
+) -> None:
+    kube, events, _, clock, op = started()
+    bring_up(op, kube)
+    assert conditions(kube)["Running"]["status"] == "True"
+
+    attempts = refusing(kube)
+    kube.set_pod("ns", "j-worker-1", "Failed", exit_code=137, reason="OOMKilled")
+    op.reconcile("ns", "j")  # deleted for its restart
+    op.reconcile("ns", "j")  # its replacement is refused
+    assert attempts == ["j-worker-1"]
+    st = kube.jobs[("ns", "j")]["status"]
+    assert st["replicaStatuses"]["worker"]["active"] == 1
+    assert conditions(kube)["Running"]["reason"] == "CreateRejected"
+
+    kube.create = FakeKube.create.__get__(kube)  # type: ignore[method-assign]
+    clock.seconds = 5
+    op.reconcile("ns", "j")
+    assert "j-worker-1" in kube.pod_names()
+    op.reconcile("ns", "j")
+    running = conditions(kube)["Running"]
+    assert (running["status"], running["reason"]) == ("True", "AllReplicasStarted")
+
+
+def test_a_stalled_job_restarts_its_trainers_then_fails_with_reason_stalled() -> None:
+    kube, events, status, clock, op = started(
+        make_job().policy(stallTimeoutSeconds=60, backoffLimit=1).body())
+    bring_up(op, kube)
+    status.reply = {"global_step": 7}
+    op.reconcile("ns", "j")
+    assert kube.jobs[("ns", "j")]["status"]["phase"] == "Running"
+    events.reasons()
+
+    clock.seconds = 59
+    op.reconcile("ns", "j")
+    assert kube.pod_names() == ["j-ps-0", "j-worker-0", "j-worker-1"]
+    clock.seconds = 61  # the step stayed at 7: the workers and the chief are restarted
+    op.reconcile("ns", "j")
+    assert kube.pod_names() == ["j-ps-0"]
+    st = kube.jobs[("ns", "j")]["status"]
+    assert (st["restarts"], st["disruptions"]) == (1, 0)
+    said = events.reasons()
+    assert said[0] == "RestartingStalled", said
+    bring_up(op, kube)
+    assert kube.jobs[("ns", "j")]["status"]["phase"] == "Running"
+
+    clock.seconds = 61 + 61  # stalled again, backoffLimit (1) used up: Failed, Stalled
+    op.reconcile("ns", "j")
+    st = kube.jobs[("ns", "j")]["status"]
+    assert st["phase"] == "Failed"
+    assert conditions(kube)["Failed"]["reason"] == "Stalled"
+    assert kube.pod_names() == []

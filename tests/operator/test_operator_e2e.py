@@ -19,6 +19,7 @@ import pytest
 
 from pstrain_api import constants as c
 from pstrain_api.cluster import kubernetes_cluster_spec
+from pstrain_api.events import parse_event
 from pstrain_api.model import TrainingJob
 
 from .conftest import NAMESPACE, OperatorProcess
@@ -47,6 +48,20 @@ def digits_job(namespace: str, name: str = "digits") -> dict[str, Any]:
     }
 
 
+def on_the_fake_node(body: dict[str, Any], operator_process: OperatorProcess, first_ip: int,
+                     ) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """Each pod's own 127.0.0.x address (from `first_ip` on), the /etc/hosts entries for
+    their DNS names, and the environment of the replicas; the operator reads progress
+    every second."""
+    cluster = kubernetes_cluster_spec(TrainingJob.model_validate(body))
+    tasks = cluster.tasks()
+    pod_ip = {cluster.replica_name(t): f"127.0.0.{first_ip + i}" for i, t in enumerate(tasks)}
+    hosts = {cluster.addresses[t].host: pod_ip[cluster.replica_name(t)] for t in tasks}
+    env = {"GRPC_DNS_RESOLVER": "native", "PSTRAIN_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    operator_process.extra_env.update({**env, "PSTRAIN_OPERATOR_PROGRESS_INTERVAL": "1"})
+    return pod_ip, hosts, env
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not hosts_writable(),
                     reason="the fake node maps pod DNS names in /etc/hosts, which needs root")
@@ -54,13 +69,7 @@ def test_digits_trains_to_completion_through_the_operator(
     emulator: EmulatorThread, operator_process: OperatorProcess, tmp_path: Path
 ) -> None:
     body = digits_job(NAMESPACE)
-    job = TrainingJob.model_validate(body)
-    cluster = kubernetes_cluster_spec(job)
-    tasks = cluster.tasks()
-    pod_ip = {cluster.replica_name(t): f"127.0.0.{100 + i}" for i, t in enumerate(tasks)}
-    hosts = {cluster.addresses[t].host: pod_ip[cluster.replica_name(t)] for t in tasks}
-    env = {"GRPC_DNS_RESOLVER": "native", "PSTRAIN_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    operator_process.extra_env.update({**env, "PSTRAIN_OPERATOR_PROGRESS_INTERVAL": "1"})
+    pod_ip, hosts, env = on_the_fake_node(body, operator_process, first_ip=100)
     api = HttpApi(emulator.url)
 
     with hosts_entries(hosts, tag=f"{os.getpid()}-{tmp_path.name}"):
@@ -99,6 +108,61 @@ def test_digits_trains_to_completion_through_the_operator(
     assert status["progress"]["globalStep"] > 0, status
     print(f"\ndigits ({STEPS} steps) through the operator: Succeeded in {elapsed:.1f}s; "
           f"progress {status.get('progress')}")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not hosts_writable(),
+                    reason="the fake node maps pod DNS names in /etc/hosts, which needs root")
+def test_suspend_checkpoints_first_and_resume_continues_from_it(
+    emulator: EmulatorThread, operator_process: OperatorProcess, tmp_path: Path
+) -> None:
+    """Real replicas: suspending a running job asks the chief (through PS 0) for a
+    checkpoint and deletes the pods only once it is written; on resume the chief
+    restores it, and the status says from which step."""
+    body = digits_job(NAMESPACE, "sus")
+    body["spec"]["replicas"]["ps"]["replicas"] = 1
+    body["spec"]["training"]["steps"] = 6000
+    body["spec"]["training"]["checkpoint"] = {"directory": str(tmp_path / "ckpt"),
+                                              "intervalSteps": 100000}
+    pod_ip, hosts, env = on_the_fake_node(body, operator_process, first_ip=120)
+    api = HttpApi(emulator.url)
+    path = f"/apis/{c.API_VERSION}/namespaces/{NAMESPACE}/{c.PLURAL}/sus"
+
+    def status() -> dict[str, Any]:
+        return (api.job(NAMESPACE, "sus") or {}).get("status") or {}
+
+    def suspend(value: bool) -> None:
+        api.request("PATCH", path, {"spec": {"runPolicy": {"suspend": value}}},
+                    "application/merge-patch+json")
+
+    with hosts_entries(hosts, tag=f"{os.getpid()}-{tmp_path.name}"):
+        operator_process.start()
+        with FakeNode(api, NAMESPACE, pod_ip, tmp_path, env):
+            api.create_job(body)
+            wait_for("training under way", lambda: (status().get("progress") or {})
+                     .get("globalStep", 0) >= 200, timeout=120, interval=0.5)
+            suspend(True)
+            wait_for("Suspended", lambda: status().get("phase") == "Suspended", timeout=60,
+                     interval=0.5)
+            at_suspend = status()
+            reasons = [e.get("reason") for e in api.events(NAMESPACE)]
+            assert "CheckpointRequested" in reasons and "CheckpointConfirmed" in reasons, (
+                reasons, operator_process.log_tail())
+            step = at_suspend["lastCheckpoint"]["step"]
+            assert step >= 200 and (tmp_path / "ckpt").is_dir()
+            wait_for("no pods", lambda: not api.pods(NAMESPACE), timeout=60)
+
+            suspend(False)
+            wait_for("resumed", lambda: status().get("resumedFromStep") == step, timeout=30)
+            wait_for("Succeeded", lambda: status().get("phase") in ("Succeeded", "Failed"),
+                     timeout=200, interval=0.5)
+    final = status()
+    chief_log = (tmp_path / "sus-worker-0.log").read_text(errors="replace")
+    assert final["phase"] == "Succeeded", (final, chief_log[-2000:])
+    # The second chief restored exactly the checkpoint written for the suspend.
+    restored = [e for e in map(parse_event, chief_log.splitlines())
+                if e is not None and e.get("event") == "restored"]
+    assert [e["step"] for e in restored] == [step], chief_log[-2000:]
 
 
 # --------------------------------------------------------------------------- real cluster

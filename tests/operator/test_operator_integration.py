@@ -5,6 +5,7 @@ every request covered by the RBAC table."""
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -237,3 +238,100 @@ def test_refused_spec_change_then_suspend_and_resume(
     assert sorted(api.pods(NS)) == ["sr-ps-0"]
     reasons = {e.get("reason") for e in api.events(NS)}
     assert {"SpecChangeNotApplicable", "JobSuspended", "JobResumed"} <= reasons
+    # No checkpoint directory: the events say that training restarts from step 0.
+    said = {e.get("reason"): str(e.get("message")) for e in api.events(NS)}
+    assert "restarts from step 0 on resume" in said["JobSuspended"]
+    assert "training restarts from step 0" in said["JobResumed"]
+    assert api.job(NS, "sr")["status"]["resumedFromStep"] == 0
+
+
+INVALID = ('Pod "ev-worker-1" is invalid: spec.containers[0].volumeMounts[0].name: '
+           'Not found: "data"')
+
+
+def test_a_refused_pod_backs_off_and_an_evicted_pod_leaves_a_trace(
+    emulator: EmulatorThread, operator_process: OperatorProcess
+) -> None:
+    api = HttpApi(emulator.url)
+
+    def refuse_worker_1(method: str, path: str, body: object) -> tuple[int, str] | None:
+        name = ((body or {}).get("metadata") or {}).get("name") if isinstance(body, dict) else ""
+        return (422, INVALID) if method == "POST" and name == "ev-worker-1" else None
+
+    def attempts() -> int:
+        return sum(1 for r in emulator.recorded() if r.method == "POST" and not r.by_test
+                   and r.path.endswith("/pods")) - 1  # less the PS
+
+    def condition(kind: str) -> dict[str, str]:
+        conds = (api.job(NS, "ev") or {}).get("status", {}).get("conditions", [])
+        return next((cond for cond in conds if cond["type"] == kind), {})
+
+    def events(reason: str) -> list[dict[str, object]]:
+        return [e for e in api.events(NS) if e.get("reason") == reason]
+
+    emulator.refuse(refuse_worker_1)
+    operator_process.start()
+    api.create_job(make_job("ev", NS).body())
+    wait_for("PS pod", lambda: "ev-ps-0" in api.pods(NS))
+    api.set_pod_status(NS, "ev-ps-0", pod_status("Running", ready=True))
+
+    # Refused: a condition quoting the server, one event, an honest status, back-off.
+    rejected = wait_for("CreateRejected", lambda: condition("CreateRejected")
+                        .get("status") == "True" and condition("CreateRejected"))
+    assert INVALID in rejected["message"]
+    status = api.job(NS, "ev")["status"]
+    assert (status["phase"], status["psReady"]) == ("Starting", "1/1")
+    assert status["createRefusal"]["code"] == 422
+    wait_for("the second attempt, 5 s later", lambda: attempts() >= 2, timeout=20)
+    emulator.refuse(None)  # the cause is fixed: the next attempt (10 s later) goes through
+    wait_for("both workers", lambda: {"ev-worker-0", "ev-worker-1"} <= set(api.pods(NS)),
+             timeout=30)
+    wait_for("the refusal lifted", lambda: condition("CreateRejected").get("status") == "False")
+    assert attempts() == 4  # worker-1 three times (0 s, 5 s, 15 s), then worker-0
+    assert len(events("CreateRejected")) == 1
+    assert "Traceback" not in operator_process.log_tail(5000)
+
+    # Evicted through the Eviction API: DisruptionTarget, then graceful deletion (a
+    # finalizer stands in for the grace period). The cause is named, the replacement
+    # counted.
+    for name in ("ev-worker-0", "ev-worker-1"):
+        api.set_pod_status(NS, name, pod_status("Running", ready=True))
+    evicted = pod_status("Running", ready=True)
+    evicted["conditions"].append({"type": "DisruptionTarget", "status": "True",
+                                  "reason": "EvictionByEvictionAPI",
+                                  "message": "Eviction API: evicting"})
+    api.set_pod_status(NS, "ev-worker-1", evicted)
+    old_uid = api.pods(NS)["ev-worker-1"]["metadata"]["uid"]
+    pod_path = f"/api/v1/namespaces/{NS}/pods/ev-worker-1"
+    api.request("PATCH", pod_path, {"metadata": {
+        "finalizers": ["test/grace"], "deletionTimestamp": "2026-01-01T00:00:00Z"}},
+        "application/merge-patch+json")
+    disrupted = wait_for("PodDisrupted event", lambda: events("PodDisrupted"))
+    assert "EvictionByEvictionAPI" in str(disrupted[0]["message"])
+    wait_for("restart counted", lambda: api.job(NS, "ev")["status"].get("restarts") == 1)
+    api.request("PATCH", pod_path, {"metadata": {"finalizers": []}},
+                "application/merge-patch+json")
+    wait_for("ev-worker-1 replaced", lambda: (api.pods(NS).get("ev-worker-1") or {})
+             .get("metadata", {}).get("uid") not in (None, old_uid))
+    status = api.job(NS, "ev")["status"]
+    assert (status["restarts"], status["disruptions"]) == (1, 1)
+    assert len(events("PodDisrupted")) == 1
+
+
+def test_a_namespace_being_deleted_gets_no_retries_events_or_status(
+    emulator: EmulatorThread, operator_process: OperatorProcess
+) -> None:
+    api = HttpApi(emulator.url)
+    terminating = (403, 'pods "gone-ps-0" is forbidden: unable to create new content in '
+                        f"namespace {NS} because it is being terminated")
+    emulator.refuse(lambda method, path, body: terminating
+                    if method == "POST" and path.endswith("/pods") else None)
+    operator_process.start()
+    api.create_job(make_job("gone", NS).body())
+    wait_for("the first attempt", lambda: pod_posts(emulator))
+    time.sleep(3)  # a quiet period is what is asserted: nothing may happen in it
+    assert len(pod_posts(emulator)) == 1
+    assert not [e for e in api.events(NS) if e.get("reason") == "CreateRejected"]
+    assert "createRefusal" not in (api.job(NS, "gone") or {}).get("status", {})
+    log = operator_process.log_tail(5000)
+    assert "being deleted" in log and "Traceback" not in log

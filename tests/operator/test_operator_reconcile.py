@@ -19,9 +19,9 @@ from pstrain_operator.reconcile import (
     ObservedPod,
     decide,
     decide_invalid,
-    observe_pod,
     status_to_api,
 )
+from pstrain_operator.observe import observe_pod
 from pstrain_operator.settings import PodSettings
 
 from .op_builders import T0, at, make_job, pod
@@ -88,7 +88,8 @@ CASES = [
          progress=Progress(global_step=42, loss=0.5, updated_at=T0),
          actions=[], phase="Running", requeue=10.0,
          status={"progress": {"globalStep": 42, "loss": 0.5, "samplesPerSecond": None,
-                              "evalAccuracy": None, "updatedAt": "2026-01-01T12:00:00Z"},
+                              "evalAccuracy": None, "updatedAt": "2026-01-01T12:00:00Z",
+                              "advancedAt": "2026-01-01T12:00:00Z"},
                  "psReady": "1/1", "workersReady": "2/2"}),
     Case("chief succeeded: Succeeded, PS deleted, running workers deleted",
          J().status(phase="Running"),

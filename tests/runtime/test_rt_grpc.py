@@ -160,3 +160,36 @@ def test_push_pull_over_grpc(servers: list[PSServer], small_bytes: int) -> None:
         client.push_pull(nan, out)
     assert caught.value.code == "INVALID_ARGUMENT"
     client.close()
+
+
+@pytest.mark.timeout(30)
+def test_request_checkpoint_flags_the_chief_until_a_checkpoint_is_reported(
+        servers: list[PSServer]) -> None:
+    from pstrain_runtime.status_client import request_checkpoint
+
+    address = servers[0].address
+    assert request_checkpoint(address, timeout=5) is None  # no job yet
+    client = client_for(servers[:1], {"w": (4,)}, namespace="default/digits")
+    client.init({"w": torch.zeros(4)}, OptimizerConfig(), mode="async", num_workers=1,
+                staleness_bound=None, fingerprint=FP)
+    client.push({"w": torch.ones(4)})
+    client.report(pb.StatusReport(target_steps=10))
+    transport = GrpcTransport(address)
+    try:
+        assert not transport.info("default/digits").checkpoint_requested
+        assert request_checkpoint(address, timeout=5) == 1  # asked at step 1
+        client.push({"w": torch.ones(4)})
+        assert transport.info("default/digits").checkpoint_requested  # the chief sees it
+        assert request_checkpoint(address, timeout=5) == 2  # asking again: still standing
+        # A checkpoint before the requested step does not answer it; one at or after does.
+        client.report(pb.StatusReport(has_checkpoint=True, checkpoint_step=0,
+                                      checkpoint_path="/c/0.pt"))
+        assert transport.info("default/digits").checkpoint_requested
+        client.report(pb.StatusReport(has_checkpoint=True, checkpoint_step=2,
+                                      checkpoint_path="/c/2.pt"))
+        assert not transport.info("default/digits").checkpoint_requested
+        assert fetch_job_status(address, timeout=5)["checkpoint_step"] == 2  # type: ignore[index]
+    finally:
+        transport.close()
+        client.close()
+    assert request_checkpoint("127.0.0.1:1", timeout=0.5) is None

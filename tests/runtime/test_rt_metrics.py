@@ -157,3 +157,15 @@ def test_a_real_job_through_the_metered_store_and_client(transport: str) -> None
     assert value(ps_registry, "pstrain_ps_sent_bytes_total") > 0
     assert value(worker_registry, "pstrain_worker_steps_total") == 20
     assert value(worker_registry, "pstrain_worker_samples_total") == 20 * training.batch_size
+
+
+def test_a_taken_metrics_port_does_not_stop_the_replica(capsys) -> None:
+    from pstrain_runtime.replica import metrics_registry
+
+    with socket.socket() as sock:
+        sock.bind(("0.0.0.0", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        assert metrics_registry({"PSTRAIN_METRICS_PORT": str(port)}) is None
+    assert "no /metrics: cannot serve" in capsys.readouterr().err
+    assert metrics_registry({}) is None

@@ -193,6 +193,42 @@ def test_async_staleness_bound_blocks_the_fast_worker() -> None:
     assert store.namespace("ns").global_step == 4
 
 
+def test_every_wait_ends_at_the_store_bound_even_without_a_caller_deadline() -> None:
+    store = ParameterStore(max_wait=0.2)
+    client = connect(store)
+    client.init(params(), SGD, mode="sync", num_workers=2, staleness_bound=None,
+                fingerprint=FP)
+    ended: list[object] = []
+    waiting = threading.Thread(target=lambda: ended.append(
+        store.push(iter(push_frames(good_grads(), worker=0, step=0)))), daemon=True)
+    waiting.start()
+    waiting.join(5)  # worker 1 never pushes: the wait ends at max_wait
+    assert ended and "not complete" in ended[0].note  # type: ignore[attr-defined]
+    request = pb.PullRequest(namespace="ns", min_step=5)
+    pulled = threading.Thread(target=lambda: ended.append(list(store.pull(request))), daemon=True)
+    pulled.start()
+    pulled.join(5)  # step 5 never comes: the pull answers with the current state
+    assert len(ended) == 2
+    # The contribution was kept: worker 1 completes the step.
+    assert client.push(good_grads(), 1, step=0)[0].info.global_step == 1
+
+
+def test_an_async_push_at_the_target_does_not_wait_for_a_worker_that_stopped() -> None:
+    store = ParameterStore()
+    client = connect(store)
+    client.init(params(), SGD, mode="async", num_workers=2, staleness_bound=1,
+                fingerprint=FP, target_steps=2)
+    client.push(good_grads(), 1)
+    client.push(good_grads(), 1)  # the target: worker 0 stops without pushing again
+    replies: list[pb.PushReply] = []
+    ahead = threading.Thread(target=lambda: replies.extend(client.push(good_grads(), 1)),
+                             daemon=True)
+    ahead.start()
+    ahead.join(5)
+    store.stop()  # ends the wait, if any, of a failing run
+    assert replies and not replies[0].applied and "target" in replies[0].note
+
+
 def test_namespaces_do_not_clash() -> None:
     store = ParameterStore()
     a, b = connect(store, "job-a"), connect(store, "job-b")

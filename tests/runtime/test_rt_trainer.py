@@ -191,6 +191,50 @@ def test_chief_recovers_a_restarted_parameter_server(tmp_path: Path, with_checkp
     assert events.of("done")[0]["step"] == 150
 
 
+def test_a_worker_keeps_pushing_until_a_lagging_server_reaches_the_target() -> None:
+    """After a server restarted without a checkpoint, the servers' steps differ (here
+    server 0 is one ahead) and workers may see them at different times. A worker must
+    not end when server 0 reaches the target while server 1 still needs its gradient
+    for the last step: the chief's push of that step would wait for it forever (the
+    hang of issue 11 item 4)."""
+    target = 3
+    training = digits_training(steps=target, mode="sync")
+    stores = [ParameterStore(0), ParameterStore(1)]
+    transports = [LocalTransport(store) for store in stores]
+    chief = Trainer(training, WorkerRole("ns", 0, 2), transports, emit=Events())
+    chief._install(chief.mirror, None, target - 1, only=[0])
+    chief._install(chief.mirror, None, target - 2, only=[1])
+    worker = Trainer(training, WorkerRole("ns", 1, 2), transports, emit=Events())
+    ended = threading.Event()
+    thread = threading.Thread(target=lambda: (worker.run(), ended.set()), daemon=True)
+    thread.start()
+    grads = {name: torch.zeros_like(t) for name, t in chief.mirror.items()}
+    pushed: list[Any] = []
+    try:
+        # The chief saw both servers one step behind (server 0 at target-1, server 1
+        # at target-2); the worker completes those steps with it.
+        assert [r.info.global_step for r in chief.client.push(grads, 0, [target - 1,
+                                                                        target - 2])] \
+            == [target, target - 1]
+        # The chief's last step on server 1 needs the worker's contribution too.
+        last = threading.Thread(
+            target=lambda: pushed.append(chief.client.push_one(1, grads, 0, target - 1)),
+            daemon=True)
+        last.start()
+        last.join(20)
+        assert pushed and pushed[0].info.global_step == target, \
+            "the chief's last push on the lagging server did not complete"
+        assert not ended.is_set()  # the worker waits for the chief's Finish
+        chief.client.finish()
+        thread.join(20)
+        assert ended.is_set()
+    finally:
+        for store in stores:
+            store.stop()
+        worker.close()
+        chief.close()
+
+
 def test_overlapped_pushes_give_the_same_result() -> None:
     training = digits_training(steps=20, batchSize=32, mode="sync",
                                optimizer={"name": "adam", "learningRate": 0.01})
@@ -287,3 +331,24 @@ def test_restarted_chief_joins_the_running_servers_without_resetting_them() -> N
     assert done["step"] == 120
     # The second chief did only the remaining steps: nothing was re-initialised.
     assert transports[0].store.namespace("ns").epoch == 1
+
+
+def test_the_chief_writes_a_checkpoint_when_one_is_requested(tmp_path: Path) -> None:
+    """RequestCheckpoint on PS 0 (the operator, before a suspend or an eviction): the
+    chief writes a checkpoint at its next step, off the interval, and the request ends."""
+    training = digits_training(steps=60, checkpoint={"directory": str(tmp_path),
+                                                     "intervalSteps": 1000})
+    store = ParameterStore()
+    events = Events()
+    asked: list[int] = []
+
+    def ask(kind: str, fields: dict[str, Any]) -> None:
+        if kind == "progress" and fields["step"] >= 20 and not asked:
+            asked.append(store.request_checkpoint("ns").global_step)
+
+    events.hooks.append(ask)
+    run_job(training, [LocalTransport(store)], emit=events, progress_interval=0.0)
+    steps = [e["step"] for e in events.of("checkpoint")]
+    assert len(asked) == 1 and len(steps) == 2 and steps[-1] == 60  # and the final one
+    assert asked[0] <= steps[0] <= asked[0] + 3
+    assert store.namespace("ns").checkpoint_wanted == -1

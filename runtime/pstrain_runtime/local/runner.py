@@ -32,16 +32,21 @@ from pstrain_api.events import parse_event
 from pstrain_api.model import TrainingJob
 from pstrain_api.readiness import user_command
 
+from ..status_client import request_checkpoint
 from .devices import ENV_VISIBLE, DeviceRequest, assign_gpus, visible_gpus
 from .metrics import Metrics, build_summary, fold
 from .processes import (DEFAULT_REPLICA_COMMAND, Line, ProcessTable, find_free_ports,
                         replica_environment)
 from .render import PlainReporter, Reporter, RichReporter, format_result
-from .supervisor import (Action, Begin, Finish, Interrupt, Kill, Notify, Replica, RunState,
+from .supervisor import (Action, AskCheckpoint, Begin, CheckpointUnanswered, Checkpointed,
+                         Finish, Interrupt, Kill, Notify, Progressed, Replica, RunState,
                          Settings, SpawnFailed, Start, Terminate, Tick, decide,
                          effective_deadline, initial_state)
 
 TICK_SECONDS = 0.1
+ASK_TIMEOUT_S = 2.0  # RequestCheckpoint on PS 0 at the deadline
+# Replica events that carry the global step (the stall watchdog's input).
+STEP_EVENTS = frozenset({"progress", "eval", "checkpoint", "restored", "done"})
 FAILURE_CONTEXT_LINES = 12
 
 
@@ -173,6 +178,10 @@ class _Executor:
                 if context:
                     context = [f"last output of {action.replica}:", *context]
             self.reporter.notice(action.level, action.text, context)
+        elif isinstance(action, AskCheckpoint):
+            ps0 = next(r.address for r in state.replicas if r.is_ps and r.index == 0)
+            if request_checkpoint(ps0, ASK_TIMEOUT_S) is None:
+                self.inbox.append(CheckpointUnanswered(self.clock()))
         elif isinstance(action, Finish):
             return action
         return None
@@ -199,6 +208,11 @@ class _Executor:
             return metrics
         metrics = fold(metrics, item.name, event)
         self.reporter.event(item.name, event, metrics)
+        step = event.get("step")
+        if event.get("event") in STEP_EVENTS and isinstance(step, int):
+            self.inbox.append(Progressed(step, self.clock()))  # the stall watchdog's input
+        if event.get("event") == "checkpoint" and isinstance(step, int):
+            self.inbox.append(Checkpointed(step, self.clock()))
         return metrics
 
 

@@ -18,6 +18,14 @@ Invariants:
   runtime's replicas get `success_grace` seconds to exit by themselves first.
 - Once the job is decided (succeeded, failed, interrupted) nothing is started or
   restarted again; the run finishes when no replica process is left.
+- Stall watchdog (`runPolicy.stallTimeoutSeconds`): the global step the chief reports
+  (`Progressed`) must advance within the timeout once the workers run, else
+  `pstrain_api.policy.decide_stall` (the operator's rule too) restarts the workers and
+  the chief (one restart; their exits are then expected, not failures) or fails the
+  job with reason Stalled.
+- At the deadline, a running job asks the chief for a checkpoint first (`AskCheckpoint`,
+  RequestCheckpoint on PS 0) and fails once it is written (`Checkpointed`), cannot be
+  asked for (`CheckpointUnanswered`), or `checkpoint_wait` has passed.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from typing import Literal
 from pstrain_api import constants as c
 from pstrain_api.cluster import ClusterSpec
 from pstrain_api.model import RunPolicy, TrainingJob
-from pstrain_api.policy import decide_restart
+from pstrain_api.policy import decide_restart, decide_stall, stalled_for
 from pstrain_api.readiness import describe_check, local_check, stopped_on_success
 
 ReplicaStatus = Literal["pending", "running", "waiting_restart", "exited", "stopped"]
@@ -59,10 +67,11 @@ class Settings:
     kill_grace: float = 5.0
     backoff_base: float = 0.5
     backoff_max: float = 10.0
+    checkpoint_wait: float = 30.0
 
     def __post_init__(self) -> None:
         for name in ("health_timeout", "success_grace", "kill_grace", "backoff_base",
-                     "backoff_max"):
+                     "backoff_max", "checkpoint_wait"):
             value = getattr(self, name)
             if value < 0:
                 raise ValueError(f"{name} is {value}; it must be at least 0.")
@@ -116,6 +125,8 @@ class Replica:
     exit_code: int | None = None
     check: str = c.GATE_GRPC  # how readiness is checked (pstrain_api.readiness)
     stop_on_success: bool = False  # terminated at once when the chief exits 0
+    stall_restart: bool = False  # stopped by the stall watchdog: its exit is expected
+    kill_at: float | None = None  # SIGKILL then, if the watchdog's SIGTERM was ignored
 
     @property
     def is_ps(self) -> bool:
@@ -142,6 +153,10 @@ class RunState:
     kill_at: float | None = None
     killed: bool = False
     interrupted: bool = False
+    step: int = 0  # the global step last reported
+    advanced_at: float | None = None  # when it last advanced (the stall watchdog's clock)
+    checkpoint_asked_at: float | None = None  # the deadline's checkpoint request
+    checkpoint_wanted: int = 0  # a checkpoint at or after this step answers it
 
     def replica(self, name: str) -> Replica:
         for rep in self.replicas:
@@ -222,12 +237,36 @@ class Tick:
 
 
 @dataclass(frozen=True)
+class Progressed:
+    """The chief reported global step `step`."""
+
+    step: int
+    now: float
+
+
+@dataclass(frozen=True)
 class Interrupt:
     now: float
     signum: int = signal.SIGINT
 
 
-Observation = Begin | Healthy | Exited | SpawnFailed | Tick | Interrupt
+@dataclass(frozen=True)
+class Checkpointed:
+    """The chief wrote a checkpoint at global step `step`."""
+
+    step: int
+    now: float
+
+
+@dataclass(frozen=True)
+class CheckpointUnanswered:
+    """A checkpoint could not be asked for (PS 0 unreachable, or no job on it)."""
+
+    now: float
+
+
+Observation = (Begin | Healthy | Exited | SpawnFailed | Tick | Interrupt | Progressed
+               | Checkpointed | CheckpointUnanswered)
 
 
 # --------------------------------------------------------------------------- actions
@@ -269,7 +308,12 @@ class Finish:
     interrupted: bool = False
 
 
-Action = Start | Terminate | Kill | Notify | Finish
+@dataclass(frozen=True)
+class AskCheckpoint:
+    """Ask the chief, through PS 0, for a checkpoint (RequestCheckpoint)."""
+
+
+Action = Start | Terminate | Kill | Notify | Finish | AskCheckpoint
 
 
 # --------------------------------------------------------------------------- decisions
@@ -291,6 +335,12 @@ def decide(state: RunState, obs: Observation) -> tuple[RunState, list[Action]]:
         return _tick(state, obs.now)
     if isinstance(obs, Interrupt):
         return _interrupt(state, obs)
+    if isinstance(obs, Progressed):
+        if obs.step != state.step:
+            state = replace(state, step=obs.step, advanced_at=obs.now)
+        return state, []
+    if isinstance(obs, Checkpointed | CheckpointUnanswered):
+        return _checkpoint_answer(state, obs)
     raise TypeError(f"unknown observation {obs!r}")
 
 
@@ -322,7 +372,7 @@ def _start_workers(state: RunState, now: float) -> tuple[RunState, list[Action]]
     """Every parameter server serves: start the non-chief workers, then the chief."""
     others = [r.name for r in state.replicas if not r.is_ps and not r.is_chief]
     chief = [r.name for r in state.replicas if r.is_chief]
-    state = replace(state, stage="running", phase="Running")
+    state = replace(state, stage="running", phase="Running", advanced_at=now)
     state, actions = _start(state, [*others, *chief], now)
     ps_count = len(state.ps)
     text = (f"{ps_count} parameter server(s) ready; starting "
@@ -349,6 +399,12 @@ def _exited(state: RunState, obs: Exited) -> tuple[RunState, list[Action]]:
 
     if state.stage in ("draining", "stopping"):
         return _finish_if_idle(state)
+
+    if rep.stall_restart:  # stopped by the watchdog, already counted: start it again
+        delay = restart_delay(state.settings, 0)
+        rep = replace(rep, status="waiting_restart", restart_at=obs.now + delay,
+                      stall_restart=False, kill_at=None)
+        return state.with_replica(rep), []
 
     if obs.exit_code == 0:
         if rep.is_chief:
@@ -440,6 +496,15 @@ def _tick(state: RunState, now: float) -> tuple[RunState, list[Action]]:
     if state.stage in ("starting_ps", "running"):
         deadline = s.deadline_seconds
         if deadline is not None and now - state.started_at >= deadline:
+            if (state.stage == "running" and state.checkpoint_asked_at is None
+                    and s.checkpoint_wait > 0):
+                state = replace(state, checkpoint_asked_at=now, checkpoint_wanted=state.step)
+                return state, [Notify("info", f"the deadline of {deadline:g}s is reached; "
+                                              "asking the chief for a checkpoint first (up "
+                                              f"to {s.checkpoint_wait:g}s)"), AskCheckpoint()]
+            asked = state.checkpoint_asked_at
+            if asked is not None and now - asked < s.checkpoint_wait:
+                return state, []
             return _fail(state, now, REASON_DEADLINE,
                          f"the job ran longer than its deadline of {deadline:g}s.", None)
         if state.stage == "starting_ps":
@@ -450,11 +515,15 @@ def _tick(state: RunState, now: float) -> tuple[RunState, list[Action]]:
                         state, now, REASON_HEALTH_TIMEOUT,
                         f"{rep.name} did not {describe_check(rep.check)} on "
                         f"{rep.address} within {s.health_timeout:g}s.", rep.name)
+        if state.stage == "running":
+            state, actions = _watch_stall(state, now)
+            if state.stage != "running":
+                return state, actions
         due = [r.name for r in state.replicas
                if r.status == "waiting_restart" and r.restart_at is not None
                and r.restart_at <= now]
-        state, actions = _start(state, due, now)
-        return state, actions
+        state, started = _start(state, due, now)
+        return state, [*actions, *started]
 
     if state.stage == "draining" and state.drain_until is not None and now >= state.drain_until:
         live = state.live()
@@ -478,6 +547,47 @@ def _tick(state: RunState, now: float) -> tuple[RunState, list[Action]]:
                 Kill(tuple(live)),
             ]
     return state, actions
+
+
+def _checkpoint_answer(state: RunState, obs: Checkpointed | CheckpointUnanswered,
+                       ) -> tuple[RunState, list[Action]]:
+    """The deadline's checkpoint is written (or cannot be had): the job fails now."""
+    if state.checkpoint_asked_at is None or state.stage not in ("starting_ps", "running"):
+        return state, []
+    if isinstance(obs, Checkpointed) and obs.step < state.checkpoint_wanted:
+        return state, []
+    deadline = state.settings.deadline_seconds or 0.0
+    kept = (f" A checkpoint at step {obs.step} was written first."
+            if isinstance(obs, Checkpointed) else "")
+    return _fail(state, obs.now, REASON_DEADLINE,
+                 f"the job ran longer than its deadline of {deadline:g}s.{kept}", None)
+
+
+def _watch_stall(state: RunState, now: float) -> tuple[RunState, list[Action]]:
+    """The stall watchdog: restart the workers and the chief, or fail with Stalled; and
+    SIGKILL a replica that ignored the watchdog's SIGTERM for `kill_grace`."""
+    s = state.settings
+    stubborn = tuple(r.name for r in state.replicas
+                     if r.stall_restart and r.is_live and r.kill_at is not None
+                     and now >= r.kill_at)
+    if stubborn:
+        for name in stubborn:
+            state = state.with_replica(replace(state.replica(name), kill_at=None))
+        return state, [Kill(stubborn)]
+    if any(r.stall_restart for r in state.replicas):
+        return state, []  # a watchdog restart is under way
+    idle = stalled_for(s.policy, state.advanced_at, now)
+    if idle is None:
+        return state, []
+    decision = decide_stall(s.policy, state.step, idle, state.restarts)
+    if decision.action == "fail":
+        return _fail(state, now, decision.reason, decision.message, None)
+    victims = tuple(r.name for r in state.replicas if not r.is_ps and r.is_live)
+    for name in victims:
+        state = state.with_replica(replace(state.replica(name), stall_restart=True,
+                                           kill_at=now + s.kill_grace))
+    state = replace(state, restarts=state.restarts + 1, advanced_at=now)
+    return state, [Notify("warning", decision.message), *([Terminate(victims)] if victims else [])]
 
 
 def _interrupt(state: RunState, obs: Interrupt) -> tuple[RunState, list[Action]]:

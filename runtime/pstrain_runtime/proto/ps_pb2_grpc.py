@@ -84,6 +84,11 @@ class ParameterServerStub:
                 request_serializer=pstrain__runtime_dot_proto_dot_ps__pb2.NamespaceRequest.SerializeToString,
                 response_deserializer=pstrain__runtime_dot_proto_dot_ps__pb2.JobStatus.FromString,
                 _registered_method=True)
+        self.RequestCheckpoint = channel.unary_unary(
+                '/pstrain.v1.ParameterServer/RequestCheckpoint',
+                request_serializer=pstrain__runtime_dot_proto_dot_ps__pb2.NamespaceRequest.SerializeToString,
+                response_deserializer=pstrain__runtime_dot_proto_dot_ps__pb2.StepInfo.FromString,
+                _registered_method=True)
 
 
 class ParameterServerServicer:
@@ -162,6 +167,16 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RequestCheckpoint(self, request, context):
+        """Ask the chief for a checkpoint before a disruption (the operator; suspend, deadline,
+        eviction): sets checkpoint_requested in this namespace's StepInfo until the chief
+        reports a checkpoint at or after the step of the request. Empty namespace: the job
+        that reported last.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -214,6 +229,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.GetJobStatus,
                     request_deserializer=pstrain__runtime_dot_proto_dot_ps__pb2.NamespaceRequest.FromString,
                     response_serializer=pstrain__runtime_dot_proto_dot_ps__pb2.JobStatus.SerializeToString,
+            ),
+            'RequestCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.RequestCheckpoint,
+                    request_deserializer=pstrain__runtime_dot_proto_dot_ps__pb2.NamespaceRequest.FromString,
+                    response_serializer=pstrain__runtime_dot_proto_dot_ps__pb2.StepInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -486,6 +506,33 @@ class ParameterServer:
             '/pstrain.v1.ParameterServer/GetJobStatus',
             pstrain__runtime_dot_proto_dot_ps__pb2.NamespaceRequest.SerializeToString,
             pstrain__runtime_dot_proto_dot_ps__pb2.JobStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RequestCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pstrain.v1.ParameterServer/RequestCheckpoint',
+            pstrain__runtime_dot_proto_dot_ps__pb2.NamespaceRequest.SerializeToString,
+            pstrain__runtime_dot_proto_dot_ps__pb2.StepInfo.FromString,
             options,
             channel_credentials,
             insecure,

@@ -35,7 +35,7 @@ class Run:
     """`pstrain run FILE --json` in a subprocess; `on_line` sees every stderr line."""
 
     def __init__(self, manifest: Path, *args: str,
-                 on_line: Callable[[Run, str], None] | None = None):
+                 on_line: Callable[[Run, str], None] | None = None, expect: int = 0):
         self.pids: dict[str, int] = {}
         self.lines: list[str] = []
         self.proc = subprocess.Popen(
@@ -58,7 +58,7 @@ class Run:
         finally:
             watchdog.cancel()
         output = "\n".join(self.lines[-40:])
-        assert self.returncode == 0, f"pstrain run exited {self.returncode}:\n{output}"
+        assert self.returncode == expect, f"pstrain run exited {self.returncode}:\n{output}"
         out_lines = stdout.splitlines()
         assert len(out_lines) == 1, f"expected one JSON line on stdout, got {stdout!r}"
         self.summary = json.loads(out_lines[0])
@@ -142,3 +142,24 @@ def test_ps_killed_mid_training_restores_its_shard(tmp_path):
     assert list(ckpt.glob("*")), "checkpoints must be written to --checkpoint-dir"
     print(f"\nPS restored from step {step}; {lost} steps lost; job took "
           f"{s['wall_seconds']:.1f}s")
+
+
+def test_deadline_writes_a_checkpoint_before_the_job_fails(tmp_path):
+    """At --timeout the runner asks the chief (through PS 0) for a checkpoint, and fails
+    the job only once it is written: the training done so far is kept."""
+    data = yaml.safe_load(DIGITS.read_text())
+    data["spec"]["training"]["steps"] = 10**7
+    data["spec"]["training"]["checkpoint"] = {"intervalSteps": 10**6}
+    manifest = tmp_path / "digits-deadline.yaml"
+    manifest.write_text(yaml.safe_dump(data))
+    ckpt = tmp_path / "ckpt"
+    run = Run(manifest, "--checkpoint-dir", str(ckpt), "--timeout", "45", expect=1)
+    s = run.summary
+    assert (s["phase"], s["reason"]) == ("Failed", "DeadlineExceeded"), s
+    if not s["steps"]:  # PS 0 held no job yet: nothing to checkpoint, it fails at once
+        assert "checkpoint" not in s["message"]
+        pytest.skip("training had not started within the deadline on this loaded machine")
+    written = re.search(r"A checkpoint at step (\d+) was written first", s["message"])
+    assert written, s["message"]
+    assert s["last_checkpoint_step"] == int(written.group(1)) > 0
+    assert list(ckpt.glob("*")), "the checkpoint must be in --checkpoint-dir"

@@ -237,6 +237,23 @@ def test_deadline_fails_the_job(fake):
     assert not any(is_alive(p) for p in all_pids(result))
 
 
+def test_stalled_job_is_restarted_then_fails_with_reason_stalled(fake):
+    """A chief that reports step 3 and then hangs: the watchdog restarts the trainers
+    once (backoffLimit 1), the restarted chief hangs too, and the job fails Stalled.
+    (How far a fake got before the watchdog fired depends on the machine's load, so
+    only the decisions are checked.)"""
+    builder = make_job("j").ps(1).workers(1)
+    builder.run_policy(stallTimeoutSeconds=2, backoffLimit=1)
+    result, lines, _ = fake(builder, {"j-worker-0": {
+        "hang": True, "events": [["progress", {"step": 3, "loss": 1.0}]]}})
+    assert (result.summary["phase"], result.summary["reason"]) == ("Failed", "Stalled")
+    assert result.summary["restarts"] == 1
+    restarted = [line for line in lines if "restarting the workers and the chief" in line]
+    assert len(restarted) == 1 and "stallTimeoutSeconds is 2" in restarted[0]
+    assert any("backoffLimit is 1" in line for line in lines)
+    assert not any(is_alive(p) for p in all_pids(result))
+
+
 # --------------------------------------------------------------------------- the CLI
 
 

@@ -227,8 +227,9 @@ def test_spawn_failure_fails_the_job():
      pytest.param(None, 1e6, "Running", id="no-deadline")],
 )
 def test_deadline(deadline, tick, phase):
-    state, _ = play(state_of(make_job().model(), deadline_seconds=deadline),
-                    [*ALL_STARTED, Tick(tick)])
+    # checkpoint_wait 0: no checkpoint is asked for first (see the tests below)
+    state, _ = play(state_of(make_job().model(), deadline_seconds=deadline,
+                             checkpoint_wait=0.0), [*ALL_STARTED, Tick(tick)])
     assert state.phase == phase
     if phase == "Failed":
         assert state.reason == "DeadlineExceeded"
@@ -300,3 +301,107 @@ def test_settings_reject_bad_values(field, value, message):
     with pytest.raises(ValueError) as err:
         replace(Settings(), **{field: value})
     assert str(err.value) == message
+
+
+# --------------------------------------------------------------------------- stall watchdog
+
+
+def stalling(**policy: object):
+    job = make_job()
+    job.run_policy(stallTimeoutSeconds=30, **policy)
+    return state_of(job.model(), kill_grace=3.0, backoff_base=0.5)
+
+
+def test_stall_watchdog_restarts_workers_and_chief_once_then_runs_on():
+    from pstrain_runtime.local.supervisor import Progressed
+
+    state, _ = play(stalling(), [*ALL_STARTED, Progressed(5, 2.0), Progressed(7, 10.0),
+                                 Tick(39.9)])
+    assert state.restarts == 0  # 29.9 s since step 7
+    state, actions = decide(state, Tick(40.0))
+    notices = [a for a in actions if isinstance(a, Notify)]
+    assert notices[0].level == "warning"
+    assert notices[0].text.startswith(
+        "the global step stayed at 7 for 30s (stallTimeoutSeconds is 30); restarting the "
+        "workers and the chief; restart 1 of 3")
+    assert without_notices(actions) == [Terminate((W1, CHIEF))]
+    assert state.restarts == 1
+    # Their exits (143, or 0 from a graceful chief) are the watchdog's restart: not a
+    # failure, not a success, not counted twice; they start again after the back-off.
+    state, actions = play(state, [Exited(W1, 1, 143, 41.0), Exited(CHIEF, 1, 0, 41.0)])
+    assert (state.phase, state.restarts) == ("Running", 1)
+    state, actions = play(state, [Tick(41.5)])
+    assert starts(actions) == [(W1, 2), (CHIEF, 2)]
+    # The clock restarted with the restart: no second restart until 30 s later.
+    state, actions = play(state, [Tick(69.0)])
+    assert state.restarts == 1 and without_notices(actions) == []
+
+
+def test_stall_watchdog_kills_a_replica_that_ignores_sigterm():
+    state, _ = play(stalling(), [*ALL_STARTED, Tick(31.0)])
+    state, actions = play(state, [Exited(W1, 1, 143, 32.0), Tick(33.9)])
+    assert starts(actions) == [(W1, 2)] and not any(isinstance(a, Kill) for a in actions)
+    state, actions = play(state, [Tick(34.0)])
+    assert actions == [Kill((CHIEF,))]
+    state, actions = play(state, [Tick(35.0)])
+    assert actions == []  # killed once; its exit will restart it
+    state, actions = play(state, [Exited(CHIEF, 1, 137, 35.1), Tick(36.0)])
+    assert starts(actions) == [(CHIEF, 2)] and state.restarts == 1
+
+
+@pytest.mark.parametrize("policy, says", [
+    ({"restartPolicy": "Never"}, "restartPolicy is Never"),
+    ({"backoffLimit": 0}, "backoffLimit is 0"),
+], ids=["never", "backoff-used-up"])
+def test_stall_watchdog_fails_the_job_with_reason_stalled(policy, says):
+    state, actions = play(stalling(**policy), [*ALL_STARTED, Tick(31.0)])
+    assert (state.phase, state.reason) == ("Failed", "Stalled")
+    assert says in state.message
+    assert Terminate((PS, W1, CHIEF)) in actions
+
+
+def test_stall_watchdog_is_off_by_default():
+    state, _ = play(state_of(make_job().model()), ALL_STARTED)
+    state, actions = play(state, [Tick(10.0**6)])
+    assert (state.phase, state.restarts) == ("Running", 0) and without_notices(actions) == []
+
+
+# --------------------------------------------------------------------------- deadline checkpoint
+
+
+def at_deadline(**settings: object):
+    from pstrain_runtime.local.supervisor import Progressed
+
+    state, _ = play(state_of(make_job().model(), deadline_seconds=100.0, checkpoint_wait=30.0,
+                             **settings), [*ALL_STARTED, Progressed(40, 50.0)])
+    return state
+
+
+def test_deadline_asks_for_a_checkpoint_then_fails_once_it_is_written():
+    from pstrain_runtime.local.supervisor import AskCheckpoint, Checkpointed
+
+    state, actions = decide(at_deadline(), Tick(100.0))
+    assert state.phase == "Running" and AskCheckpoint() in actions
+    state, actions = play(state, [Tick(110.0), Checkpointed(39, 111.0)])
+    assert state.phase == "Running" and actions == []  # an older checkpoint does not count
+    state, actions = decide(state, Checkpointed(41, 112.0))
+    assert (state.phase, state.reason) == ("Failed", "DeadlineExceeded")
+    assert "A checkpoint at step 41 was written first." in state.message
+    assert Terminate((PS, W1, CHIEF)) in actions
+
+
+@pytest.mark.parametrize("answer", ["unanswered", "timeout"])
+def test_deadline_checkpoint_wait_is_bounded(answer):
+    from pstrain_runtime.local.supervisor import CheckpointUnanswered
+
+    state, _ = decide(at_deadline(), Tick(100.0))
+    last = CheckpointUnanswered(100.5) if answer == "unanswered" else Tick(130.0)
+    state, actions = play(state, [Tick(129.9), last])
+    assert (state.phase, state.reason) == ("Failed", "DeadlineExceeded")
+    assert "checkpoint" not in state.message
+
+
+def test_deadline_before_the_workers_run_fails_at_once():
+    state, _ = play(state_of(make_job().model(), deadline_seconds=10.0), [Begin(0.0)])
+    state, _ = decide(state, Tick(10.0))
+    assert (state.phase, state.reason) == ("Failed", "DeadlineExceeded")

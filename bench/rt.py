@@ -13,28 +13,51 @@ from .procs import LOOPBACK
 CONNECT_DEADLINE_S = 60.0
 
 
-def serve_ps(ps_index: int, port: int, timeout_s: float) -> None:
+def serve_ps(ps_index: int, port: int, timeout_s: float, token: bytes | None = None) -> None:
     """Run one parameter server on 127.0.0.1:`port` until a client's Shutdown RPC (or
-    `timeout_s`)."""
-    from pstrain_runtime.server import PSServer
-
-    server = PSServer(f"{LOOPBACK}:{port}", ps_index=ps_index)
-    server.start()
+    `timeout_s`); with `token`, it checks that job token's keys on every call."""
+    server = start_ps(ps_index, port, token)
     if not server.wait(timeout_s):
         server.stop(grace=0)
 
 
+def start_ps(ps_index: int, port: int, token: bytes | None = None,
+             tls_dir: str | None = None):  # noqa: ANN201
+    """A started parameter server on 127.0.0.1:`port` (authenticated with `token`, over
+    TLS with the files in `tls_dir`)."""
+    from pathlib import Path
+
+    from pstrain_runtime.auth import Credentials
+    from pstrain_runtime.server import PSServer
+    from pstrain_runtime.tls import TlsFiles
+
+    credentials = Credentials.from_token(token) if token else None
+    server = PSServer(f"{LOOPBACK}:{port}", ps_index=ps_index, credentials=credentials,
+                      tls=TlsFiles(Path(tls_dir)) if tls_dir else None)
+    server.start()
+    return server
+
+
 def connect(ports: Sequence[int], shapes: Mapping[str, Sequence[int]], namespace: str,
-            wire_dtype: str = "float32",
-            transport: str = "tcp"):  # noqa: ANN201 - runtime type, imported lazily
+            wire_dtype: str = "float32", transport: str = "tcp",
+            token: bytes | None = None,
+            tls_dir: str | None = None):  # noqa: ANN201 - runtime type, imported lazily
     """A ShardedClient for a model of `shapes` over the servers on `ports`, once every
-    server answers."""
+    server answers; with `token`, it proves that job token's chief key; with `tls_dir`,
+    over TLS trusting its ca.crt."""
+    from pathlib import Path
+
     import torch
+    from pstrain_runtime.auth import Credentials
     from pstrain_runtime.client import ShardedClient, retry_unavailable
     from pstrain_runtime.client import connect as connect_one
     from pstrain_runtime.placement import build_placement, param_specs
 
-    transports = [connect_one(f"{LOOPBACK}:{p}", transport) for p in ports]
+    credentials = Credentials.from_token(token).only("chief") if token else None
+    from pstrain_runtime.tls import TlsFiles
+
+    tls = TlsFiles(Path(tls_dir)) if tls_dir else None
+    transports = [connect_one(f"{LOOPBACK}:{p}", transport, credentials, tls) for p in ports]
     for t in transports:
         retry_unavailable(lambda t=t: t.info(namespace), CONNECT_DEADLINE_S)
     placement = build_placement(param_specs(shapes), len(ports))

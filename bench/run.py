@@ -31,6 +31,7 @@ from bench.report import derive, evaluate_targets, render_markdown  # noqa: E402
 ITEMS: dict[str, str] = {
     "limits": "bench.limits:run",
     "transport": "bench.transport:run",
+    "auth": "bench.auth:run",
     "ps_step": "bench.ps_step:run",
     "training": "bench.training:run",
     "overlap": "bench.training:overlap_throughput",

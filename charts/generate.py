@@ -78,6 +78,7 @@ NAMESPACED = frozenset({
     ("", "secrets"),
     ("", "persistentvolumeclaims"),
     ("coordination.k8s.io", "leases"),
+    ("networking.k8s.io", "networkpolicies"),
     ("kopf.dev", "kopfpeerings"),
     ("zalando.org", "kopfpeerings"),
 })
@@ -341,6 +342,9 @@ def values_schema() -> dict[str, Any]:
                 "job's template overrides either.",
                 enum=["restricted", "none"],
             ),
+            "jobNetworkPolicy": _bool(
+                "Create a NetworkPolicy per job admitting traffic to its parameter servers "
+                "only from its own pods (and 2222 from the operator's namespace)."),
             "progressInterval": {
                 "description": "Seconds between refreshes of a running job's training "
                 "progress (status.progress), 1 to 30.",

@@ -177,7 +177,42 @@ def local_cluster_spec(job: TrainingJob, ports: Iterable[int]) -> ClusterSpec:
 
 
 def task_count(job: TrainingJob) -> int:
-    return sum(1 for _ in job_tasks(job))
+    reps = job.spec.replicas
+    return reps.ps.replicas + reps.worker.replicas + (reps.chief.replicas if reps.chief else 0)
+
+
+# Linux's limit on one environment entry ("NAME=value" and its NUL), MAX_ARG_STRLEN: a
+# longer one makes execve fail with E2BIG, "Argument list too long".
+MAX_ENV_ENTRY_BYTES = 32 * 4096
+# No Kubernetes address is shorter: "<job>-ps-0.<job>.<namespace>.svc:2222", quoted.
+_MIN_ADDRESS_BYTES = len('"a-ps-0.a.a.svc:2222",')
+
+
+def environment_problem(job: TrainingJob) -> tuple[str, str] | None:
+    """(field path, message) when the cluster-spec environment of `job` would not fit
+    in one environment variable, else None. Every replica of a job receives the same
+    variables, so the check needs no addresses beyond the job's own."""
+    tasks = task_count(job)
+    if tasks * _MIN_ADDRESS_BYTES > MAX_ENV_ENTRY_BYTES:
+        size = f"at least {tasks * _MIN_ADDRESS_BYTES} bytes"  # not worth building
+    else:
+        env = kubernetes_cluster_spec(job).env(chief_task(job))
+        training = len(c.ENV_TRAINING) + 2 + len(env[c.ENV_TRAINING].encode())
+        if training > MAX_ENV_ENTRY_BYTES:
+            return "spec.training", (
+                f"spec.training is {training} bytes as JSON; every replica receives it in "
+                f"the {c.ENV_TRAINING} environment variable, and Linux allows one variable "
+                f"at most {MAX_ENV_ENTRY_BYTES} bytes ('Argument list too long'); pass large "
+                "data through a file or a volume, e.g. a path in spec.training.args")
+        cluster = len(c.ENV_CLUSTER) + 2 + len(env[c.ENV_CLUSTER].encode())
+        if cluster <= MAX_ENV_ENTRY_BYTES:
+            return None
+        size = f"{cluster} bytes"
+    return "spec.replicas", (
+        f"spec.replicas asks for {tasks} replicas; every replica receives all their "
+        f"addresses in the {c.ENV_CLUSTER} environment variable, which would be {size}, and "
+        f"Linux allows one variable at most {MAX_ENV_ENTRY_BYTES} bytes ('Argument list "
+        "too long')")
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
+from collections.abc import Callable
+
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
 from . import constants as c
-from . import rules
+from . import names, rules
 from .names import check_job_name
 from .template import schema_problems as template_schema_problems
 
@@ -35,13 +38,16 @@ INT_OR_STRING = {"x-kubernetes-int-or-string": True}
 
 
 class ApiModel(BaseModel):
-    """Base: camelCase aliases, unknown fields forbidden, assignment validated."""
+    """Base: camelCase aliases, unknown fields forbidden, assignment validated, and types
+    strict as the CRD's are: the API server refuses `steps: '200'` and `replicas: true`,
+    so pydantic must not turn them into 200 and 1."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,
         populate_by_name=True,
         extra="forbid",
         validate_assignment=True,
+        strict=True,
     )
 
     def to_api(self) -> dict[str, Any]:
@@ -51,6 +57,44 @@ class ApiModel(BaseModel):
 
 FreeForm = Annotated[dict[str, Any], Field(json_schema_extra=FREE_FORM)]
 Quantity = Annotated[int | str, Field(json_schema_extra=INT_OR_STRING)]
+
+# --------------------------------------------------------------------------- value rules
+# Rules the CRD's schema cannot say but the API server or the runtime enforce. Each fails
+# as a PydanticCustomError whose ctx['rule'] ends the message "PATH is VALUE; RULE".
+
+def _rule(kind: str, rule: str) -> PydanticCustomError:
+    return PydanticCustomError(kind, "{rule}", {"rule": rule})
+
+
+def _kubernetes_name(problem_of: Callable[[str], str | None]) -> AfterValidator:
+    def check(value: str) -> str:
+        problem = problem_of(value)
+        if problem:
+            raise _rule("kubernetes_name", problem)
+        return value
+
+    return AfterValidator(check)
+
+
+def _in_crd(pattern: re.Pattern[str], max_length: int) -> Any:
+    """The same rule for the CRD, so that the API server refuses the name too."""
+    return Field(json_schema_extra={"pattern": pattern.pattern, "maxLength": max_length})
+
+
+# Numbers the runtime computes with: .inf and .nan are refused.
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+# Status timestamps arrive as RFC 3339 strings from the API server.
+Timestamp = Annotated[datetime, Field(strict=False)]
+DnsLabel = Annotated[str, _kubernetes_name(names.dns_label_problem),
+                     _in_crd(names.DNS_1123_LABEL, c.DNS_LABEL_MAX)]
+DnsSubdomain = Annotated[str, _kubernetes_name(names.dns_subdomain_problem),
+                         _in_crd(names.DNS_1123_SUBDOMAIN, names.DNS_SUBDOMAIN_MAX)]
+# Keys carry no CRD rule: a structural schema has no patternProperties.
+LabelKey = Annotated[str, _kubernetes_name(names.label_key_problem)]
+LabelValue = Annotated[str, _kubernetes_name(names.label_value_problem),
+                       _in_crd(names.LABEL_VALUE, c.DNS_LABEL_MAX)]
+Labels = dict[LabelKey, LabelValue]
+Annotations = dict[LabelKey, str]
 
 
 # --------------------------------------------------------------------------- pod template
@@ -171,16 +215,16 @@ class Optimizer(ApiModel):
     name: Literal["sgd", "momentum", "adagrad", "adam"] = Field(
         default="sgd", description="Optimizer."
     )
-    learning_rate: float = Field(default=0.1, gt=0, description="Learning rate.")
-    momentum: float = Field(
+    learning_rate: FiniteFloat = Field(default=0.1, gt=0, description="Learning rate.")
+    momentum: FiniteFloat = Field(
         default=0.9, ge=0, lt=1, description="Momentum factor (momentum optimizer)."
     )
     nesterov: bool = Field(default=False, description="Nesterov momentum.")
-    weight_decay: float = Field(default=0.0, ge=0, description="L2 weight decay.")
-    beta1: float = Field(default=0.9, ge=0, lt=1, description="Adam beta1.")
-    beta2: float = Field(default=0.999, ge=0, lt=1, description="Adam beta2.")
-    eps: float = Field(default=1e-8, gt=0, description="Adam/Adagrad epsilon.")
-    initial_accumulator_value: float = Field(
+    weight_decay: FiniteFloat = Field(default=0.0, ge=0, description="L2 weight decay.")
+    beta1: FiniteFloat = Field(default=0.9, ge=0, lt=1, description="Adam beta1.")
+    beta2: FiniteFloat = Field(default=0.999, ge=0, lt=1, description="Adam beta2.")
+    eps: FiniteFloat = Field(default=1e-8, gt=0, description="Adam/Adagrad epsilon.")
+    initial_accumulator_value: FiniteFloat = Field(
         default=0.0, ge=0, description="Adagrad initial accumulator."
     )
 
@@ -325,6 +369,31 @@ class RunPolicy(ApiModel):
     )
 
 
+# --------------------------------------------------------------------------- security
+
+
+class Tls(ApiModel):
+    secret_name: str = Field(
+        min_length=1, max_length=253,
+        description="A kubernetes.io/tls Secret in the job's namespace (e.g. one that "
+        "cert-manager issues) with tls.crt, tls.key and ca.crt: the parameter servers "
+        "serve with tls.crt/tls.key, and every replica trusts only ca.crt.",
+    )
+
+
+class Security(ApiModel):
+    authentication: bool = Field(
+        default=True,
+        description="Every call to a parameter server proves the job's key (a Secret the "
+        "operator creates per job); only the chief may initialise, restore or stop the "
+        "servers. Turn off only on a network no one else can reach.",
+    )
+    tls: Tls | None = Field(
+        default=None,
+        description="Encrypt both parameter-server channels with TLS (off when unset).",
+    )
+
+
 # --------------------------------------------------------------------------- spec & status
 
 
@@ -334,6 +403,11 @@ class TrainingJobSpec(ApiModel):
     run_policy: RunPolicy = Field(
         default_factory=RunPolicy, description="Restarts, deadlines and clean-up."
     )
+    security: Security = Field(
+        default_factory=Security,
+        description="Authentication (on by default) and TLS (opt-in) of the job's "
+        "parameter-server channels.",
+    )
 
 
 class Condition(ApiModel):
@@ -341,7 +415,7 @@ class Condition(ApiModel):
     status: Literal["True", "False", "Unknown"] = Field(description="True, False, Unknown.")
     reason: str = Field(default="", description="Machine-readable CamelCase reason.")
     message: str = Field(default="", description="Human-readable message.")
-    last_transition_time: datetime | None = Field(
+    last_transition_time: Timestamp | None = Field(
         default=None, description="When the status last changed."
     )
 
@@ -359,8 +433,8 @@ class Progress(ApiModel):
     loss: float | None = Field(default=None, description="Latest training loss.")
     samples_per_second: float | None = Field(default=None, description="Throughput.")
     eval_accuracy: float | None = Field(default=None, description="Latest eval accuracy.")
-    updated_at: datetime | None = Field(default=None, description="When last refreshed.")
-    advanced_at: datetime | None = Field(
+    updated_at: Timestamp | None = Field(default=None, description="When last refreshed.")
+    advanced_at: Timestamp | None = Field(
         default=None, description="When the global step was last seen to advance."
     )
 
@@ -368,7 +442,7 @@ class Progress(ApiModel):
 class CheckpointStatus(ApiModel):
     step: int = Field(ge=0, description="Global step of the checkpoint.")
     path: str = Field(description="Where it was written.")
-    time: datetime | None = Field(default=None, description="When it was written.")
+    time: Timestamp | None = Field(default=None, description="When it was written.")
 
 
 class CreateRefusal(ApiModel):
@@ -378,8 +452,8 @@ class CreateRefusal(ApiModel):
     code: int | None = Field(default=None, description="HTTP status of the refusal.")
     message: str = Field(default="", description="The API server's message.")
     attempts: int = Field(default=1, ge=1, description="Refused attempts so far.")
-    first_time: datetime | None = Field(default=None, description="First refusal.")
-    last_time: datetime | None = Field(default=None, description="Latest refusal.")
+    first_time: Timestamp | None = Field(default=None, description="First refusal.")
+    last_time: Timestamp | None = Field(default=None, description="Latest refusal.")
 
 
 class CheckpointRequest(ApiModel):
@@ -388,7 +462,7 @@ class CheckpointRequest(ApiModel):
 
     step: int = Field(ge=0, description="A checkpoint at or after this step is awaited.")
     reason: str = Field(default="", description="Why: Suspend, Deadline, Disruption, ...")
-    requested_at: datetime | None = Field(default=None, description="When it was asked.")
+    requested_at: Timestamp | None = Field(default=None, description="When it was asked.")
 
 
 class FailureCause(ApiModel):
@@ -409,8 +483,8 @@ class TrainingJobStatus(ApiModel):
     workers_ready: str | None = Field(
         default=None, description="Ready/total workers, the chief included."
     )
-    start_time: datetime | None = Field(default=None, description="When pods were started.")
-    completion_time: datetime | None = Field(default=None, description="When it finished.")
+    start_time: Timestamp | None = Field(default=None, description="When pods were started.")
+    completion_time: Timestamp | None = Field(default=None, description="When it finished.")
     restarts: int = Field(default=0, ge=0, description="Replica restarts, all roles.")
     progress: Progress | None = Field(default=None, description="Training progress.")
     last_checkpoint: CheckpointStatus | None = Field(
@@ -455,11 +529,11 @@ class ObjectMeta(ApiModel):
     )
 
     name: str = Field(description="Job name; children are named after it.")
-    namespace: str = Field(default="default", description="Namespace.")
+    namespace: DnsLabel = Field(default="default", description="Namespace.")
     uid: str | None = None
     generation: int | None = None
-    labels: dict[str, str] | None = None
-    annotations: dict[str, str] | None = None
+    labels: Labels | None = None
+    annotations: Annotations | None = None
 
     @model_validator(mode="after")
     def _name(self) -> ObjectMeta:

@@ -11,11 +11,56 @@ import hashlib
 import re
 
 from . import constants as c
+from .quote import quote
 
 DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS_1035_RULE = ("it must be a DNS-1035 label: lowercase letters, digits and '-', starting "
                  "with a letter and ending with a letter or digit")
+DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+DNS_SUBDOMAIN_MAX = 253
 HASH_LEN = 5
+
+
+# Why a string is not a Kubernetes name of each kind, or None when it is one; the text
+# completes "... is VALUE; it must be ...". The rules are Kubernetes' own
+# (apimachinery/pkg/util/validation).
+
+
+def dns_label_problem(value: str) -> str | None:
+    """Namespaces, volume names: RFC 1123 labels."""
+    if len(value) <= c.DNS_LABEL_MAX and DNS_1123_LABEL.match(value):
+        return None
+    return (f"it must be a DNS-1123 label: at most {c.DNS_LABEL_MAX} lowercase letters, "
+            "digits and '-', starting and ending with a letter or digit")
+
+
+def dns_subdomain_problem(value: str) -> str | None:
+    """Service accounts, priority classes, secrets: RFC 1123 subdomains."""
+    if len(value) <= DNS_SUBDOMAIN_MAX and DNS_1123_SUBDOMAIN.match(value):
+        return None
+    return (f"it must be a DNS-1123 subdomain: at most {DNS_SUBDOMAIN_MAX} lowercase "
+            "letters, digits, '-' and '.', starting and ending with a letter or digit")
+
+
+def label_value_problem(value: str) -> str | None:
+    if len(value) <= c.DNS_LABEL_MAX and LABEL_VALUE.match(value):
+        return None
+    return (f"it must be a label value: empty, or at most {c.DNS_LABEL_MAX} letters, "
+            "digits, '-', '_' and '.', starting and ending with a letter or digit")
+
+
+def label_key_problem(value: str) -> str | None:
+    """Label and annotation keys: an optional DNS-subdomain prefix and '/', then a name
+    of at most 63 letters, digits, '-', '_' and '.'."""
+    prefix, slash, name = value.rpartition("/")
+    if (name and label_value_problem(name) is None
+            and (not slash or dns_subdomain_problem(prefix) is None)):
+        return None
+    return ("it must be a label key: an optional DNS subdomain and '/', then at most "
+            f"{c.DNS_LABEL_MAX} letters, digits, '-', '_' and '.', starting and ending "
+            "with a letter or digit")
 
 
 def check_job_name(name: str) -> str | None:
@@ -27,12 +72,12 @@ def check_job_name(name: str) -> str | None:
     """
     if len(name) > c.DNS_LABEL_MAX:
         return (
-            f"metadata.name is {name!r} ({len(name)} characters); the job's Service is "
+            f"metadata.name is {quote(name, count=True)}; the job's Service is "
             f"named after it and must be at most {c.DNS_LABEL_MAX} characters"
         )
     if not DNS_1035_LABEL.match(name):
         return (
-            f"metadata.name is {name!r}; {DNS_1035_RULE}"
+            f"metadata.name is {quote(name)}; {DNS_1035_RULE}"
         )
     return None
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import constants as c
+from .quote import quote
 from . import template as tpl
 from .names import DNS_1035_LABEL, DNS_1035_RULE
 from .template import RESERVED_ENV_RULE
@@ -77,7 +78,7 @@ def quantity_problems(resources: Mapping[str, Any]) -> Found:
     for part in ("requests", "limits"):
         for name, qty in _map(resources.get(part)).items():
             if not is_quantity(qty):
-                found.append((f"{part}.{name}", f"is {qty!r}; {QUANTITY_RULE}"))
+                found.append((f"{part}.{name}", f"is {quote(qty)}; {QUANTITY_RULE}"))
     return found
 
 
@@ -87,16 +88,18 @@ def replica_problems(role: Mapping[str, Any], is_ps: bool) -> Found:
         _map(role.get("resources")))]
     template = role.get("template")
     if isinstance(template, Mapping):
-        found += [(f"template.{p}", s) for p, s in tpl.owned_field_problems(template)]
+        found += [(f"template.{p}", s) for p, s in (*tpl.schema_problems(template),
+                                                    *tpl.owned_field_problems(template),
+                                                    *tpl.name_problems(template))]
     gpus = role.get("gpus")
     limits = _gpu_limits(role)
     if gpus is not None and limits:
-        found.append(("gpus", f"is {gpus!r} {GPUS_ONCE}"))
+        found.append(("gpus", f"is {quote(gpus)} {GPUS_ONCE}"))
     if is_ps and gpus not in (None, 0):
-        found.append(("gpus", f"is {gpus!r}; {PS_NO_GPU}"))
+        found.append(("gpus", f"is {quote(gpus)}; {PS_NO_GPU}"))
     for path, limit in limits:
         if is_ps and str(limit) != "0":
-            found.append((path, f"is {limit!r}; {PS_NO_GPU}"))
+            found.append((path, f"is {quote(limit)}; {PS_NO_GPU}"))
     return found
 
 
@@ -118,7 +121,7 @@ def sentence(path: str, text: str) -> str:
     rule's text starts with the field it is about: 'gpus is 2; ...')."""
     if not path:
         return f"{text}."
-    if text.startswith("is "):
+    if text.startswith(("is ", "has ")):
         return f"{path} {text}."
     return f"{path}.{text}."
 

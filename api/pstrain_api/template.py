@@ -25,6 +25,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from . import constants as c
+from .quote import quote
+from . import names
 from .podschema import pod_template_schema
 
 Found = list[tuple[str, str]]
@@ -71,19 +73,19 @@ def owned_field_problems(template: Mapping[str, Any]) -> Found:
     spec = pod_spec(template)
     main = main_container(template)
     if main and main.get("name") != c.MAIN_CONTAINER:
-        found.append(("spec.containers[0].name", f"is {main.get('name')!r}; {MAIN_NAME_RULE}"))
+        found.append(("spec.containers[0].name", f"is {quote(main.get('name'))}; {MAIN_NAME_RULE}"))
     if "ports" in main:
         found.append(("spec.containers[0].ports", PORTS_RULE))
     for field in OWNED_POD_FIELDS:
         if field in spec:
-            found.append((f"spec.{field}", f"is {spec[field]!r}; {DNS_NAME_RULE}"))
+            found.append((f"spec.{field}", f"is {quote(spec[field])}; {DNS_NAME_RULE}"))
     if spec.get("restartPolicy", "Never") != "Never":
-        found.append(("spec.restartPolicy", f"is {spec['restartPolicy']!r}; {RESTART_RULE}"))
+        found.append(("spec.restartPolicy", f"is {quote(spec['restartPolicy'])}; {RESTART_RULE}"))
     for path, container in containers(template):
         for i, var in enumerate(_list(container.get("env"))):
             name = _map(var).get("name")
             if isinstance(name, str) and is_reserved_env(name):
-                found.append((f"{path}.env[{i}].name", f"is {name!r}; {RESERVED_ENV_RULE}"))
+                found.append((f"{path}.env[{i}].name", f"is {quote(name)}; {RESERVED_ENV_RULE}"))
     return found
 
 
@@ -126,6 +128,43 @@ def _where(parts: Iterable[Any]) -> str:
     return out
 
 
+_TYPE_WORDS = {"string": "a string", "array": "a list", "object": "a mapping",
+               "integer": "an integer", "number": "a number", "boolean": "a boolean"}
+
+
+def _kind_of(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "a list", dict: "a mapping"}.get(type(value), type(value).__name__)
+
+
+def name_problems(template: Mapping[str, Any]) -> Found:
+    """Kubernetes names the pod schema cannot check: service account, priority class,
+    volume and volume-mount names, label keys and values."""
+    found: Found = []
+    spec = pod_spec(template)
+    for field in ("serviceAccountName", "priorityClassName"):
+        value = spec.get(field)
+        if isinstance(value, str) and (why := names.dns_subdomain_problem(value)):
+            found.append((f"spec.{field}", f"is {quote(value)}; {why}"))
+    for i, volume in enumerate(_list(spec.get("volumes"))):
+        value = _map(volume).get("name")
+        if isinstance(value, str) and (why := names.dns_label_problem(value)):
+            found.append((f"spec.volumes[{i}].name", f"is {quote(value)}; {why}"))
+    for path, container in containers(template):
+        for i, mount in enumerate(_list(container.get("volumeMounts"))):
+            value = _map(mount).get("name")
+            if isinstance(value, str) and (why := names.dns_label_problem(value)):
+                found.append((f"{path}.volumeMounts[{i}].name", f"is {quote(value)}; {why}"))
+    for key, value in _map(_map(_map(template).get("metadata")).get("labels")).items():
+        if isinstance(key, str) and (why := names.label_key_problem(key)):
+            found.append(("metadata.labels", f"has the key {quote(key)}; {why}"))
+        elif isinstance(value, str) and (why := names.label_value_problem(value)):
+            found.append((f"metadata.labels.{key}", f"is {quote(value)}; {why}"))
+    return found
+
+
 def schema_problems(template: Any) -> Found:
     """Where the template departs from Kubernetes' PodTemplateSpec schema."""
     found: Found = []
@@ -141,9 +180,11 @@ def schema_problems(template: Any) -> Found:
                 if name not in _map(err.instance):
                     found.append((_where([*err.absolute_path, name]), "is required but missing"))
         elif err.validator == "type":
-            found.append((path, f"is {err.instance!r}; it must be of type {err.validator_value}"))
+            want = _TYPE_WORDS.get(str(err.validator_value), str(err.validator_value))
+            found.append((path, f"is {quote(err.instance)}; it must be {want}, not "
+                                f"{_kind_of(err.instance)}"))
         elif err.validator == "enum":
-            found.append((path, f"is {err.instance!r}; it must be one of {err.validator_value}"))
+            found.append((path, f"is {quote(err.instance)}; it must be one of {err.validator_value}"))
         else:
-            found.append((path, f"is {err.instance!r}; {err.message}"))
+            found.append((path, f"is {quote(err.instance)}; {err.message}"))
     return found

@@ -17,7 +17,10 @@ from pydantic import BaseModel, ValidationError
 
 from . import constants as c
 from . import rules
+from .cluster import environment_problem
+from .manifest_yaml import ManifestLimitError, UnreadableManifest, load_all, read_manifest_text
 from .model import TrainingJob
+from .quote import MAX_QUOTED, quote
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,10 @@ def _path(loc: Iterable[int | str]) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out += f".{part}" if out else str(part)
+            part = str(part)
+            if len(part) > MAX_QUOTED:  # a user's key: shortened like any value
+                part = quote(part)
+            out += f".{part}" if out else part
     return out
 
 
@@ -86,14 +92,58 @@ def _first_model(annotation: Any) -> Any:
     return None
 
 
+# Type errors of strict fields (as the API server has them: no '200' for 200, no true for
+# 1), and what the field wants.
+_TYPE_WANTED = {
+    "int_type": "an integer",
+    "float_type": "a number",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "dict_type": "a mapping",
+    "model_type": "a mapping",
+    "model_attributes_type": "a mapping",
+    "list_type": "a list",
+    "int_or_string_type": "an integer or a string",
+}
+# Errors raised by the model's own types (model.py), whose ctx['rule'] is the rule.
+_CUSTOM_RULES = {"kubernetes_name"}
+
+
+def _kind_of(value: Any) -> str:
+    """How a YAML user would call the type of `value`."""
+    if value is None:
+        return "null"
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "a list", dict: "a mapping"}.get(type(value), type(value).__name__)
+
+
+def _strip_union_tags(errors: Sequence[Mapping[str, Any]], data: Any) -> list[dict[str, Any]]:
+    """pydantic reports a value that fits no branch of `int | str` once per branch, with
+    the branch's name appended to the location. Make that one error at the field."""
+    out: list[dict[str, Any]] = []
+    seen: set[tuple[Any, ...]] = set()
+    for err in errors:
+        loc = tuple(err["loc"])
+        if not (len(loc) > 1 and loc[-1] in ("int", "str") and not _lookup(data, loc)[0]
+                and _lookup(data, loc[:-1])[0]):
+            out.append(dict(err))
+        elif loc[:-1] not in seen:
+            seen.add(loc[:-1])
+            kind = "int_or_string_type" if err["type"] in _TYPE_WANTED else err["type"]
+            out.append({**err, "loc": loc[:-1], "type": kind})
+    return out
+
+
 def _describe(err: Mapping[str, Any], data: Any) -> str:
     """One pydantic error as 'PATH is VALUE; RULE.'"""
     loc = [p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
     path = _path(loc)
     kind = err["type"]
     ctx = err.get("ctx") or {}
+    if loc and loc[-1] == "[key]":  # a mapping key that breaks the rule for keys
+        return f"{_path(loc[:-2])} has the key {quote(loc[-2])}; {ctx.get('rule', err['msg'])}."
     found, value = _lookup(data, loc)
-    shown = repr(value) if found else "missing"
+    shown = quote(value) if found else "missing"
 
     if kind == "missing":
         return f"{path} is required but missing."
@@ -122,6 +172,12 @@ def _describe(err: Mapping[str, Any], data: Any) -> str:
         return f"{path} is {shown}; it must match the pattern {ctx.get('pattern')}."
     if kind in ("string_too_short", "string_too_long", "too_short", "too_long"):
         return f"{path} is {shown}; {err['msg'][0].lower()}{err['msg'][1:]}."
+    if kind in _TYPE_WANTED:
+        return f"{path} is {shown}; it must be {_TYPE_WANTED[kind]}, not {_kind_of(value)}."
+    if kind == "finite_number":
+        return f"{path} is {shown}; it must be a finite number."
+    if kind in _CUSTOM_RULES:
+        return f"{path} is {shown}; {ctx.get('rule', err['msg'])}."
     if kind == "value_error":
         reason = str(ctx.get("error", err["msg"]))
         prefix = f"{path}." if path else ""
@@ -129,6 +185,42 @@ def _describe(err: Mapping[str, Any], data: Any) -> str:
             return f"{reason}."
         return f"{prefix}{reason}."
     return f"{path} is {shown}; {err['msg'][0].lower()}{err['msg'][1:]}."
+
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _int64_problems(data: Any, source: str) -> list[Problem]:
+    """Integers anywhere in the document (free-form fields included) that do not fit in
+    the int64 every Kubernetes integer is."""
+    problems = []
+    stack: list[tuple[tuple[int | str, ...], Any]] = [((), data)]
+    while stack:
+        loc, value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(((*loc, str(k)), v) for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend(((*loc, i), v) for i, v in reversed(list(enumerate(value))))
+        elif (isinstance(value, int) and not isinstance(value, bool)
+              and not INT64_MIN <= value <= INT64_MAX):
+            path = _path(loc)
+            problems.append(Problem(source, path, f"{path} is {quote(value)}; it must fit "
+                                                  f"in a 64-bit integer (at most {INT64_MAX})."))
+    return problems
+
+
+# Problems reported per document; a list of a million bad items gets this many lines and a
+# count, not a million lines.
+MAX_PROBLEMS = 20
+
+
+def _at_most(problems: list[Problem], source: str, total: int | None = None) -> list[Problem]:
+    """The first MAX_PROBLEMS of `total` problems, and a count of the rest."""
+    more = (len(problems) if total is None else total) - MAX_PROBLEMS
+    if more <= 0:
+        return problems
+    return [*problems[:MAX_PROBLEMS],
+            Problem(source, "", f"... and {more} more problems like these.")]
 
 
 def check_manifest(data: Any, source: str = "") -> tuple[TrainingJob | None, list[Problem]]:
@@ -140,36 +232,51 @@ def check_manifest(data: Any, source: str = "") -> tuple[TrainingJob | None, lis
     problems: list[Problem] = []
     for key, want in (("apiVersion", c.API_VERSION), ("kind", c.KIND)):
         if data.get(key) != want:
-            shown = repr(data[key]) if key in data else "missing"
+            shown = quote(data[key]) if key in data else "missing"
             problems.append(Problem(source, key, f"{key} is {shown}; it must be {want!r}."))
+    problems.extend(_int64_problems(data, source))
     if problems:
-        return None, problems
+        return None, _at_most(problems, source)
     try:
         job = TrainingJob.model_validate(data)
     except ValidationError as exc:
-        for err in exc.errors():
-            loc = err["loc"]
-            problems.append(Problem(source, _path(loc), _describe(err, data)))
+        errors = _strip_union_tags(exc.errors(), data)
+        for err in errors[:MAX_PROBLEMS]:
+            problems.append(Problem(source, _path(err["loc"]), _describe(err, data)))
         # The model stops at a replica spec's first broken rule (and checks none where
         # a field has the wrong type); report every one.
         seen = {p.message for p in problems}
+        extra = 0
         for path, text in rules.manifest_problems(data):
             message = rules.sentence(path, text)
             if message not in seen:
                 seen.add(message)
                 problems.append(Problem(source, path, message))
-        return None, problems
+                extra += 1
+        return None, _at_most(problems, source, total=len(errors) + extra)
+    too_large = environment_problem(job)
+    if too_large:
+        path, message = too_large
+        return None, [Problem(source, path, f"{message}.")]
     return job, []
 
 
 def parse_documents(text: str, source: str = "") -> tuple[list[Any], list[Problem]]:
     """YAML (one or more documents) to Python objects, or a problem naming the line."""
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = [d for d in load_all(text) if d is not None]
+    except ManifestLimitError as exc:
+        mark = exc.problem_mark
+        return [], [Problem(source, "", f"line {mark.line + 1}, column {mark.column + 1}: "
+                                        f"{exc.problem}.")]
+    except yaml.reader.ReaderError as exc:
+        return [], [Problem(source, "", f"the file is not valid YAML: character "
+                                        f"{quote(chr(exc.character))} at offset "
+                                        f"{exc.position} may not appear in YAML text.")]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        reason = getattr(exc, "problem", None) or str(exc)
+        reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         return [], [Problem(source, "", f"the file is not valid YAML{where}: {reason}.")]
     if not docs:
         return [], [Problem(source, "", "the file holds no YAML document.")]
@@ -180,7 +287,9 @@ def load_jobs(path: str | Path) -> tuple[list[TrainingJob], list[Problem]]:
     """Every TrainingJob in a YAML file, and every problem found."""
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_manifest_text(path)
+    except UnreadableManifest as exc:
+        return [], [Problem(source, "", f"{exc}.")]
     except OSError as exc:
         return [], [Problem(source, "", f"cannot read the file: {exc.strerror or exc}.")]
     docs, problems = parse_documents(text, source)

@@ -30,7 +30,7 @@ from typing import Any
 
 from pstrain_api import constants as c
 from pstrain_api.cluster import ClusterSpec, Task
-from pstrain_api.model import ReplicaSpec, TrainingJob
+from pstrain_api.model import ReplicaSpec, Security, TrainingJob
 from pstrain_api.names import service_name
 from pstrain_api.readiness import readiness_gate, runs_pstrain_runtime, user_probe
 
@@ -55,11 +55,16 @@ RESTRICTED_POD_SECURITY: dict[str, Any] = {
 
 
 def applied_spec(job: TrainingJob) -> dict[str, Any]:
-    """The parts of the spec that pods are built from and that cannot change live."""
-    return {
+    """The parts of the spec that pods are built from and that cannot change live.
+    `security` is there only when it is not the default, so pods built before it
+    existed keep their hash."""
+    applied = {
         "replicas": job.spec.replicas.to_api(),
         "training": job.spec.training.to_api(),
     }
+    if job.spec.security != Security():
+        applied["security"] = job.spec.security.to_api()
+    return applied
 
 
 def spec_hash(job: TrainingJob) -> str:

@@ -60,6 +60,12 @@ from .reconcile import (
 )
 from .observe import observe_pod
 from .refusals import cleared, record_refusal
+from .security import (
+    ensure_auth_secret,
+    ensure_network_policy,
+    probe_security,
+    stored_worker_keys,
+)
 from .settings import PodSettings
 
 log = logging.getLogger(__name__)
@@ -100,11 +106,13 @@ class Reconciler:
     pod_settings: PodSettings
     emit: EventSink
     fetch_status: FetchStatus
-    ask_checkpoint: AskCheckpoint = field(default=lambda address, timeout: None)
+    ask_checkpoint: AskCheckpoint = field(default=lambda address, timeout, security: None)
     metrics: Metrics = field(default_factory=Metrics)
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     progress_interval: float = REQUEUE_RUNNING_S
     monotonic: Callable[[], float] = time.monotonic
+    network_policy: bool = False  # a NetworkPolicy per job (the chart turns it on)
+    operator_namespace: str = ""  # admitted to PS 0's gRPC port by that policy
     _jobs: dict[str, _JobState] = field(default_factory=dict, init=False)
     # When progress was last asked for, per job: only to rate-limit the probe (a PS that
     # cannot be reached costs up to the fetch timeout), never to decide anything.
@@ -194,6 +202,14 @@ class Reconciler:
             return decide_invalid(old_status, [p.message for p in problems],
                                   meta.get("generation"), now)
         job = job.model_copy(update={"status": old_status})
+        # The credentials Secret exists before any pod that mounts it (created if absent;
+        # never rewritten). Its worker key lets the progress probe in.
+        # So does its NetworkPolicy, when the operator makes one per job.
+        running = old_status.phase not in c.TERMINAL_PHASES
+        keys = (ensure_auth_secret(self.kube, job)
+                if job.spec.security.authentication and running else None)
+        if self.network_policy and running:
+            ensure_network_policy(self.kube, job, self.operator_namespace)
         pods = [observe_pod(p) for p in self.kube.list_pods(job.namespace, job_selector(job.name))]
         observed_pods = tuple(p for p in pods if p is not None)
         service = self.kube.service_exists(job.namespace, job.name)
@@ -214,7 +230,7 @@ class Reconciler:
         if (reply is None and has_status and old_status.phase == "Running"
                 and not chief_failed
                 and (awaited or self._may_ask(f"{job.namespace}/{job.name}", old_status))):
-            reply = self._fetch_status(job)
+            reply = self._fetch_status(job, keys)
         progress = progress_from_status(reply, now)
         checkpoint = checkpoint_from_status(reply)
         plan = decide(Observed(job, observed_pods, service, now, progress, checkpoint),
@@ -224,10 +240,11 @@ class Reconciler:
             plan = replace(plan, requeue_after=min(plan.requeue_after, soon))
         return plan
 
-    def _fetch_status(self, job: TrainingJob) -> Mapping[str, Any] | None:
+    def _fetch_status(self, job: TrainingJob, keys: Any) -> Mapping[str, Any] | None:
         address = ps0_address(job)
         try:
-            reply = self.fetch_status(address, FETCH_TIMEOUT_S)
+            reply = self.fetch_status(address, FETCH_TIMEOUT_S,
+                                      probe_security(self.kube, job, keys))
         except Exception as exc:  # a status probe must never break reconciling
             log.info("progress of %s from %s unavailable: %s", job.name, address, exc)
             return None
@@ -303,7 +320,11 @@ class Reconciler:
         request to run out its bound."""
         meta = body.get("metadata") or {}
         try:
-            step = self.ask_checkpoint(action.address, FETCH_TIMEOUT_S)
+            job, _ = check_manifest({k: v for k, v in body.items() if k != "status"},
+                                    source="")
+            security = None if job is None else probe_security(
+                self.kube, job, stored_worker_keys(self.kube, job))
+            step = self.ask_checkpoint(action.address, FETCH_TIMEOUT_S, security)
         except Exception as exc:  # a control call must never break reconciling
             log.info("checkpoint request to %s failed: %s", action.address, exc)
             step = None

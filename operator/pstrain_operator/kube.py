@@ -54,6 +54,8 @@ class Kube(Protocol):
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None: ...
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]: ...
     def service_exists(self, namespace: str, name: str) -> bool: ...
+    def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def network_policy_exists(self, namespace: str, name: str) -> bool: ...
     def create(self, manifest: Mapping[str, Any]) -> bool: ...
     def delete_pod(self, namespace: str, name: str, uid: str) -> bool: ...
     def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None: ...
@@ -70,15 +72,23 @@ def core_path(namespace: str, plural: str, name: str | None = None) -> str:
     return f"{path}/{quote(name)}" if name else path
 
 
-_PLURALS = {"Pod": "pods", "Service": "services", "PodGroup": "podgroups"}
+_PLURALS = {"Pod": "pods", "Service": "services", "Secret": "secrets",
+            "PodGroup": "podgroups"}
 
 
-def object_path(manifest: Mapping[str, Any]) -> str:
-    """Where objects like `manifest` are created: /api/v1 for the core group, else
-    /apis/<group>/<version>."""
-    api = manifest["apiVersion"]
-    base = "/api/v1" if api == "v1" else f"/apis/{api}"
-    return f"{base}/namespaces/{quote(manifest['metadata']['namespace'])}/{_PLURALS[manifest['kind']]}"
+def network_policy_path(namespace: str, name: str | None = None) -> str:
+    path = f"/apis/networking.k8s.io/v1/namespaces/{quote(namespace)}/networkpolicies"
+    return f"{path}/{quote(name)}" if name else path
+
+
+def collection_path(kind: str, namespace: str, api_version: str = "v1") -> str:
+    """Where objects of `kind` (one the operator creates) are POSTed: /api/v1 for the
+    core group, else /apis/<group>/<version> (a gang's PodGroup)."""
+    if kind == "NetworkPolicy":
+        return network_policy_path(namespace)
+    if api_version != "v1":
+        return f"/apis/{api_version}/namespaces/{quote(namespace)}/{_PLURALS[kind]}"
+    return core_path(namespace, _PLURALS[kind])
 
 
 def _api_status(raw: bytes | str) -> dict[str, Any]:
@@ -169,18 +179,28 @@ class RestKube:
         self._check("GET", path, status, data)
         return list(data.get("items") or [])
 
-    def service_exists(self, namespace: str, name: str) -> bool:
-        path = core_path(namespace, "services", name)
+    def _get(self, path: str) -> dict[str, Any] | None:
+        """The object at `path`, or None on 404."""
         status, data = self._call("GET", path)
         if status == 404:
-            return False
+            return None
         self._check("GET", path, status, data)
-        return True
+        return data if isinstance(data, dict) else {}
+
+    def service_exists(self, namespace: str, name: str) -> bool:
+        return self._get(core_path(namespace, "services", name)) is not None
+
+    def network_policy_exists(self, namespace: str, name: str) -> bool:
+        return self._get(network_policy_path(namespace, name)) is not None
+
+    def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A Secret, or None when there is none. Its data is never logged."""
+        return self._get(core_path(namespace, "secrets", name))
 
     def create(self, manifest: Mapping[str, Any]) -> bool:
         kind = manifest["kind"]
         meta = manifest["metadata"]
-        path = object_path(manifest)
+        path = collection_path(kind, meta["namespace"], manifest.get("apiVersion", "v1"))
         status, data = self._call("POST", path, body=dict(manifest))
         if status == 409:
             log.debug("%s %s already exists", kind, meta["name"])

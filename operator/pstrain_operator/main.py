@@ -41,7 +41,9 @@ def run(settings: OperatorSettings) -> None:
     install(Reconciler(kube=RestKube.from_environment(), pod_settings=settings.pods,
                        emit=post_event, fetch_status=default_fetcher(),
                        ask_checkpoint=default_asker(), metrics=metrics,
-                       progress_interval=settings.progress_interval))
+                       progress_interval=settings.progress_interval,
+                       network_policy=settings.job_network_policy,
+                       operator_namespace=settings.operator_namespace))
     logging.getLogger("kopf.objects").addFilter(RequeueIsNotAnError())
     if settings.metrics_port:
         metrics.serve(settings.metrics_port)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,9 +18,20 @@ from pstrain_api.model import CheckpointStatus, Progress, TrainingJobStatus
 
 log = logging.getLogger(__name__)
 
-FetchStatus = Callable[[str, float], Mapping[str, Any] | None]
+
+
+@dataclass(frozen=True)
+class ProbeSecurity:
+    """What the probe needs to be let in: the job's worker key (when its servers check
+    credentials) and the CA of its TLS certificates (when they serve TLS)."""
+
+    keys: Mapping[str, bytes] = field(default_factory=dict)
+    ca: bytes | None = None
+
+
+FetchStatus = Callable[[str, float, ProbeSecurity | None], Mapping[str, Any] | None]
 # Ask PS 0 for a checkpoint; returns the step asked at, None when it cannot be reached.
-AskCheckpoint = Callable[[str, float], int | None]
+AskCheckpoint = Callable[[str, float, ProbeSecurity | None], int | None]
 FETCH_TIMEOUT_S = 1.0
 # While a running job has no step yet, progress is read this often (a short job would
 # otherwise end before the first regular read and never show a step).
@@ -34,7 +46,7 @@ _KEYS = {
 }
 
 
-def _no_status(address: str, timeout: float) -> None:
+def _no_status(address: str, timeout: float, security: ProbeSecurity | None) -> None:
     return None
 
 
@@ -45,11 +57,26 @@ def default_fetcher() -> FetchStatus:
     except ImportError:
         log.info("pstrain_runtime.status_client is not installed; progress is not reported")
         return _no_status
-    return fetch_job_status
+
+    def fetch(address: str, timeout: float,
+              security: ProbeSecurity | None) -> Mapping[str, Any] | None:
+        return fetch_job_status(address, timeout, **_secured(security))
+
+    return fetch
 
 
-def _no_checkpoint(address: str, timeout: float) -> None:
+def _no_checkpoint(address: str, timeout: float, security: ProbeSecurity | None) -> None:
     return None
+
+
+def _secured(security: ProbeSecurity | None) -> dict[str, Any]:
+    """The runtime client's keyword arguments for `security` (imports the runtime)."""
+    from pstrain_runtime.auth import Credentials
+    from pstrain_runtime.tls import TrustedCa
+
+    security = security or ProbeSecurity()
+    return {"credentials": Credentials(security.keys) if security.keys else None,
+            "tls": TrustedCa(security.ca) if security.ca else None}
 
 
 def default_asker() -> AskCheckpoint:
@@ -59,7 +86,11 @@ def default_asker() -> AskCheckpoint:
         from pstrain_runtime.status_client import request_checkpoint
     except ImportError:
         return _no_checkpoint
-    return request_checkpoint
+
+    def ask(address: str, timeout: float, security: ProbeSecurity | None) -> int | None:
+        return request_checkpoint(address, timeout, **_secured(security))
+
+    return ask
 
 
 def progress_from_status(data: Mapping[str, Any] | None, now: datetime) -> Progress | None:

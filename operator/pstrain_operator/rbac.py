@@ -15,6 +15,13 @@ Who needs what:
 - pods: kopf lists/watches them (pod events wake the owning job); the operator lists
   them by label selector, creates and deletes them.
 - services: the operator gets and creates the headless Service.
+- secrets: the operator gets and creates each job's credentials Secret (deleted with
+  the job by garbage collection, through its ownerReference, so no delete). `get` also
+  reads the job's worker key for the progress probe. Namespaced mode grants this in the
+  watched namespaces' Roles; all-namespaces mode puts it, as it does pods, in the
+  ClusterRole, because Secrets are made in whichever namespace a job is.
+- networkpolicies: the operator gets and creates each job's NetworkPolicy (when
+  PSTRAIN_OPERATOR_JOB_NETWORK_POLICY is true; garbage-collected with the job).
 - podgroups (Volcano, scheduler-plugins): the operator creates a gang-started job's
   PodGroup (spec.runPolicy.gangScheduling).
 - events: kopf posts the operator's decisions (core/v1 Events).
@@ -36,6 +43,8 @@ PERMISSIONS: Final[tuple[Permission, ...]] = (
     ("pstrain.io", "trainingjobs/status", ("patch",)),
     ("", "pods", ("list", "watch", "create", "delete")),
     ("", "services", ("get", "create")),
+    ("", "secrets", ("get", "create")),
+    ("networking.k8s.io", "networkpolicies", ("get", "create")),
     ("scheduling.volcano.sh", "podgroups", ("create",)),
     ("scheduling.x-k8s.io", "podgroups", ("create",)),
     ("", "events", ("create",)),

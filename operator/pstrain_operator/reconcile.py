@@ -28,6 +28,7 @@ from pstrain_api.model import (
     Progress,
     Replicas,
     RoleStatus,
+    Security,
     Training,
     TrainingJob,
     TrainingJobStatus,
@@ -39,6 +40,7 @@ from .build import build_pod, build_service, owner_reference, spec_hash
 from .conditions import Event, condition_is, set_condition
 from .gang import build_pod_group, gang_of
 from .observe import ObservedPod
+from .security import secure_pod
 from .settings import PodSettings
 
 # How soon to look again when nothing else (a pod or job event) wakes the operator.
@@ -231,8 +233,9 @@ def _effective_job(
     job: TrainingJob, pods: Sequence[ObservedPod]
 ) -> tuple[TrainingJob | None, str]:
     """The job as its existing pods were built (None when that cannot be read back), and
-    why it differs from the spec ("" when it does not). Replicas and training cannot
-    change under running pods; the run policy can."""
+    why it differs from the spec ("" when it does not). Replicas, training and security
+    cannot change under running pods (pods with and without the job's keys cannot talk);
+    the run policy can."""
     want = spec_hash(job)
     stale = [p for p in pods if not p.deleting and p.spec_hash and p.spec_hash != want]
     if not stale:
@@ -243,10 +246,11 @@ def _effective_job(
         old = job.model_copy(update={"spec": job.spec.model_copy(update={
             "replicas": Replicas.model_validate(applied["replicas"]),
             "training": Training.model_validate(applied["training"]),
+            "security": Security.model_validate(applied.get("security", {})),
         })})
     except (ValueError, KeyError, TypeError):
         old = None
-    changed = [part for part in ("replicas", "training")
+    changed = [part for part in ("replicas", "training", "security")
                if old is not None and getattr(old.spec, part) != getattr(job.spec, part)]
     what = " and ".join(f"spec.{p}" for p in changed) or "spec"
     return old, (
@@ -659,7 +663,8 @@ def _how(p: ObservedPod) -> str:
 
 def _create(job: TrainingJob, cluster: ClusterSpec, task: Task,
             settings: PodSettings) -> CreatePod:
-    manifest = build_pod(job, cluster, task, settings)
+    manifest = secure_pod(build_pod(job, cluster, task, settings), job, task.role,
+                          cluster.is_chief(task))
     return CreatePod(manifest["metadata"]["name"], task.role, manifest)
 
 

@@ -14,6 +14,11 @@ Every setting is an environment variable (what the Helm chart sets) and a flag o
 | PSTRAIN_OPERATOR_LEADER_ELECTION     | --leader-election     | false                   |
 | PSTRAIN_OPERATOR_JOB_POD_SECURITY    | --job-pod-security    | restricted              |
 | PSTRAIN_OPERATOR_PROGRESS_INTERVAL   | --progress-interval   | 10 (seconds, 1 to 30)   |
+| PSTRAIN_OPERATOR_JOB_NETWORK_POLICY  | --job-network-policy  | true                    |
+| PSTRAIN_OPERATOR_NAMESPACE           | (downward API)        | "" (unknown)            |
+
+PSTRAIN_OPERATOR_NAMESPACE is the operator's own namespace (the chart sets it from the
+pod's metadata); a job's NetworkPolicy admits the progress probe from it.
 
 The last one is optional tuning (how often training progress is refreshed while a job
 runs); the others are the chart's contract.
@@ -27,6 +32,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pstrain_api import constants as c
+from pstrain_api.names import dns_label_problem
+from pstrain_api.quote import quote
 
 ENV_NAMESPACES = "PSTRAIN_OPERATOR_NAMESPACES"
 ENV_RUNTIME_IMAGE = "PSTRAIN_OPERATOR_RUNTIME_IMAGE"
@@ -36,6 +43,8 @@ ENV_LOG_LEVEL = "PSTRAIN_OPERATOR_LOG_LEVEL"
 ENV_LEADER_ELECTION = "PSTRAIN_OPERATOR_LEADER_ELECTION"
 ENV_JOB_POD_SECURITY = "PSTRAIN_OPERATOR_JOB_POD_SECURITY"
 ENV_PROGRESS_INTERVAL = "PSTRAIN_OPERATOR_PROGRESS_INTERVAL"
+ENV_JOB_NETWORK_POLICY = "PSTRAIN_OPERATOR_JOB_NETWORK_POLICY"
+ENV_OPERATOR_NAMESPACE = "PSTRAIN_OPERATOR_NAMESPACE"
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 PodSecurity = Literal["restricted", "none"]
@@ -66,6 +75,8 @@ class OperatorSettings:
     leader_election: bool = False
     job_pod_security: PodSecurity = "restricted"
     progress_interval: float = 10.0
+    job_network_policy: bool = True
+    operator_namespace: str = ""
 
     @property
     def clusterwide(self) -> bool:
@@ -80,7 +91,7 @@ def _port(name: str, raw: str) -> int:
     try:
         port = int(raw)
     except ValueError as exc:
-        raise SettingsError(f"{name} is {raw!r}; it must be a port number (0 disables).") from exc
+        raise SettingsError(f"{name} is {quote(raw)}; it must be a port number (0 disables).") from exc
     if not 0 <= port <= 65535:
         raise SettingsError(f"{name} is {port}; it must be between 0 and 65535 (0 disables).")
     return port
@@ -92,24 +103,23 @@ def _bool(name: str, raw: str) -> bool:
         return True
     if value in ("false", "0", "no", "off", ""):
         return False
-    raise SettingsError(f"{name} is {raw!r}; it must be true or false.")
+    raise SettingsError(f"{name} is {quote(raw)}; it must be true or false.")
 
 
 def _choice(name: str, raw: str, allowed: Sequence[str]) -> str:
     value = raw.strip().lower()
     if value not in allowed:
-        raise SettingsError(f"{name} is {raw!r}; it must be one of {', '.join(allowed)}.")
+        raise SettingsError(f"{name} is {quote(raw)}; it must be one of {', '.join(allowed)}.")
     return value
 
 
 def _namespaces(name: str, raw: str) -> tuple[str, ...]:
     items = tuple(dict.fromkeys(p.strip() for p in raw.split(",") if p.strip()))
     for ns in items:
-        if len(ns) > c.DNS_LABEL_MAX or not ns.replace("-", "a").isalnum() or ns != ns.lower():
-            raise SettingsError(
-                f"{name} contains {ns!r}; namespaces are DNS labels (lowercase letters, "
-                "digits and '-'), comma-separated."
-            )
+        problem = dns_label_problem(ns)
+        if problem:
+            raise SettingsError(f"{name} contains {quote(ns)}; {problem} (namespaces are "
+                                "comma-separated).")
     return items
 
 
@@ -132,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--job-pod-security", help=f"restricted: job pods get a restrictive "
                         f"securityContext unless their template sets one; none: no default. "
                         f"[{ENV_JOB_POD_SECURITY}]")
+    parser.add_argument("--job-network-policy", help=f"true: a NetworkPolicy per job admits "
+                        f"traffic to its parameter servers only from its own pods (and the "
+                        f"operator). [{ENV_JOB_NETWORK_POLICY}]")
     parser.add_argument("--progress-interval", help=f"Seconds between training-progress "
                         f"refreshes while a job runs, 1 to 30. [{ENV_PROGRESS_INTERVAL}]")
     return parser
@@ -172,11 +185,15 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> OperatorSe
     try:
         interval = float(raw)
     except ValueError as exc:
-        raise SettingsError(f"{name} is {raw!r}; it must be a number of seconds.") from exc
+        raise SettingsError(f"{name} is {quote(raw)}; it must be a number of seconds.") from exc
     if not 1 <= interval <= 30:
         raise SettingsError(f"{name} is {raw}; it must be between 1 and 30 seconds (progress "
                             "is refreshed at least every 30 s).")
+    name, raw = pick(args.job_network_policy, ENV_JOB_NETWORK_POLICY, "true")
+    network_policy = _bool(name, raw)
     return OperatorSettings(
+        job_network_policy=network_policy,
+        operator_namespace=environ.get(ENV_OPERATOR_NAMESPACE, "").strip(),
         namespaces=namespaces,
         progress_interval=interval,
         runtime_image=image,

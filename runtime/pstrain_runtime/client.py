@@ -27,7 +27,8 @@ import grpc
 import numpy as np
 import torch
 
-from . import dataplane, wire
+from . import auth, dataplane, wire
+from .tls import TlsFiles
 from .optim import SLOT_NAMES, OptimizerConfig, OptimizerState
 from .placement import Piece, Placement
 from .proto import ps_pb2 as pb
@@ -96,9 +97,12 @@ def _ps_error(exc: grpc.RpcError, address: str) -> PSError:
 class GrpcTransport:
     """A parameter server at `address` over gRPC (raw-bytes frame streams)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, credentials: auth.Credentials | None = None,
+                 tls: TlsFiles | None = None) -> None:
         self.address = address
-        self.channel = grpc.insecure_channel(address, options=list(wire.GRPC_OPTIONS))
+        self.credentials = credentials  # proven on every call (None: authentication off)
+        self.tls = tls  # None: plain TCP
+        self.channel = auth.client_channel(address, credentials, list(wire.GRPC_OPTIONS), tls)
         m = f"/{SERVICE}/"
         self._push = self.channel.stream_unary(m + "Push", request_serializer=None,
                                                response_deserializer=pb.PushReply.FromString)
@@ -174,8 +178,9 @@ class TcpTransport(GrpcTransport):
     reply, asked once and again after a data connection failed (a restarted server may
     listen elsewhere); a server that announces none gets every call over gRPC."""
 
-    def __init__(self, address: str) -> None:
-        super().__init__(address)
+    def __init__(self, address: str, credentials: auth.Credentials | None = None,
+                 tls: TlsFiles | None = None) -> None:
+        super().__init__(address, credentials, tls)
         self._data: dataplane.DataClient | None = None
         self._data_known = False
         self._data_lock = threading.Lock()
@@ -189,7 +194,9 @@ class TcpTransport(GrpcTransport):
                 port = super().info("").data_port  # raises UNAVAILABLE while it is down
                 if port:
                     self._data = dataplane.DataClient(
-                        self.address, dataplane.split_host(self.address), port)
+                        self.address, dataplane.split_host(self.address), port,
+                        credentials=self.credentials,
+                        tls_context=self.tls and self.tls.client_context())
                 self._data_known = True
             return self._data
 
@@ -233,13 +240,16 @@ class TcpTransport(GrpcTransport):
         super().close()
 
 
-def connect(address: str, transport: str = "tcp") -> Transport:
+def connect(address: str, transport: str = "tcp",
+            credentials: auth.Credentials | None = None,
+            tls: TlsFiles | None = None) -> Transport:
     """The transport to a parameter server at `address`, as `spec.training.transport`
-    names it: "tcp" (`TcpTransport`) or "grpc" (`GrpcTransport`, tensors over gRPC)."""
+    names it: "tcp" (`TcpTransport`) or "grpc" (`GrpcTransport`, tensors over gRPC),
+    proving `credentials` on every call (see `auth`), over TLS with `tls`."""
     if transport == "grpc":
-        return GrpcTransport(address)
+        return GrpcTransport(address, credentials, tls)
     if transport == "tcp":
-        return TcpTransport(address)
+        return TcpTransport(address, credentials, tls)
     raise ValueError(f"transport is {transport!r}; it must be tcp or grpc")
 
 
@@ -403,11 +413,13 @@ class ShardedClient:
     # ----------------------------------------------------------------- chief
     def init(self, params: Mapping[str, torch.Tensor], optimizer: OptimizerConfig, *,
              mode: str, num_workers: int, staleness_bound: int | None, fingerprint: str,
-             global_step: int = 0, target_steps: int = 0,
+             global_step: int = 0, target_steps: int = 0, checkpoint_every: int = 0,
              states: Mapping[str, OptimizerState] | None = None,
              only: Iterable[int] | None = None) -> list[pb.StepInfo]:
         """Install `params` (and optimizer `states` keyed by piece key) on the servers
-        (`only` a subset). Without states the servers start fresh optimizer state."""
+        (`only` a subset). Without states the servers start fresh optimizer state. With
+        `checkpoint_every`, each server keeps a copy of its shard at every multiple of
+        it, for `pull_state(at_step=...)`."""
         def one(ps: int) -> pb.StepInfo:
             shard = self.shards[ps]
             header = pb.StreamHeader(
@@ -415,7 +427,7 @@ class ShardedClient:
                 optimizer=optimizer_to_pb(optimizer), mode=mode, num_workers=num_workers,
                 staleness_bound=-1 if staleness_bound is None else staleness_bound,
                 fingerprint=bytes.fromhex(fingerprint), ps_index=ps,
-                target_steps=target_steps)
+                target_steps=target_steps, checkpoint_every=checkpoint_every)
             tensors: list[torch.Tensor] = []
             for piece in shard:
                 t = _piece_view(params[piece.param], piece).detach().contiguous()
@@ -433,13 +445,14 @@ class ShardedClient:
 
         return self._all(one, only)
 
-    def pull_state(self) -> ShardState:
+    def pull_state(self, at_step: int = 0) -> ShardState:
         """Parameters and optimizer state of the whole model, each server's snapshot
-        taken under its apply lock (for checkpoints)."""
+        taken under its apply lock (for checkpoints): the copy each kept when its step
+        reached `at_step` where it has one, else its current state."""
         def one(ps: int) -> tuple[pb.StreamHeader, dict[str, torch.Tensor]]:
             shard = self.shards[ps]
             request = pb.PullRequest(namespace=self.namespace, names=[p.key for p in shard],
-                                     include_slots=True, consistent=True)
+                                     include_slots=True, consistent=True, at_step=at_step)
             out: dict[str, torch.Tensor] = {}
 
             def targets_for(header: pb.StreamHeader) -> list[np.ndarray]:

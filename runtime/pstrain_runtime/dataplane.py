@@ -18,20 +18,22 @@ On a connection, one call at a time:
 Lengths are little-endian. The server reads the whole request before it answers, also
 when it refuses it, so the connection stays usable after an error. A frame longer than
 `wire.MAX_MESSAGE_BYTES` or an unknown op breaks the protocol: that connection closes.
-There is no authentication, as with the gRPC port: both belong on the job's private
-network.
+With credentials, a connection opens with the handshake of `auth` before its first
+call, and its role decides which calls it may make (a worker's Init is refused with
+PERMISSION_DENIED, the request read and dropped, the store untouched).
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from . import wire
+from . import auth, tls, wire
 from .proto import ps_pb2 as pb
 from .store import ParameterStore, PSError
 
@@ -81,6 +83,7 @@ class Link:
         self.sock = sock
         self._buf = bytearray(COALESCE_BYTES)
         self._word = bytearray(4)
+        self.role: str | None = None  # the handshake's role (None: no authentication)
 
     def close(self) -> None:
         try:
@@ -133,6 +136,10 @@ class Link:
     # ------------------------------------------------------------------ sending
     def _send_parts(self, parts: list[bytes | memoryview]) -> None:
         views = [memoryview(p).cast("B") for p in parts if len(p)]
+        if isinstance(self.sock, ssl.SSLSocket):  # TLS has no sendmsg: buffer by buffer
+            for view in views:
+                self.sock.sendall(view)
+            return
         while views:
             sent = self.sock.sendmsg(views[:MAX_IOVECS])
             while views and sent >= len(views[0]):
@@ -282,8 +289,10 @@ class DataServer:
     """Serves a `ParameterStore`'s tensor calls on a TCP port, a thread per connection
     (a sync push holds its connection until its step is applied)."""
 
-    def __init__(self, store: ParameterStore, host: str, port: int = 0) -> None:
+    def __init__(self, store: ParameterStore, host: str, port: int = 0,
+                 guard: auth.ConnectionGuard | None = None) -> None:
         self.store = store
+        self.guard = guard  # None: no handshake, every call served
         host = host.strip("[]") or "0.0.0.0"
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.create_server((host, port), family=family, backlog=128)
@@ -325,20 +334,28 @@ class DataServer:
     def _accept(self) -> None:
         while True:
             try:
-                sock, _ = self._listener.accept()
+                sock, peer = self._listener.accept()
             except OSError:
                 return  # closed by stop()
+            if self.guard is not None and not self.guard.may_start(str(peer)):
+                sock.close()
+                continue
             link = Link(sock)
             with self._lock:
                 if self._closed:
                     link.close()
                     return
                 self._links.add(link)
-            threading.Thread(target=self._serve, args=(link,), name="ps-data",
+            threading.Thread(target=self._serve, args=(link, str(peer)), name="ps-data",
                              daemon=True).start()
 
-    def _serve(self, link: Link) -> None:
+    def _serve(self, link: Link, peer: str = "") -> None:
         try:
+            if self.guard is not None:
+                admitted = self.guard.admit(link.sock, peer)
+                if admitted is None:
+                    return  # refused (logged): the connection closes
+                link.sock, link.role = admitted
             while True:
                 op = link.recv_op()
                 if op is None:
@@ -368,6 +385,8 @@ class DataServer:
         request = link.frames()
         error: PSError | None = None
         try:
+            if link.role is not None and not auth.may_call(link.role, call):
+                raise PSError("PERMISSION_DENIED", f"{call} needs the chief's credentials")
             reply = self._dispatch(op, call, request)
         except PSError as exc:
             error = exc
@@ -444,10 +463,14 @@ class DataClient:
     per call in flight, reused across calls."""
 
     def __init__(self, address: str, host: str, port: int,
-                 connect_timeout: float = 10.0) -> None:
+                 connect_timeout: float = 10.0,
+                 credentials: auth.Credentials | None = None,
+                 tls_context: ssl.SSLContext | None = None) -> None:
         self.address = address  # the server's control address, for messages
         self.host, self.port = host, port
         self.connect_timeout = connect_timeout
+        self.credentials = credentials  # proven in each new connection's handshake
+        self.tls_context = tls_context  # None: plain TCP
         self._idle: list[Link] = []
         self._lock = threading.Lock()
         self.broken = False  # a connection failed: the server may have moved
@@ -462,9 +485,19 @@ class DataClient:
         with self._lock:
             if self._idle:
                 return self._idle.pop()
+        sock: socket.socket | None = None
         try:
             sock = socket.create_connection((self.host, self.port), self.connect_timeout)
+            if self.tls_context is not None:
+                sock = tls.connect(self.tls_context, sock, self.host)
+            if self.credentials is not None:
+                auth.offer_handshake(sock, self.credentials)
+        except auth.AuthError as exc:
+            sock.close()  # type: ignore[union-attr]
+            raise PSError(exc.code, f"{self.address}: {exc.message}") from None
         except OSError as exc:
+            if sock is not None:
+                sock.close()
             self.broken = True
             raise PSError("UNAVAILABLE", f"{self.address}: cannot connect to the data port "
                           f"{self.host}:{self.port}: {exc}") from exc

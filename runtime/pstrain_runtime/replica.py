@@ -8,6 +8,10 @@ this task, the chief), PSTRAIN_TRAINING (the `Training` settings as JSON) and TF
   its host when that is an IP literal, else on 0.0.0.0), and the data plane on port
   PSTRAIN_DATA_PORT of the same host (unset: any free port; Info announces it); exit 0
   after the chief's Shutdown.
+- Keys: from the files in PSTRAIN_AUTH_DIR (`auth.load_credentials`); unset means
+  authentication is off. TLS: the files in PSTRAIN_TLS_DIR (`tls.load_tls`); unset
+  means plain TCP. A server checks every call against them; a trainer proves
+  the strongest key it holds.
 - role `worker`/`chief`: train; the chief (identity.is_chief) initialises, checkpoints,
   evaluates and finally shuts the servers down. Every trainer exits 0 when the job is
   done, and non-zero on a real failure.
@@ -20,11 +24,15 @@ import ipaddress
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pstrain_api import constants as c
-from pstrain_api import events
+from pstrain_api import events, security
 from pstrain_api.cluster import ReplicaIdentity, parse_cluster_env
+
+if TYPE_CHECKING:
+    from .auth import Credentials
+    from .tls import TlsFiles
 
 ENV_BIND_ADDRESS = "PSTRAIN_BIND_ADDRESS"
 ENV_NUM_THREADS = "PSTRAIN_NUM_THREADS"
@@ -59,6 +67,23 @@ def namespace_of(identity: ReplicaIdentity) -> str:
     return f"{identity.namespace or 'default'}/{identity.job_name or 'job'}"
 
 
+def _security(environ: Mapping[str, str],
+              role: str) -> tuple[Credentials | None, TlsFiles | None]:
+    """The keys this replica holds (None: authentication off) and its TLS files (None:
+    TLS off). Raises ValueError when they cannot be read, or a parameter server lacks a
+    key."""
+    from .auth import load_credentials
+    from .tls import load_tls
+
+    credentials, tls = load_credentials(environ), load_tls(environ)
+    if (role == c.ROLE_PS and credentials is not None
+            and set(credentials.keys) != set(security.KEY_ROLES)):
+        raise ValueError(f"a parameter server needs every role key "
+                         f"({', '.join(security.KEY_ROLES)}) in {security.ENV_AUTH_DIR}; "
+                         f"it has {credentials!r}")
+    return credentials, tls
+
+
 def run_ps(identity: ReplicaIdentity, environ: Mapping[str, str]) -> int:
     from .server import PSServer
 
@@ -70,6 +95,11 @@ def run_ps(identity: ReplicaIdentity, environ: Mapping[str, str]) -> int:
         print(f"pstrain replica: {c.ENV_DATA_PORT} is {environ[c.ENV_DATA_PORT]!r}; it must "
               "be a port number (0 to 65535; 0 or unset: any free port)", file=sys.stderr)
         return 2
+    try:
+        credentials, tls = _security(environ, c.ROLE_PS)
+    except ValueError as exc:
+        print(f"pstrain replica: {exc}", file=sys.stderr)
+        return 2
     from .store import ParameterStore
 
     store = ParameterStore(identity.task.index)
@@ -79,7 +109,7 @@ def run_ps(identity: ReplicaIdentity, environ: Mapping[str, str]) -> int:
 
         store = MeteredStore(store, PSMetrics(registry))  # type: ignore[assignment]
     server = PSServer(bind_address(identity, environ), ps_index=identity.task.index,
-                      data_port=data_port, store=store)
+                      data_port=data_port, credentials=credentials, tls=tls, store=store)
     try:
         server.start()
     except (OSError, RuntimeError) as exc:
@@ -127,11 +157,17 @@ def run_trainer(identity: ReplicaIdentity, environ: Mapping[str, str], overlap: 
     if not ps:
         print("pstrain replica: the cluster spec has no parameter servers", file=sys.stderr)
         return 2
+    try:
+        credentials, tls = _security(environ, identity.task.role)
+    except ValueError as exc:
+        print(f"pstrain replica: {exc}", file=sys.stderr)
+        return 2
     if not startup_barrier(ps, environ):
         return c.EXIT_STARTUP_TIMEOUT
     trainer = None
     try:
-        trainer = Trainer(training, role, [connect(a, training.transport) for a in ps], overlap=overlap)
+        transports = [connect(a, training.transport, credentials, tls) for a in ps]
+        trainer = Trainer(training, role, transports, overlap=overlap)
         registry = metrics_registry(environ)
         if registry is not None:
             from .metrics import MeteredClient, WorkerMetrics

@@ -25,7 +25,8 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from . import wire
+from . import auth, wire
+from .tls import TlsFiles
 from .dataplane import DataServer, split_host
 from .proto import ps_pb2 as pb
 from .store import ParameterStore, PSError
@@ -169,8 +170,12 @@ class PSServer:
     """
 
     def __init__(self, bind: str, ps_index: int = 0, max_workers: int = 256,
-                 store: ParameterStore | None = None, data_port: int | None = 0) -> None:
+                 store: ParameterStore | None = None, data_port: int | None = 0,
+                 credentials: auth.Credentials | None = None,
+                 tls: TlsFiles | None = None) -> None:
         self.bind = bind
+        self.credentials = credentials  # None: every call is served (authentication off)
+        self.tls = tls  # None: plain TCP on both channels
         self.data_port_wanted = data_port  # None: no data plane; 0: any free port
         # A sync push holds its handler thread until the step is applied, so the pool
         # must exceed the number of workers; threads are created only when needed.
@@ -179,6 +184,7 @@ class PSServer:
             futures.ThreadPoolExecutor(max_workers=max_workers,
                                        thread_name_prefix=f"ps{ps_index}"),
             options=list(wire.GRPC_OPTIONS),
+            interceptors=auth.server_interceptors(credentials),
         )
         service = ParameterServerService(self.store, self)
         self._server.add_generic_rpc_handlers((build_handler(service),))
@@ -193,11 +199,17 @@ class PSServer:
 
     def start(self) -> int:
         """Bind and serve; returns the bound port (useful with port 0)."""
-        self.port = self._server.add_insecure_port(self.bind)
+        self.port = (self._server.add_insecure_port(self.bind) if self.tls is None else
+                     self._server.add_secure_port(self.bind,
+                                                  self.tls.grpc_server_credentials()))
         if self.port == 0:
             raise OSError(f"parameter server could not bind {self.bind}")
         if self.data_port_wanted is not None:
-            self.data = DataServer(self.store, split_host(self.bind), self.data_port_wanted)
+            guard = (auth.ConnectionGuard(self.credentials, self.tls and
+                                          self.tls.server_context())
+                     if self.credentials or self.tls else None)
+            self.data = DataServer(self.store, split_host(self.bind), self.data_port_wanted,
+                                   guard=guard)
             self.data_port = self.data.start()
         self._server.start()
         for name in ("", SERVICE):

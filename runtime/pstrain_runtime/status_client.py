@@ -16,6 +16,8 @@ from typing import Any
 
 import grpc
 
+from .auth import Credentials, client_channel
+from .tls import TlsFiles, TrustedCa
 from .proto import ps_pb2, ps_pb2_grpc
 
 
@@ -40,11 +42,13 @@ def status_to_dict(status: ps_pb2.JobStatus) -> dict[str, Any]:
     }
 
 
-def _ask(address: str, timeout: float, method: str, namespace: str) -> Any:
-    """One unary call with a NamespaceRequest to the server at `address`; None when it
-    cannot be reached, refuses, or does not answer within `timeout` seconds."""
+def _ask(address: str, timeout: float, method: str, namespace: str,
+         credentials: Credentials | None, tls: TlsFiles | TrustedCa | None) -> Any:
+    """One unary call with a NamespaceRequest to the server at `address`, proving
+    `credentials` (over TLS with `tls`); None when it cannot be reached, refuses, or does
+    not answer within `timeout` seconds."""
     try:
-        with grpc.insecure_channel(address) as channel:
+        with client_channel(address, credentials, tls=tls) as channel:
             stub = ps_pb2_grpc.ParameterServerStub(channel)
             return getattr(stub, method)(ps_pb2.NamespaceRequest(namespace=namespace),
                                          timeout=timeout)
@@ -52,21 +56,26 @@ def _ask(address: str, timeout: float, method: str, namespace: str) -> Any:
         return None
 
 
-def fetch_job_status(address: str, timeout: float, namespace: str = "") -> dict[str, Any] | None:
+def fetch_job_status(address: str, timeout: float, namespace: str = "",
+                     credentials: Credentials | None = None,
+                     tls: TlsFiles | TrustedCa | None = None) -> dict[str, Any] | None:
     """The job status held by the parameter server at `address` (PS 0), or None when it
     cannot be reached, holds no job yet, or does not answer within `timeout` seconds.
 
     `namespace` is "<k8s namespace>/<job name>"; empty means the job that reported last
-    (a parameter server normally serves one job).
+    (a parameter server normally serves one job). `credentials`: the job's worker key
+    (or chief key) when the servers check them (see `auth`).
     """
-    reply = _ask(address, timeout, "GetJobStatus", namespace)
+    reply = _ask(address, timeout, "GetJobStatus", namespace, credentials, tls)
     return status_to_dict(reply) if reply is not None else None
 
 
-def request_checkpoint(address: str, timeout: float, namespace: str = "") -> int | None:
+def request_checkpoint(address: str, timeout: float, namespace: str = "",
+                       credentials: Credentials | None = None,
+                       tls: TlsFiles | TrustedCa | None = None) -> int | None:
     """Ask PS 0 at `address` for a checkpoint before a disruption: the chief writes one
     when it next hears from PS 0, and its step then shows in `fetch_job_status`. Returns
     the global step the request was made at (a checkpoint at or after it answers it), or
     None when the server cannot be reached or holds no job."""
-    reply = _ask(address, timeout, "RequestCheckpoint", namespace)
+    reply = _ask(address, timeout, "RequestCheckpoint", namespace, credentials, tls)
     return int(reply.global_step) if reply is not None and reply.initialized else None

@@ -33,6 +33,7 @@ import torch
 from . import wire
 from .optim import SLOT_NAMES, OptimizerConfig, OptimizerState, apply_gradients
 from .proto import ps_pb2 as pb
+from .snapshots import StepSnapshot, snapshot_if_due
 
 SLOT_SEPARATOR = "@"
 GRAD_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
@@ -144,6 +145,8 @@ class Namespace:
         self.fingerprint = b""
         self.global_step = 0
         self.target_steps = 0  # 0: unbounded
+        self.checkpoint_every = 0  # keep a snapshot at each multiple (0: none)
+        self.snapshot: StepSnapshot | None = None
         self.done = False
         self.epoch = 0  # bumped by every init: blocked waits end when it changes
         self.told_done: set[int] = set()
@@ -158,6 +161,11 @@ class Namespace:
         self._pool: dict[tuple[str, torch.dtype], list[torch.Tensor]] = {}
         self._flat_pool: dict[tuple[tuple[str, ...], torch.dtype], list[FlatGrads]] = {}
         self._pool_lock = threading.Lock()
+
+    def keep_snapshot(self) -> None:
+        """After a step: copy the shard if the step is a checkpoint step (lock held)."""
+        self.snapshot = snapshot_if_due(self.global_step, self.checkpoint_every,
+                                        self.params, self.states) or self.snapshot
 
     # Scratch buffers: reused across pushes so that a steady state allocates nothing.
     def take(self, key: str, dtype: torch.dtype) -> torch.Tensor:
@@ -398,6 +406,8 @@ class ParameterStore:
             ns.fingerprint = header.fingerprint
             ns.global_step = header.global_step
             ns.target_steps = header.target_steps
+            ns.checkpoint_every = header.checkpoint_every
+            ns.snapshot = None
             ns.buckets.clear()
             ns.worker_pushes.clear()
             ns.clear_pools()
@@ -548,6 +558,7 @@ class ParameterStore:
                     ns.give(key, buf)
             spent = time.perf_counter() - started
             ns.global_step += 1
+            ns.keep_snapshot()
             ns.worker_pushes[worker] = ns.worker_pushes.get(worker, 0) + 1
             ns.cond.notify_all()
             return pb.PushReply(info=ns.info(worker), applied=True, apply_seconds=spent)
@@ -616,6 +627,7 @@ class ParameterStore:
             for key, total in bucket.sums.items():
                 ns.give(key, total)
             ns.global_step += 1
+            ns.keep_snapshot()
             ns.cond.notify_all()
 
     # ------------------------------------------------------------------ pull
@@ -634,23 +646,28 @@ class ParameterStore:
         with ns.cond:
             if request.min_step > ns.global_step:
                 self._wait(ns, lambda: ns.global_step >= request.min_step, timeout, gone)
+            snap = ns.snapshot
+            if not (request.include_slots and request.at_step and snap is not None
+                    and snap.step == request.at_step):
+                snap = None  # the live shard
+            params, states = (snap.params, snap.states) if snap else (ns.params, ns.states)
             header = pb.StreamHeader(kind=pb.STREAM_KIND_PULL, namespace=ns.name,
-                                     global_step=ns.global_step, ps_index=self.ps_index,
-                                     fingerprint=ns.fingerprint,
+                                     global_step=snap.step if snap else ns.global_step,
+                                     ps_index=self.ps_index, fingerprint=ns.fingerprint,
                                      optimizer=ns.optimizer_pb, mode=ns.mode,
                                      num_workers=ns.num_workers)
             tensors: list[torch.Tensor] = []
             for name in names:
-                tensors.append(ns.params[name])
+                tensors.append(params[name])
                 header.tensors.append(ns.metas[name])
                 if request.include_slots:
-                    header.slot_steps.append(ns.states[name].step)
-                    for slot, value in sorted(ns.states[name].slots.items()):
+                    header.slot_steps.append(states[name].step)
+                    for slot, value in sorted(states[name].slots.items()):
                         tensors.append(value)
                         header.tensors.append(
                             wire.meta_of(f"{name}{SLOT_SEPARATOR}{slot}", value))
-            if request.consistent or request.include_slots:
-                tensors = [t.clone() for t in tensors]
+            if (request.consistent or request.include_slots) and snap is None:
+                tensors = [t.clone() for t in tensors]  # a snapshot is never written again
             info = ns.info(request.worker)
         header.step = info.global_step
         if push_reply is not None:

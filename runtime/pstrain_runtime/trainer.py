@@ -76,6 +76,13 @@ class TrainResult:
     samples_per_sec: float = 0.0
     wall_seconds: float = 0.0
     lost_steps: int = 0
+    samples: int = 0  # examples in this worker's batches (their real lengths)
+
+    def samples_per_step(self, workers_per_step: int) -> float:
+        """Examples behind one global step: this worker's mean real batch length (a
+        batch may be shorter than batchSize, e.g. a small data set's only batch) times
+        the workers whose gradients one step applies."""
+        return self.samples / max(self.local_steps, 1) * workers_per_step
 
 
 def pick_device() -> torch.device:
@@ -213,10 +220,12 @@ class Trainer:
         raise TimeoutError("the chief did not finish the job in time after the last step")
 
     # ------------------------------------------------------------------ chief: state
-    def _save_checkpoint(self) -> Path | None:
+    def _save_checkpoint(self, at_step: int = 0) -> Path | None:
+        """Write a checkpoint of the servers' state: the copies they kept at `at_step`
+        (a multiple of the interval) where they have them, else their state now."""
         if self.ckpt_store is None:
             return None
-        state = self._retry(self.client.pull_state)
+        state = self._retry(lambda: self.client.pull_state(at_step))
         params = self.client.assemble(state.params, self.mirror)
         slots: dict[str, dict[str, torch.Tensor]] = {}
         slot_steps: dict[str, int] = {}
@@ -247,7 +256,9 @@ class Trainer:
             num_workers=self.role.num_workers,
             staleness_bound=self.training.staleness_bound,
             fingerprint=self.fingerprint, global_step=global_step,
-            target_steps=self.training.steps, states=states, only=only))
+            target_steps=self.training.steps, states=states, only=only,
+            checkpoint_every=(self.training.checkpoint.interval_steps
+                              if self.ckpt_store is not None else 0)))
 
     def _restore_all(self, ckpt: Checkpoint, path: Path) -> None:
         ckpt.check_matches(self.fingerprint, self.optimizer.name, str(path))
@@ -465,6 +476,12 @@ class Trainer:
             except PSError:
                 pass
 
+    @property
+    def _workers_per_step(self) -> int:
+        """Workers whose gradients one global step applies: all of them in sync mode, one
+        push in async mode."""
+        return self.role.num_workers if self.training.mode == "sync" else 1
+
     def run(self) -> TrainResult:
         training, role = self.training, self.role
         started = self.clock()
@@ -480,11 +497,9 @@ class Trainer:
         next_ckpt = (self.last_step // ckpt_every + 1) * ckpt_every
         eval_every = training.eval_interval_steps
         next_eval = (self.last_step // eval_every + 1) * eval_every if eval_every else None
-        last_progress = self.clock()
+        last_progress = -math.inf  # the first step is reported at once: training has begun
         window_loss: list[float] = []
         local_steps: list[int] | None = None
-        samples_per_step = training.batch_size * (
-            role.num_workers if training.mode == "sync" else 1)
         finished_by_peer = False
         self.model.train()
 
@@ -530,6 +545,7 @@ class Trainer:
                     self._handle(exc)
                     continue
                 result.local_steps += 1
+                result.samples += len(batch[1])
                 local_steps = [x + 1 for x in local_steps]
                 window_loss.append(loss)
                 result.loss = loss
@@ -551,7 +567,8 @@ class Trainer:
                 # chief duties
                 now = self.clock()
                 elapsed = max(now - started, 1e-9)
-                rate = (gstep - start_step) * samples_per_step / elapsed
+                rate = ((gstep - start_step) * result.samples_per_step(self._workers_per_step)
+                        / elapsed)
                 if now - last_progress >= self.progress_interval:
                     avg = sum(window_loss) / len(window_loss)
                     self.emit("progress", step=gstep, loss=round(avg, 6),
@@ -567,7 +584,7 @@ class Trainer:
                 if (self.ckpt_store is not None and (gstep >= next_ckpt or asked)
                         and gstep < training.steps):
                     try:
-                        self._save_checkpoint()
+                        self._save_checkpoint(at_step=gstep // ckpt_every * ckpt_every)
                     except PSError as exc:  # a server failed under the checkpoint: recover
                         self._fresh = False  # a recovery may reinstall the parameters
                         self._drain()
@@ -603,9 +620,8 @@ class Trainer:
         self._copy_in()
         result.global_step = gstep
         result.metrics = self._evaluate()
-        samples_per_step = self.training.batch_size * (
-            self.role.num_workers if self.training.mode == "sync" else 1)
-        result.samples_per_sec = ((gstep - start_step) * samples_per_step
+        result.samples_per_sec = ((gstep - start_step)
+                                  * result.samples_per_step(self._workers_per_step)
                                   / max(result.wall_seconds, 1e-9))
         self.emit("eval", step=gstep, **result.metrics)
         if self.ckpt_store is not None and self.last_ckpt_step != gstep:

@@ -83,3 +83,35 @@ def test_unknown_command_is_an_argparse_error(capsys):
         main(["trian"])
     assert exc.value.code == 2
     assert "invalid choice: 'trian'" in capsys.readouterr().err
+
+
+HEAD = b"apiVersion: pstrain.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: j}\n"
+BOMB = b"a: &a [x, x, x, x, x, x, x, x, x, x]\n" + b"".join(
+    f"{b}: &{b} [{', '.join([f'*{a}'] * 10)}]\n".encode() for a, b in zip("abcdefgh", "bcdefghi"))
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("command", ["validate", "run"])
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        pytest.param(b"\x89PNG\r\n\x1a\n\x00", "the file is not UTF-8 text (byte 0x89 at "
+                     "offset 0); a manifest must be YAML in UTF-8.", id="binary"),
+        pytest.param(b"a: " + b"[" * 20_000 + b"]" * 20_000, "line 1, column 103: the values "
+                     "nest more than 100 levels deep; a manifest may nest at most 100.",
+                     id="deep"),
+        pytest.param(BOMB, "line 5, column 4: its aliases expand the document to more than "
+                     "1000000 values; a manifest may hold at most 1000000.", id="alias-bomb"),
+        pytest.param(HEAD + b"spec: {training: {steps: 200, steps: 999999}}\n",
+                     "line 4, column 31: the key 'steps' appears twice in one mapping (first "
+                     "at line 4, column 19); each key may appear once.", id="duplicate-key"),
+    ],
+)
+def test_validate_and_run_refuse_bad_files_in_one_line(tmp_path, capsys, command, content,
+                                                       expected):
+    path = tmp_path / "job.yaml"
+    path.write_bytes(content)
+    assert main([command, str(path)]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [f"{path}: {expected}"]
+    assert captured.out == ""

@@ -76,6 +76,7 @@ CUSTOM = (
     .set("logLevel", "debug")
     .set("jobPodSecurity", "none")
     .set("progressInterval", 2.5)
+    .set("jobNetworkPolicy", False)
     .set("serviceAccount.annotations", {"iam.gke.io/gcp-service-account": "ml@p.iam"})
     .set("resources", {"requests": {"cpu": "100m", "memory": "200Mi"},
                        "limits": {"cpu": 1, "memory": "400Mi"}})
@@ -252,6 +253,8 @@ def _env(deployment: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 POD_ID = {"name": "POD_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+OWN_NAMESPACE = {"name": "PSTRAIN_OPERATOR_NAMESPACE",
+                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}
 
 
 def test_default_deployment_env_is_the_operator_contract() -> None:
@@ -265,6 +268,8 @@ def test_default_deployment_env_is_the_operator_contract() -> None:
         {"name": "PSTRAIN_OPERATOR_LEADER_ELECTION", "value": "false"},
         {"name": "PSTRAIN_OPERATOR_JOB_POD_SECURITY", "value": "restricted"},
         {"name": "PSTRAIN_OPERATOR_PROGRESS_INTERVAL", "value": "10"},
+        {"name": "PSTRAIN_OPERATOR_JOB_NETWORK_POLICY", "value": "true"},
+        OWN_NAMESPACE,
         POD_ID,
     ]
 
@@ -281,6 +286,8 @@ def test_custom_deployment_env_follows_the_values() -> None:
         {"name": "PSTRAIN_OPERATOR_LEADER_ELECTION", "value": "true"},
         {"name": "PSTRAIN_OPERATOR_JOB_POD_SECURITY", "value": "none"},
         {"name": "PSTRAIN_OPERATOR_PROGRESS_INTERVAL", "value": "2.5"},
+        {"name": "PSTRAIN_OPERATOR_JOB_NETWORK_POLICY", "value": "false"},
+        OWN_NAMESPACE,
         POD_ID,
         {"name": "HTTPS_PROXY", "value": "http://proxy:3128"},
     ]

@@ -24,6 +24,8 @@ class FakeKube:
         self.jobs: dict[tuple[str, str], dict[str, Any]] = {}
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.services: dict[tuple[str, str], dict[str, Any]] = {}
+        self.secrets: dict[tuple[str, str], dict[str, Any]] = {}
+        self.network_policies: dict[tuple[str, str], dict[str, Any]] = {}
         self.calls: list[tuple[str, str]] = []
         self.status_patches = 0
 
@@ -44,9 +46,19 @@ class FakeKube:
     def service_exists(self, namespace: str, name: str) -> bool:
         return (namespace, name) in self.services
 
+    def network_policy_exists(self, namespace: str, name: str) -> bool:
+        self.calls.append(("get", f"NetworkPolicy/{name}"))
+        return (namespace, name) in self.network_policies
+
+    def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(("get", f"Secret/{name}"))
+        secret = self.secrets.get((namespace, name))
+        return copy.deepcopy(secret) if secret else None
+
     def create(self, manifest: Mapping[str, Any]) -> bool:
         meta = manifest["metadata"]
-        store = self.pods if manifest["kind"] == "Pod" else self.services
+        store = {"Pod": self.pods, "Service": self.services, "Secret": self.secrets,
+                 "NetworkPolicy": self.network_policies}[manifest["kind"]]
         key = (meta["namespace"], meta["name"])
         self.calls.append(("create", f"{manifest['kind']}/{meta['name']}"))
         if key in store:

@@ -8,12 +8,15 @@ servers bind to `PSTRAIN_BIND_ADDRESS=127.0.0.x:2222` (and their data plane to t
 PSTRAIN_DATA_PORT the pod sets, 2223, on the same 127.0.0.x). It reports pod phases, the
 readiness of the gRPC health probe and exit codes back through the API, records the data
 port each Ready parameter server announces in its Info reply, and stops the process of
-a pod the operator deletes. Everything it changes on the machine is
+a pod the operator deletes. Secret volumes of the main container are written to a
+private directory per pod (only the items the volume names, as kubelet does), and an
+environment value naming a mount path is pointed at that directory. Everything it changes on the machine is
 restored on exit.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import shutil
@@ -29,6 +32,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pstrain_api import constants as c
+from pstrain_api import security
+from pstrain_runtime import auth
 from pstrain_runtime.proto import ps_pb2, ps_pb2_grpc
 
 from .emulator import HttpApi, pod_status
@@ -72,6 +77,7 @@ class Replica:
     proc: subprocess.Popen[bytes]
     address: str
     is_ps: bool
+    credentials: auth.Credentials | None = None
     ready: bool = False
     reported_exit: bool = False
 
@@ -129,7 +135,7 @@ class FakeNode:
                         "Succeeded" if code == 0 else "Failed", exit_code=code))
             elif rep.is_ps and not rep.ready and self._serving(rep.address):
                 rep.ready = True
-                self.data_ports[name] = self._data_port(rep.address)
+                self.data_ports[name] = self._data_port(rep.address, rep.credentials)
                 self.api.set_pod_status(self.namespace, name, pod_status("Running", True))
 
     def _start(self, name: str, pod: dict[str, Any]) -> None:
@@ -138,6 +144,8 @@ class FakeNode:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PSTRAIN_")}
         env.update({e["name"]: e.get("value", "") for e in container.get("env", [])})
         env.update(self.extra_env)
+        mounts = self._mount_secrets(name, pod, container)
+        env = {k: mounts.get(v, v) for k, v in env.items()}
         is_ps = pod["metadata"]["labels"][c.LABEL_ROLE] == c.ROLE_PS
         address = f"{ip}:{c.REPLICA_PORT}"
         env["PSTRAIN_BIND_ADDRESS"] = address
@@ -149,9 +157,29 @@ class FakeNode:
         proc = subprocess.Popen([exe, *command[1:]], env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
-        self.replicas[name] = Replica(pod["metadata"].get("uid", ""), proc, address, is_ps)
+        self.replicas[name] = Replica(pod["metadata"].get("uid", ""), proc, address, is_ps,
+                                      auth.load_credentials(env))
         self.started.append(name)
         self.api.set_pod_status(self.namespace, name, pod_status("Running", ready=not is_ps))
+
+    def _mount_secrets(self, name: str, pod: dict[str, Any],
+                       container: dict[str, Any]) -> dict[str, str]:
+        """Write the Secret volumes `container` mounts; mount path -> local directory."""
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
+        out: dict[str, str] = {}
+        for mount in container.get("volumeMounts", []):
+            source = volumes.get(mount["name"], {}).get("secret")
+            if source is None:
+                continue
+            secret = self.api.request(
+                "GET", f"/api/v1/namespaces/{self.namespace}/secrets/{source['secretName']}")
+            assert secret is not None, f"pod {name} mounts a missing Secret"
+            directory = self.log_dir / "volumes" / name / mount["name"]
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            for item in source.get("items") or [{"key": k, "path": k} for k in secret["data"]]:
+                (directory / item["path"]).write_bytes(base64.b64decode(secret["data"][item["key"]]))
+            out[mount["mountPath"]] = str(directory)
+        return out
 
     def _serving(self, address: str) -> bool:
         """The pod's readiness probe: grpc.health.v1 Check on the replica port."""
@@ -163,10 +191,12 @@ class FakeNode:
                 return False
         return reply.status == health_pb2.HealthCheckResponse.SERVING
 
-    def _data_port(self, address: str) -> int:
+    def _data_port(self, address: str, credentials: auth.Credentials | None) -> int:
         """The data port a serving parameter server announces (Info of a namespace no job
-        uses, which changes nothing on the server)."""
-        with grpc.insecure_channel(address) as channel:
+        uses, which changes nothing on the server), asked with the worker key the
+        server's pod holds."""
+        worker = credentials.only(security.KEY_WORKER) if credentials else None
+        with auth.client_channel(address, worker) as channel:
             reply = ps_pb2_grpc.ParameterServerStub(channel).Info(
                 ps_pb2.NamespaceRequest(namespace="fake-node-probe"), timeout=5)
         return int(reply.data_port)

@@ -61,6 +61,10 @@ class JobBuilder:
         self.data["spec"]["training"]["steps"] = n
         return self
 
+    def security(self, **kw: Any) -> JobBuilder:
+        self.data["spec"]["security"] = kw
+        return self
+
     def status(self, **kw: Any) -> JobBuilder:
         self._status = {**(self._status or {}), **kw}
         return self

@@ -11,7 +11,7 @@ import pytest
 
 from pstrain_operator.controller import Reconciler, parse_status
 from pstrain_operator.metrics import Metrics
-from pstrain_operator.progress import progress_from_status
+from pstrain_operator.progress import ProbeSecurity, progress_from_status
 from pstrain_operator.reconcile import Event
 from pstrain_operator.settings import PodSettings
 
@@ -37,9 +37,12 @@ class FakeStatus:
     def __init__(self) -> None:
         self.reply: dict[str, Any] | None = None
         self.asked: list[str] = []
+        self.security: list[ProbeSecurity | None] = []
 
-    def __call__(self, address: str, timeout: float) -> dict[str, Any] | None:
+    def __call__(self, address: str, timeout: float,
+                 security: ProbeSecurity | None) -> dict[str, Any] | None:
         self.asked.append(address)
+        self.security.append(security)
         return self.reply
 
 
@@ -401,8 +404,9 @@ def test_suspend_asks_for_a_checkpoint_waits_for_it_and_resumes_from_it() -> Non
     kube, events, status, clock, op = started(body)
     asked: list[str] = []
 
-    def ask(address: str, timeout: float) -> int:
+    def ask(address: str, timeout: float, security: ProbeSecurity | None) -> int:
         asked.append(address)
+        assert security is not None and "worker" in security.keys  # it proves the key
         return 130  # PS 0's step when asked: fresher than the operator's reading
 
     op.ask_checkpoint = ask

@@ -40,14 +40,27 @@ def test_environment_and_flags() -> None:
     ({"PSTRAIN_OPERATOR_JOB_POD_SECURITY": "lax"},
      "PSTRAIN_OPERATOR_JOB_POD_SECURITY is 'lax'; it must be one of restricted, none."),
     ({"PSTRAIN_OPERATOR_NAMESPACES": "Bad_NS"},
-     "PSTRAIN_OPERATOR_NAMESPACES contains 'Bad_NS'; namespaces are DNS labels (lowercase "
-     "letters, digits and '-'), comma-separated."),
+     "PSTRAIN_OPERATOR_NAMESPACES contains 'Bad_NS'; it must be a DNS-1123 label: at most 63 "
+     "lowercase letters, digits and '-', starting and ending with a letter or digit "
+     "(namespaces are comma-separated)."),
+    ({"PSTRAIN_OPERATOR_NAMESPACES": "ok,-team"},
+     "PSTRAIN_OPERATOR_NAMESPACES contains '-team'; it must be a DNS-1123 label: at most 63 "
+     "lowercase letters, digits and '-', starting and ending with a letter or digit "
+     "(namespaces are comma-separated)."),
+    ({"PSTRAIN_OPERATOR_NAMESPACES": "équipe"},
+     "PSTRAIN_OPERATOR_NAMESPACES contains 'équipe'; it must be a DNS-1123 label: at most 63 "
+     "lowercase letters, digits and '-', starting and ending with a letter or digit "
+     "(namespaces are comma-separated)."),
+    ({"PSTRAIN_OPERATOR_RUNTIME_IMAGE": "x", "PSTRAIN_OPERATOR_LOG_LEVEL": "v" * 10_000},
+     f"PSTRAIN_OPERATOR_LOG_LEVEL is '{'v' * 37}...{'v' * 38}' (10000 characters); it must "
+     "be one of debug, info, warning, error."),
     ({"PSTRAIN_OPERATOR_PROGRESS_INTERVAL": "60"},
      "PSTRAIN_OPERATOR_PROGRESS_INTERVAL is 60; it must be between 1 and 30 seconds "
      "(progress is refreshed at least every 30 s)."),
     ({"PSTRAIN_OPERATOR_METRICS_PORT": "9000", "PSTRAIN_OPERATOR_HEALTH_PORT": "9000"},
      "the metrics port and the health port are both 9000; they must differ."),
-], ids=["port-not-number", "port-range", "bool", "log-level", "security", "namespace", "interval",
+], ids=["port-not-number", "port-range", "bool", "log-level", "security", "namespace",
+        "namespace-leading-dash", "namespace-not-ascii", "long-value-shortened", "interval",
         "same-ports"])
 def test_errors_name_the_setting(env: dict[str, str], message: str) -> None:
     with pytest.raises(SettingsError) as err:

@@ -283,6 +283,25 @@ def test_pull_state_returns_parameters_and_optimizer_slots() -> None:
     torch.testing.assert_close(state.params["w"], store.namespace("ns").params["w"])
 
 
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_pull_state_at_a_checkpoint_step_gets_the_shard_as_it_was_then(mode: str) -> None:
+    """The chief asks for step 2 after more pushes landed: it gets step 2's parameters
+    and optimizer state, not the newer ones; a step with no copy gets the live state."""
+    store = ParameterStore()
+    client = connect(store)
+    client.init(params(), OptimizerConfig(name="adam", learning_rate=0.1), mode=mode,
+                num_workers=1, staleness_bound=None, fingerprint=FP, checkpoint_every=2)
+    for step in range(2):
+        client.push(good_grads(), step=step) if mode == "sync" else client.push(good_grads())
+    at_two = snapshot(store)
+    client.push(good_grads(), step=2) if mode == "sync" else client.push(good_grads())
+    state = client.pull_state(at_step=2)
+    assert state.global_step == 2 and state.slot_steps == {"b": 2, "w": 2}
+    torch.testing.assert_close(state.params["w"], at_two[1]["w"])
+    torch.testing.assert_close(state.slots["w"]["exp_avg"], at_two[2]["w"][1]["exp_avg"])
+    assert client.pull_state(at_step=1).global_step == 3
+
+
 def test_bfloat16_gradients_on_the_wire_update_float32_parameters() -> None:
     store, _ = ready_store()
     p = params()

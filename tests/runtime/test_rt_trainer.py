@@ -352,3 +352,44 @@ def test_the_chief_writes_a_checkpoint_when_one_is_requested(tmp_path: Path) -> 
     assert len(asked) == 1 and len(steps) == 2 and steps[-1] == 60  # and the final one
     assert asked[0] <= steps[0] <= asked[0] + 3
     assert store.namespace("ns").checkpoint_wanted == -1
+
+
+def test_throughput_counts_the_examples_in_each_batch_not_the_batch_size() -> None:
+    """A batchSize larger than the worker's data gives batches of the whole data set:
+    samples_per_sec must count those, not 10**9 per step (97 billion samples/s)."""
+    from pstrain_runtime.examples.digits import load_digits_split
+
+    examples = len(load_digits_split(0.25)[1])
+    steps = 6
+    events = Events()
+    run_job(digits_training(steps=steps, batchSize=10**9, mode="sync"),
+            [LocalTransport(ParameterStore())], emit=events)
+    (done,) = events.of("done")
+    counted = done["samples_per_sec"] * done["wall_seconds"]
+    assert counted == pytest.approx(steps * examples, rel=0.1)
+
+
+def test_the_first_step_is_reported_at_once() -> None:
+    """The runner's progress bar leaves 0/N at the first step, not a progress interval
+    later (which is most of a short job)."""
+    events = Events()
+    run_job(digits_training(steps=5, batchSize=16, mode="sync"),
+            [LocalTransport(ParameterStore())], emit=events, progress_interval=3600.0)
+    assert [p["step"] for p in events.of("progress")] == [1]
+
+
+def test_async_checkpoints_hold_exactly_the_interval_multiples(tmp_path: Path) -> None:
+    """With two workers pushing asynchronously the step moves on while the chief
+    checkpoints; the servers' copies at each multiple keep the checkpoints at 10, 20, ...
+    (they used to land at 11, 22, 31, ...)."""
+    training = digits_training(steps=80, mode="async",
+                               checkpoint={"directory": str(tmp_path), "intervalSteps": 10,
+                                           "keep": 20})
+    events = Events()
+    run_job(training, [LocalTransport(ParameterStore()), LocalTransport(ParameterStore())],
+            num_workers=2, emit=events)
+    steps = [e["step"] for e in events.of("checkpoint")]
+    assert steps and all(s % 10 == 0 for s in steps), steps
+    assert steps == sorted(set(steps)) and steps[-1] == 80
+    for step in steps:
+        assert load_checkpoint(CheckpointStore(tmp_path).path_for(step)).global_step == step

@@ -30,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pstrain run",
         description="Run a TrainingJob on this machine as processes: parameter servers "
         "first, then (once they serve) the workers, then the chief. Exits 0 when the job "
-        "succeeds, 1 when it fails, 130 on Ctrl-C.",
+        "succeeds, 1 when it fails or the manifest is invalid, 2 for a bad command line, "
+        "130 on Ctrl-C (SIGINT), 143 on SIGTERM.",
     )
     parser.add_argument("file", metavar="FILE", help="TrainingJob manifest (YAML)")
     parser.add_argument("--json", action="store_true",

@@ -115,8 +115,20 @@ class PlainReporter:
         self.stream.flush()
 
 
+STAGE_WIDTH = 48
+
+
+def format_stage(text: str) -> str:
+    """A runner line shortened to fit the progress bar's stage column."""
+    return text if len(text) <= STAGE_WIDTH else text[:STAGE_WIDTH - 3] + "..."
+
+
 class RichReporter:
-    """A live progress bar (step, loss, samples/s) with replica output scrolling above."""
+    """A live progress bar (step, loss, samples/s) with replica output scrolling above.
+
+    Until the first step, the bar's stage column follows start-up as it happens (the
+    runner's latest line: parameter servers starting and serving, workers started);
+    from the first step on it says "training"."""
 
     def __init__(self, stream: TextIO, names: Sequence[str], total_steps: int,
                  job_name: str):
@@ -133,11 +145,22 @@ class RichReporter:
             TextColumn("loss {task.fields[loss]}"),
             TextColumn("{task.fields[sps]} samples/s"),
             TimeElapsedColumn(),
+            TextColumn("{task.fields[stage]}"),
             console=self.console,
             transient=False,
         )
-        self.task = self.progress.add_task(job_name, total=total_steps, loss="-", sps="-")
+        self.task = self.progress.add_task(job_name, total=total_steps, loss="-", sps="-",
+                                           stage="starting")
+        self.training = False
         self.progress.start()
+
+    @property
+    def stage(self) -> str:
+        return str(self.progress.tasks[0].fields["stage"])
+
+    def _follow(self, text: str) -> None:
+        if not self.training:
+            self.progress.update(self.task, stage=format_stage(text))
 
     def _print(self, text: str, style: str | None = None) -> None:
         self.console.print(text, style=style, markup=False, highlight=False,
@@ -151,15 +174,20 @@ class RichReporter:
         self._print(format_notice(level, text), style)
         for line in context:
             self._print(f"    {line}", "dim")
+        self._follow(text)
 
     def event(self, name: str, event: Mapping[str, Any], metrics: Metrics) -> None:
         self.progress.update(self.task, completed=metrics.step,
                              loss=_fmt(metrics.loss, ".4f"),
                              sps=_fmt(metrics.samples_per_sec, ".0f"))
+        if metrics.step > 0 and not self.training:
+            self.progress.update(self.task, stage="training")
+            self.training = True
         if event.get("event") == "progress":
             return
         line = format_event(name, event, metrics)
         if line is not None:
+            self._follow(line)
             loud = event.get("event") == "restored"
             self._print(format_notice("warning" if loud else "info", line),
                         "bold yellow" if loud else "green")

@@ -27,12 +27,15 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pstrain_api import constants as c
+from pstrain_api import security
 from pstrain_api.cluster import ClusterSpec, local_cluster_spec, task_count
 from pstrain_api.events import parse_event
 from pstrain_api.model import TrainingJob
 from pstrain_api.readiness import user_command
 
+from ..auth import Credentials, load_credentials, write_replica_keys
 from ..status_client import request_checkpoint
+from .capacity import available_memory, capacity_warning
 from .devices import ENV_VISIBLE, DeviceRequest, assign_gpus, visible_gpus
 from .metrics import Metrics, build_summary, fold
 from .processes import (DEFAULT_REPLICA_COMMAND, Line, ProcessTable, find_free_ports,
@@ -143,21 +146,30 @@ def run_job(job: TrainingJob, options: RunOptions = RunOptions(),
         # A restarted parameter server can only come back from a checkpoint.
         temp_dir = tempfile.mkdtemp(prefix=f"pstrain-{job.name}-ckpt-")
         job = with_checkpoint_dir(job, temp_dir)
+    # A fresh job token per run, in a private directory (0700, files 0600) that goes
+    # with the run; each replica is given the path, never the key.
+    auth_dir = (tempfile.mkdtemp(prefix=f"pstrain-{job.name}-auth-")
+                if job.spec.security.authentication else None)
     try:
+        key_dirs = ({} if auth_dir is None else
+                    write_replica_keys(Path(auth_dir), security.new_token()))
         return _run(job, options, stdout or sys.stdout,
                     (stderr or sys.stderr) if options.json else (stdout or sys.stdout),
-                    temp_dir)
+                    temp_dir, key_dirs)
     finally:
         if temp_dir and not options.keep_temp_checkpoints:
             shutil.rmtree(temp_dir, ignore_errors=True)
+        if auth_dir:
+            shutil.rmtree(auth_dir, ignore_errors=True)
 
 
 class _Executor:
     """Carries out supervisor actions: spawns, signals, prints."""
 
     def __init__(self, table: ProcessTable, reporter: Reporter, addresses: dict[str, str],
-                 clock: Callable[[], float]):
+                 clock: Callable[[], float], credentials: Credentials | None = None):
         self.table = table
+        self.credentials = credentials  # the worker key, for control calls to PS 0
         self.reporter = reporter
         self.addresses = addresses
         self.clock = clock
@@ -180,7 +192,7 @@ class _Executor:
             self.reporter.notice(action.level, action.text, context)
         elif isinstance(action, AskCheckpoint):
             ps0 = next(r.address for r in state.replicas if r.is_ps and r.index == 0)
-            if request_checkpoint(ps0, ASK_TIMEOUT_S) is None:
+            if request_checkpoint(ps0, ASK_TIMEOUT_S, credentials=self.credentials) is None:
                 self.inbox.append(CheckpointUnanswered(self.clock()))
         elif isinstance(action, Finish):
             return action
@@ -217,7 +229,7 @@ class _Executor:
 
 
 def _run(job: TrainingJob, options: RunOptions, out: TextIO, log_stream: TextIO,
-         temp_dir: str | None) -> RunResult:
+         temp_dir: str | None, key_dirs: dict[str, Path]) -> RunResult:
     clock = time.monotonic
     spec = local_cluster_spec(job, find_free_ports(task_count(job)))
     tasks = spec.tasks()
@@ -231,6 +243,12 @@ def _run(job: TrainingJob, options: RunOptions, out: TextIO, log_stream: TextIO,
                         for t in tasks], visible_gpus())
     for name, devices in gpus.items():
         environments[name][ENV_VISIBLE] = devices
+    for t in tasks:
+        env = environments[spec.replica_name(t)]
+        env.pop(security.ENV_AUTH_DIR, None)  # never the runner's own
+        if key_dirs:
+            env[security.ENV_AUTH_DIR] = str(
+                key_dirs[security.key_holder(t.role, spec.is_chief(t))])
     run_policy = job.spec.run_policy
     settings = Settings(
         policy=run_policy,
@@ -246,15 +264,23 @@ def _run(job: TrainingJob, options: RunOptions, out: TextIO, log_stream: TextIO,
                          commands=own_commands(job, spec))
     metrics = Metrics(total_steps=job.spec.training.steps)
     reporter = _make_reporter(options, log_stream, names, job)
+    worker_key = (load_credentials({security.ENV_AUTH_DIR: str(key_dirs[security.KEY_WORKER])})
+                  if key_dirs else None)
     executor = _Executor(table, reporter, {r.name: r.address for r in state.replicas},
-                         clock)
+                         clock, worker_key)
 
     checkpoint_dir = job.spec.training.checkpoint.directory
     reporter.notice("info", f"job {job.name}: " + ", ".join(
         f"{spec.replica_name(t)}@{spec.addresses[t]}" for t in tasks))
+    too_many = capacity_warning(len(tasks), available_memory())
+    if too_many:
+        reporter.notice("warning", too_many)
     if run_policy.suspend:
         reporter.notice("warning", "spec.runPolicy.suspend is true; pstrain run ignores it "
                                    "and runs the job now.")
+    if job.spec.security.tls is not None:
+        reporter.notice("warning", "spec.security.tls names a Kubernetes Secret; pstrain run "
+                                   "cannot read it and runs on loopback without TLS.")
     if gpus:
         reporter.notice("info", "GPUs: " + ", ".join(
             f"{n}={d}" for n, d in gpus.items() if d))

@@ -67,6 +67,10 @@ def main() -> int:
               "is_chief": me.is_chief,
               "env": {k: os.environ.get(k) for k in
                       ("PSTRAIN_CLUSTER", "TF_CONFIG", "PSTRAIN_TRAINING", "OMP_NUM_THREADS")}}
+    auth_dir = os.environ.get("PSTRAIN_AUTH_DIR")
+    if auth_dir:  # which key files it was given, and how private they are
+        record["auth"] = {"dir": auth_dir, "mode": oct(os.stat(auth_dir).st_mode & 0o777),
+                          "keys": sorted(os.listdir(auth_dir))}
     if me.task.role != "ps":
         record["ps_serving"] = [health_of(a) for a in me.addresses("ps")]
     with starts.open("a") as f:

@@ -162,3 +162,27 @@ def test_rich_reporter_prints_prefixed_lines_and_notices():
                      "pstrain: warning: j-worker-0: restored ps shard 0 from step 3; 2 steps "
                      "lost", "pstrain: error: boom", "    tb line"):
         assert expected in text
+
+
+def test_rich_progress_bar_follows_start_up_until_the_first_step():
+    rep = RichReporter(io.StringIO(), ["j-ps-0", "j-worker-0"], total_steps=600,
+                       job_name="j")
+    stages = [rep.stage]
+    rep.notice("info", "starting 1 parameter server(s): j-ps-0")
+    stages.append(rep.stage)
+    ready = ev("ready", address="127.0.0.1:4000")
+    rep.event("j-ps-0", ready, fold(M0, "j-ps-0", ready))
+    stages.append(rep.stage)
+    rep.notice("info", "1 parameter server(s) serving; starting 0 worker(s), then the chief "
+                       "j-worker-0")
+    stages.append(rep.stage)
+    first = ev("progress", step=1, loss=2.3, samples_per_sec=50.0)
+    rep.event("j-worker-0", first, fold(M0, "j-worker-0", first))
+    stages.append(rep.stage)
+    rep.notice("info", "a notice during training")
+    stages.append(rep.stage)
+    rep.close()
+    assert stages == ["starting", "starting 1 parameter server(s): j-ps-0",
+                      "j-ps-0: serving on 127.0.0.1:4000",
+                      "1 parameter server(s) serving; starting 0 wor...",
+                      "training", "training"]

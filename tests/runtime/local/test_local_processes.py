@@ -334,3 +334,15 @@ def test_closed_output_pipe_stops_every_replica_quietly(tmp_path):
     assert "Traceback" not in stderr
     pids = [s["pid"] for s in read_starts(tmp_path)]
     wait_until(lambda: not any(is_alive(p) for p in pids), 10, "replicas to stop")
+
+
+def test_more_replicas_than_memory_holds_are_warned_about_first(fake, monkeypatch):
+    from pstrain_runtime.local import runner
+
+    monkeypatch.setattr(runner, "available_memory", lambda: 2**30)
+    result, lines, _ = fake(make_job("j").ps(1).workers(4), {"*": {}})
+    assert result.exit_code == 0
+    warning = ("pstrain: warning: this job starts 5 processes of about 250 MB each (1.2 GiB) "
+               "and this machine has 1.0 GiB available")
+    (index,) = [i for i, line in enumerate(lines) if line.startswith(warning)]
+    assert index < min(i for i, line in enumerate(lines) if line.startswith("pstrain: started"))

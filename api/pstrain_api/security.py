@@ -1,0 +1,99 @@
+"""A job's credentials, as the operator, the local runner and the runtime agree on them.
+
+Each job has one random token of 256 bits. Nothing uses the token itself on the wire:
+each role gets a key derived from it with HMAC-SHA256, so a holder of the worker key
+cannot compute the chief key.
+
+- The chief key authorizes every call, including Init (and so restore), Finish,
+  ReportStatus and Shutdown.
+- The worker key authorizes pushes, pulls, Info and GetJobStatus.
+- A parameter server holds both keys, to check either.
+
+Keys reach a replica as files in one directory (`ENV_AUTH_DIR`), one file per role key,
+named after the role and holding the key in hex. In Kubernetes the directory is the
+job's Secret mounted read-only with only the keys that pod's role may hold; locally it
+is a private directory of the run. Keys never travel in environment variables.
+
+Pure: no I/O; `pstrain_runtime.auth` reads the files and speaks the protocols.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Mapping
+from typing import Final, Literal
+
+from . import constants as c
+
+TOKEN_BYTES: Final = 32  # 256 bits
+ENV_AUTH_DIR: Final = "PSTRAIN_AUTH_DIR"
+AUTH_MOUNT_PATH: Final = "/var/run/pstrain/auth"
+AUTH_VOLUME: Final = "pstrain-auth"
+# TLS (opt-in): a kubernetes.io/tls Secret the user names, mounted with these files.
+ENV_TLS_DIR: Final = "PSTRAIN_TLS_DIR"
+TLS_MOUNT_PATH: Final = "/var/run/pstrain/tls"
+TLS_VOLUME: Final = "pstrain-tls"
+TLS_FILES: Final = ("tls.crt", "tls.key", "ca.crt")
+
+KeyRole = Literal["chief", "worker"]
+KEY_CHIEF: Final = "chief"
+KEY_WORKER: Final = "worker"
+KEY_ROLES: Final = (KEY_CHIEF, KEY_WORKER)
+
+KeyHolder = Literal["ps", "chief", "worker"]
+# Which role keys each kind of replica holds (file names in ENV_AUTH_DIR, keys of the
+# Secret): a parameter server every key, the chief (the chief role, or worker 0 when
+# there is none) the chief key, any other worker only the worker key.
+KEYS_FOR_HOLDER: Final[Mapping[str, tuple[str, ...]]] = {
+    c.ROLE_PS: (KEY_CHIEF, KEY_WORKER),
+    KEY_CHIEF: (KEY_CHIEF,),
+    KEY_WORKER: (KEY_WORKER,),
+}
+
+
+def key_holder(role: str, is_chief: bool) -> KeyHolder:
+    """Which keys a replica of `role` gets; `is_chief` as `ClusterSpec.is_chief` says."""
+    if role == c.ROLE_PS:
+        return "ps"
+    return "chief" if is_chief else "worker"
+
+_LABEL = b"pstrain/v1 role key "
+
+
+def new_token() -> bytes:
+    """A fresh job token: 256 random bits from the OS's CSPRNG."""
+    return secrets.token_bytes(TOKEN_BYTES)
+
+
+def derive_keys(token: bytes) -> dict[str, bytes]:
+    """The role keys of a job token: HMAC-SHA256(token, label + role)."""
+    if len(token) < TOKEN_BYTES:
+        raise ValueError(f"a job token has {len(token)} bytes; it must have at least "
+                         f"{TOKEN_BYTES}")
+    return {role: hmac.new(token, _LABEL + role.encode(), hashlib.sha256).digest()
+            for role in KEY_ROLES}
+
+
+def encode_key(key: bytes) -> str:
+    """A key as it is stored in a file or a Secret: lowercase hex, one line."""
+    return key.hex() + "\n"
+
+
+def decode_key(text: str, where: str) -> bytes:
+    """The key in `text` (as `encode_key` wrote it); `where` names the source in errors,
+    which never quote the content."""
+    try:
+        key = bytes.fromhex(text.strip())
+    except ValueError:
+        raise ValueError(f"{where} does not hold a hex key") from None
+    if len(key) < TOKEN_BYTES:
+        raise ValueError(f"{where} holds a key of {len(key)} bytes; it must have at "
+                         f"least {TOKEN_BYTES}")
+    return key
+
+
+def secret_name(job_name: str) -> str:
+    """The deterministic name of a job's credentials Secret (a DNS subdomain)."""
+    return f"{job_name}-pstrain-auth"[: c.DNS_SUBDOMAIN_MAX]

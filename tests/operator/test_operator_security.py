@@ -1,0 +1,250 @@
+"""A job's credentials Secret and how its pods mount it (`pstrain_operator.security`),
+the RBAC it needs, and that no key reaches the status, events, logs or metrics.
+
+Objects are compared whole and checked with kubernetes-validate's strict schemas; the
+executor runs against the in-memory API (`FakeKube`)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from prometheus_client import generate_latest
+
+from pstrain_api import security
+from pstrain_api.cluster import kubernetes_cluster_spec
+from pstrain_operator import rbac
+from pstrain_operator.build import build_pod, owner_reference
+from pstrain_operator.security import (
+    build_auth_secret,
+    ensure_auth_secret,
+    secure_pod,
+    worker_keys,
+)
+from pstrain_operator.settings import PodSettings
+
+from ..chart.helm import K8S_VERSION
+from .fake_kube import FakeKube
+from .op_builders import make_job
+from .test_operator_controller import FakeStatus, Recorder, make_reconciler
+
+TOKEN = bytes(range(32))
+KEYS = security.derive_keys(TOKEN)
+
+
+def _b64(key: bytes) -> str:
+    return base64.b64encode(security.encode_key(key).encode()).decode()
+
+
+def test_the_secret_holds_the_role_keys_and_goes_with_the_job() -> None:
+    job = make_job("j", "ns").build()
+    assert build_auth_secret(job, TOKEN) == {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": "j-pstrain-auth",
+            "namespace": "ns",
+            "labels": {"pstrain.io/job-name": "j",
+                       "app.kubernetes.io/managed-by": "pstrain-operator"},
+            "ownerReferences": [owner_reference(job)],
+        },
+        "type": "Opaque",
+        "immutable": True,
+        "data": {"chief": _b64(KEYS["chief"]), "worker": _b64(KEYS["worker"])},
+    }
+    assert worker_keys(build_auth_secret(job, TOKEN)) == {"worker": KEYS["worker"]}
+
+
+def _mounts(pod: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]], str | None]:
+    main = pod["spec"]["containers"][0]
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == security.AUTH_VOLUME)
+    env = {e["name"]: e.get("value") for e in main["env"]}
+    return ([i["key"] for i in volume["secret"]["items"]],
+            [m for m in main["volumeMounts"] if m["name"] == security.AUTH_VOLUME],
+            env.get(security.ENV_AUTH_DIR))
+
+
+@pytest.mark.parametrize(("chief_role", "expected"), [
+    (False, {"j-ps-0": ["chief", "worker"], "j-worker-0": ["chief"], "j-worker-1": ["worker"]}),
+    (True, {"j-ps-0": ["chief", "worker"], "j-chief-0": ["chief"], "j-worker-0": ["worker"],
+            "j-worker-1": ["worker"]}),
+], ids=["worker-0-is-chief", "chief-role"])
+def test_each_pod_mounts_only_the_keys_its_replica_may_hold(
+        chief_role: bool, expected: dict[str, list[str]]) -> None:
+    builder = make_job().template("worker", volumeMounts=[{"name": "d", "mountPath": "/d"}],
+                                  volumes=[{"name": "d", "emptyDir": {}}])
+    job = (builder.chief() if chief_role else builder).build()
+    cluster = kubernetes_cluster_spec(job)
+    got = {}
+    for task in cluster.tasks():
+        pod = secure_pod(build_pod(job, cluster, task, PodSettings()), job, task.role,
+                         cluster.is_chief(task))
+        keys, mounts, env = _mounts(pod)
+        assert mounts == [{"name": "pstrain-auth", "mountPath": "/var/run/pstrain/auth",
+                           "readOnly": True}]
+        assert env == "/var/run/pstrain/auth"
+        got[pod["metadata"]["name"]] = keys
+        kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+        if task.role == "worker":  # the template's own volume is kept
+            assert {v["name"] for v in pod["spec"]["volumes"]} == {"d", "pstrain-auth"}
+    assert got == expected
+    kubernetes_validate.validate(build_auth_secret(job, TOKEN), K8S_VERSION, strict=True)
+
+
+def test_tls_mounts_the_users_secret_and_authentication_can_be_turned_off() -> None:
+    job = make_job().security(authentication=False, tls={"secretName": "my-cert"}).build()
+    cluster = kubernetes_cluster_spec(job)
+    task = cluster.tasks()[0]
+    pod = secure_pod(build_pod(job, cluster, task, PodSettings()), job, task.role, False)
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["pstrain-tls"]
+    assert pod["spec"]["volumes"][0]["secret"]["secretName"] == "my-cert"
+    env = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
+    assert "PSTRAIN_TLS_DIR" in env and security.ENV_AUTH_DIR not in env
+    kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+    off = make_job().security(authentication=False).build()
+    built = build_pod(off, cluster, task, PodSettings())
+    assert secure_pod(built, off, task.role, False) == built
+
+
+def test_ensure_creates_the_secret_once_and_keeps_it() -> None:
+    kube, job = FakeKube(), make_job().build()
+    first = ensure_auth_secret(kube, job)
+    stored = kube.secrets[("ns", "j-pstrain-auth")]
+    assert first == worker_keys(stored) and len(first["worker"]) == 32
+    assert ensure_auth_secret(kube, job) == first  # read back, not made again
+    assert kube.calls.count(("create", "Secret/j-pstrain-auth")) == 1
+
+
+def test_a_secret_made_meanwhile_is_read_back() -> None:
+    class Racing(FakeKube):
+        def create(self, manifest: Mapping[str, Any]) -> bool:
+            # Someone else (an earlier operator) created it just before us: 409.
+            super().create(build_auth_secret(make_job().build(), TOKEN))
+            return super().create(manifest)
+
+    assert ensure_auth_secret(Racing(), make_job().build()) == {"worker": KEYS["worker"]}
+
+
+def test_rbac_grants_only_get_and_create_on_secrets() -> None:
+    assert [p for p in rbac.PERMISSIONS if p[1] == "secrets"] == [("", "secrets",
+                                                                  ("get", "create"))]
+    assert ("", "secrets") not in rbac.CLUSTER_SCOPED
+
+
+def test_the_executor_makes_the_secret_first_and_never_shows_a_key(
+        caplog: pytest.LogCaptureFixture) -> None:
+    kube, events, status = FakeKube(), Recorder(), FakeStatus()
+    kube.add_job(make_job().body())
+    op = make_reconciler(kube, events, status)
+    with caplog.at_level(logging.DEBUG):
+        op.reconcile("ns", "j")
+        kube.set_pod("ns", "j-ps-0", "Running", ready=True)
+        op.reconcile("ns", "j")
+        kube.jobs[("ns", "j")]["status"]["phase"] = "Running"
+        status.reply = {"global_step": 3}
+        op.reconcile("ns", "j")
+    creates = [what for verb, what in kube.calls if verb == "create"]
+    assert creates[0] == "Secret/j-pstrain-auth"
+    secret = kube.secrets[("ns", "j-pstrain-auth")]
+    probe = status.security[-1]  # the probe proves the worker key
+    assert probe is not None and probe.keys == worker_keys(secret) and probe.ca is None
+    shown = "\n".join([
+        json.dumps(kube.jobs[("ns", "j")].get("status")),
+        *(f"{e.reason} {e.message}" for e in events.events),
+        caplog.text,
+        generate_latest(op.metrics.registry).decode(),
+    ])
+    for role, value in secret["data"].items():
+        key = security.decode_key(base64.b64decode(value).decode(), role)
+        for form in (value, key.hex(), base64.b64encode(key).decode()):
+            assert form not in shown
+
+
+@pytest.mark.parametrize("body", [
+    make_job().security(authentication=False).body(),
+    make_job().status(phase="Succeeded").body(),
+], ids=["authentication-off", "finished"])
+def test_no_secret_without_authentication_or_after_the_end(body: dict[str, Any]) -> None:
+    kube, events, status = FakeKube(), Recorder(), FakeStatus()
+    kube.add_job(body)
+    make_reconciler(kube, events, status).reconcile("ns", "j")
+    assert kube.secrets == {}
+
+
+# ---------------------------------------------------------------------- NetworkPolicy
+
+
+def test_the_network_policy_admits_only_the_jobs_pods_and_the_operator() -> None:
+    from pstrain_operator.security import build_network_policy
+
+    job = make_job("j", "ns").build()
+    own = {"pstrain.io/job-name": "j", "app.kubernetes.io/managed-by": "pstrain-operator"}
+    ports = [{"protocol": "TCP", "port": 2222}, {"protocol": "TCP", "port": 2223}]
+    policy = build_network_policy(job, "pstrain-system")
+    assert policy == {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "j-pstrain-ps", "namespace": "ns", "labels": own,
+                     "ownerReferences": [owner_reference(job)]},
+        "spec": {
+            "podSelector": {"matchLabels": {**own, "pstrain.io/replica-role": "ps"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": {"matchLabels": own}}], "ports": ports},
+                {"from": [{"namespaceSelector": {"matchLabels": {
+                    "kubernetes.io/metadata.name": "pstrain-system"}}}],
+                 "ports": ports[:1]},
+            ],
+        },
+    }
+    kubernetes_validate.validate(policy, K8S_VERSION, strict=True)
+    assert build_network_policy(job, "")["spec"]["ingress"] == policy["spec"]["ingress"][:1]
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_executor_makes_one_network_policy_per_job_when_enabled(enabled: bool) -> None:
+    kube, events, status = FakeKube(), Recorder(), FakeStatus()
+    kube.add_job(make_job().body())
+    op = make_reconciler(kube, events, status)
+    op.network_policy, op.operator_namespace = enabled, "pstrain-system"
+    op.reconcile("ns", "j")
+    op.reconcile("ns", "j")
+    assert list(kube.network_policies) == ([("ns", "j-pstrain-ps")] if enabled else [])
+    assert kube.calls.count(("create", "NetworkPolicy/j-pstrain-ps")) == int(enabled)
+
+
+def test_settings_turn_the_network_policy_off_and_know_their_namespace() -> None:
+    from pstrain_operator.settings import load_settings
+
+    default = load_settings([], {"PSTRAIN_OPERATOR_NAMESPACE": "ops"})
+    assert default.job_network_policy and default.operator_namespace == "ops"
+    assert not load_settings(["--job-network-policy", "false"], {}).job_network_policy
+
+
+def test_the_probe_trusts_the_ca_of_the_jobs_tls_secret() -> None:
+    kube, events, status = FakeKube(), Recorder(), FakeStatus()
+    kube.add_job(make_job().security(tls={"secretName": "cert"}).status(phase="Running")
+                 .body())
+    kube.secrets[("ns", "cert")] = {"data": {"ca.crt": base64.b64encode(b"PEM").decode()}}
+    make_reconciler(kube, events, status).reconcile("ns", "j")
+    probe = status.security[-1]
+    assert probe is not None and probe.ca == b"PEM" and "worker" in probe.keys
+
+
+def test_security_cannot_change_under_running_pods() -> None:
+    kube, events, status = FakeKube(), Recorder(), FakeStatus()
+    kube.add_job(make_job().body())
+    op = make_reconciler(kube, events, status)
+    op.reconcile("ns", "j")
+    kube.jobs[("ns", "j")]["spec"]["security"] = {"authentication": False}
+    op.reconcile("ns", "j")
+    conditions = kube.jobs[("ns", "j")]["status"]["conditions"]
+    rejected = next(cond for cond in conditions if cond["type"] == "SpecChangeRejected")
+    assert rejected["status"] == "True"
+    assert rejected["message"].startswith("spec.security changed while pods built from the "
+                                          "previous spec are running (j-ps-0)")

@@ -62,10 +62,6 @@ GATE_TCP: Final = "TCP"
 GATE_PROBE: Final = "Probe"  # the user's own readinessProbe from the template
 GATE_NONE: Final = "None"
 
-# Where Kubernetes reads a container's termination message (core/v1 default); the chief
-# writes its final summary there (pstrain_runtime.summary).
-TERMINATION_MESSAGE_PATH: Final = "/dev/termination-log"
-
 # Main container name in generated pods (the env is injected into every container, not
 # only this one).
 MAIN_CONTAINER: Final = "pstrain"
@@ -93,9 +89,18 @@ COND_CREATE_REJECTED: Final = "CreateRejected"
 # that says "the node or the scheduler stopped me" rather than "my program is wrong".
 # 130 SIGINT, 137 SIGKILL (also the OOM killer), 143 SIGTERM (eviction, preemption).
 RETRYABLE_EXIT_CODES: Final = frozenset({130, 137, 143})
-# A replica that exits with this code (sysexits' EX_CONFIG) reports a configuration error,
-# such as an entry point that cannot be imported: the job fails at once, no restart.
-EXIT_CONFIG_ERROR: Final = 78
+# A replica that exits with this code found a mistake in the job's configuration (an
+# entry point that cannot be imported or called, an unusable checkpoint directory) that
+# no restart can fix: the job fails at once, whatever the restart policy. 78 is
+# sysexits.h's EX_CONFIG.
+EXIT_CONFIGURATION_ERROR: Final = 78
+
+# Where a replica writes its last error line when it fails (Kubernetes shows the file's
+# content as the container's termination message). Unset: /dev/termination-log when it
+# exists (in a pod), else nowhere; empty: nowhere.
+ENV_TERMINATION_LOG: Final = "PSTRAIN_TERMINATION_LOG"
+TERMINATION_LOG_PATH: Final = "/dev/termination-log"
+TERMINATION_MESSAGE_MAX_BYTES: Final = 4096  # the kubelet keeps no more
 # A trainer exits with this code when the parameter servers did not answer their health
 # check within the gang start's startup timeout: the job fails (reason StartupTimeout).
 EXIT_STARTUP_TIMEOUT: Final = 75

@@ -3,7 +3,7 @@ calling it. Shared by the runtime (which then calls it) and `pstrain validate
 --check-entrypoint` (which only imports). Imports no torch itself.
 
 An entry point that cannot be resolved is a configuration error: the replica exits with
-`constants.EXIT_CONFIG_ERROR`, and the restart policy fails the job at once rather than
+`constants.EXIT_CONFIGURATION_ERROR`, and the restart policy fails the job at once rather than
 restarting a replica that can never start.
 """
 

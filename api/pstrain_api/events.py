@@ -8,7 +8,8 @@ A line is `PSTRAIN_EVENT {"event": "<kind>", ...}`. Kinds and their fields:
 - `eval`: step, accuracy, loss
 - `checkpoint`: step, path
 - `restored`: step, path, lost_steps (the chief after restoring a checkpoint; lost_steps
-  is how many global steps of progress were thrown away)
+  is how many global steps of progress were thrown away), and `warning` when the
+  checkpoint is past the job's target step
 - `done`: step, loss, accuracy, samples_per_sec, wall_seconds (the chief, at the end)
 - `ready`: role, index, address (a parameter server that serves)
 """

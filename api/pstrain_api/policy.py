@@ -2,6 +2,10 @@
 
 Pure: given the run policy, how a replica ended and how many restarts the job has
 used, say whether to restart it or fail the job, and why.
+
+A replica that exits with `constants.EXIT_CONFIGURATION_ERROR` reported a mistake in
+the job's configuration: no restart can fix it, so the job fails at once under every
+restart policy, and the replica's one-line reason (`detail`) is the message.
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ from . import constants as c
 from .model import RunPolicy
 
 Action = Literal["restart", "fail"]
+
+REASON_CONFIGURATION_ERROR = "ConfigurationError"
+DETAIL_MAX_CHARS = 800  # of a replica's own reason, quoted in a message
 
 
 @dataclass(frozen=True)
@@ -33,15 +40,18 @@ def decide_restart(
     exit_code: int | None,
     restarts_used: int,
     reason: str = "",
+    detail: str = "",
 ) -> RestartDecision:
-    """What to do about `replica`, which failed with `exit_code` (None: evicted/lost)."""
+    """What to do about `replica`, which failed with `exit_code` (None: evicted/lost).
+
+    `detail`: the replica's own last error line (its termination message), if any."""
     how = f"exit code {exit_code}" if exit_code is not None else (reason or "lost")
-    if exit_code == c.EXIT_CONFIG_ERROR:
+    if exit_code == c.EXIT_CONFIGURATION_ERROR:
+        why = shorten(detail) or (f"it exited with code {exit_code}, which means a "
+                                  "configuration error")
         return RestartDecision(
-            "fail", "ConfigurationError",
-            f"{replica} exited with code {exit_code}: its configuration is wrong (such as "
-            "an entry point that cannot be imported; see its log), so restarting it "
-            "cannot help.",
+            "fail", REASON_CONFIGURATION_ERROR,
+            f"{replica} reported a configuration error, which no restart can fix: {why}",
         )
     if exit_code == c.EXIT_STARTUP_TIMEOUT:
         return RestartDecision(
@@ -73,6 +83,30 @@ def decide_restart(
         "restart", "Restarting",
         f"restarting {replica} ({how}); restart {restarts_used + 1} of {policy.backoff_limit}.",
     )
+
+
+REASON_PS_EXITED = "ParameterServerExited"
+
+
+def decide_ps_exit(policy: RunPolicy, replica: str, restarts_used: int) -> RestartDecision:
+    """What to do about parameter server `replica`, which exited with code 0 before the
+    chief finished. A PS serves until the job ends, so this is a failure of that PS, as
+    any other exit would be, whatever its code says: restart it or fail the job under
+    the run policy, with a message that names the exit."""
+    decision = decide_restart(policy, replica, 0, restarts_used)
+    what = (f"parameter server {replica} exited with code 0 before the chief finished; "
+            "a parameter server must serve until the job ends")
+    if decision.action == "fail":
+        return RestartDecision("fail", REASON_PS_EXITED, f"{what}. {decision.message}")
+    return RestartDecision("restart", decision.reason, f"{what}: {decision.message}")
+
+
+def shorten(text: str, limit: int = DETAIL_MAX_CHARS) -> str:
+    """`text` on one line (the last non-empty one, where the replica states its error),
+    cut to `limit` characters."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    line = lines[-1] if lines else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 REASON_STALLED = "Stalled"

@@ -16,6 +16,9 @@ Invariants of every pod:
   replica's; `command: ["pstrain", "replica"]`, the operator's runtime image and a
   restrictive security context unless the template sets them;
 - `restartPolicy: Never` (the operator restarts replicas according to the run policy);
+- the main container's `terminationMessagePolicy: FallbackToLogsOnError`: the replica's
+  last error line (or, after a crash, the tail of its log) stays in the pod's status,
+  where the operator reads it before the pod is deleted or restarted;
 - annotation `pstrain.io/spec-hash` of the spec parts a pod is built from, and
   `pstrain.io/applied-spec` with those parts, so a change that cannot be applied live
   is detected and the job keeps running on what its pods were built from.
@@ -218,6 +221,9 @@ def _main_container(user: dict[str, Any], spec: ReplicaSpec, task: Task,
     main.setdefault("image", settings.runtime_image)
     main.setdefault("command", list(REPLICA_COMMAND))
     main["env"] = _env_list({**env, **own_env}) + list(main.get("env") or [])
+    # The replica writes its last error line to /dev/termination-log (the chief its final
+    # summary on success); a crash that wrote none leaves the tail of its log there.
+    main.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
     resources = _resources(spec, main.get("resources") or {})
     if resources:
         main["resources"] = resources

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from pstrain_api import constants as c
@@ -33,15 +34,16 @@ class ObservedPod:
     owner_uid: str = ""
     disruption: str = ""  # reason of a True DisruptionTarget condition (EvictionByEvictionAPI)
     disruption_message: str = ""
+    finished_at: datetime | None = None  # when the container that explains the end did
 
     @property
     def active(self) -> bool:
         return not self.deleting and self.phase in ACTIVE_PHASES
 
 
-def _terminated(pod: Mapping[str, Any]) -> tuple[int | None, str, str]:
-    """Exit code, reason and message of the container that explains the pod's end:
-    the main container when it terminated, else the first one that failed."""
+def _terminated(pod: Mapping[str, Any]) -> tuple[int | None, str, str, datetime | None]:
+    """Exit code, reason, message and finish time of the container that explains the
+    pod's end: the main container when it terminated, else the first one that failed."""
     statuses = list((pod.get("status") or {}).get("containerStatuses") or [])
     statuses.sort(key=lambda s: s.get("name") != c.MAIN_CONTAINER)
     for cs in statuses:
@@ -54,8 +56,19 @@ def _terminated(pod: Mapping[str, Any]) -> tuple[int | None, str, str]:
                 int(code) if code is not None else None,
                 str(state.get("reason") or ""),
                 str(state.get("message") or ""),
+                _timestamp(state.get("finishedAt")),
             )
-    return None, "", ""
+    return None, "", "", None
+
+
+def _timestamp(value: Any) -> datetime | None:
+    """An RFC 3339 time of the API ("2026-01-01T12:00:00Z"), or None."""
+    if isinstance(value, datetime):
+        return value
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")) if value else None
+    except ValueError:
+        return None
 
 
 def observe_pod(pod: Mapping[str, Any]) -> ObservedPod | None:
@@ -78,7 +91,7 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod | None:
     disruption = next((cond for cond in status.get("conditions") or []
                        if cond.get("type") == "DisruptionTarget"
                        and cond.get("status") == "True"), {})
-    exit_code, reason, message = _terminated(pod)
+    exit_code, reason, message, finished_at = _terminated(pod)
     phase = str(status.get("phase") or "Pending")
     if status.get("reason"):  # pod-level: Evicted, DeadlineExceeded, NodeLost, ...
         reason = str(status["reason"])
@@ -102,4 +115,5 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod | None:
                         if ref.get("controller")), ""),
         disruption=str(disruption.get("reason") or ("DisruptionTarget" if disruption else "")),
         disruption_message=str(disruption.get("message") or ""),
+        finished_at=finished_at,
     )

@@ -33,7 +33,7 @@ from pstrain_api.model import (
     TrainingJob,
     TrainingJobStatus,
 )
-from pstrain_api.policy import decide_restart
+from pstrain_api.policy import decide_ps_exit, decide_restart, shorten
 
 from . import checkpointing, disruption, refusals, stall, suspend
 from .build import build_pod, build_service, owner_reference, spec_hash
@@ -47,6 +47,9 @@ from .settings import PodSettings
 REQUEUE_STARTING_S = 5.0
 REQUEUE_RUNNING_S = 10.0  # progress is refreshed at least this often while Running
 REQUEUE_CLEANUP_S = 5.0
+# A PS exits 0 when the chief, done, tells it to stop: just before the chief's own
+# success. One that exited 0 this long ago while the chief has not succeeded failed.
+PS_EXIT_GRACE_S = 30.0
 
 # Reasons (machine-readable, CamelCase) used in conditions and events.
 R_INVALID_SPEC = "InvalidSpec"
@@ -365,14 +368,25 @@ def decide(obs: Observed, settings: PodSettings,
     st = _note_disruptions(job, old, st, obs, wanted, actions, events)
 
     # 8. Failed replicas: restart within the run policy, or fail the job. Disruptions
-    # from outside are restarts, but not the job's own failures (backoffLimit).
+    # from outside are restarts, but not the job's own failures (backoffLimit). A PS
+    # that exited 0 while the chief has not succeeded (past the grace) failed too.
+    chief = by_name.get(cluster.replica_name(cluster.chief))
+    chief_done = chief is not None and not chief.deleting and chief.phase == "Succeeded"
     restarted: set[str] = set()
     for task in cluster.tasks():
         p = by_name.get(cluster.replica_name(task))
-        if p is None or p.deleting or p.phase != "Failed":
+        if p is None or p.deleting:
             continue
-        decision = decide_restart(policy, p.name, p.exit_code, st.restarts - st.disruptions,
-                                  p.reason)
+        used = st.restarts - st.disruptions
+        if p.phase == "Failed":
+            # The pod's termination message (its last error line, or its log's tail) goes
+            # into the status and the events now, before the pod is deleted or restarted.
+            decision = decide_restart(policy, p.name, p.exit_code, used, p.reason,
+                                      detail=p.message)
+        elif task.role == c.ROLE_PS and not chief_done and _exited_early(p, now):
+            decision = decide_ps_exit(policy, p.name, used)
+        else:
+            continue
         how = _how(p)
         if decision.action == "fail":
             cause = FailureCause(role=p.role, pod=p.name, exit_code=p.exit_code,
@@ -388,15 +402,15 @@ def decide(obs: Observed, settings: PodSettings,
         st.replica_statuses = {**st.replica_statuses,
                                p.role: role_status.model_copy(
                                    update={"restarts": role_status.restarts + 1})}
+        last = f"; its last output: {shorten(p.message)}" if p.message else ""
         events.append(Event("Warning", R_RESTARTING,
-                            f"restarted pod {p.name} because it failed ({how}); "
-                            f"{decision.message}"))
+                            f"restarting pod {p.name}: it failed ({how}); restart "
+                            f"{used + 1} of {policy.backoff_limit}{last}"))
 
     # 9. Success: the chief completed.
     progress = (stall.merged_progress(old.progress, obs.progress, now)
                 if obs.progress is not None else st.progress)
-    chief = by_name.get(cluster.replica_name(cluster.chief))
-    if chief is not None and not chief.deleting and chief.phase == "Succeeded":
+    if chief is not None and chief_done:
         step = st.progress.global_step if st.progress else None
         if obs.progress is not None:
             st.progress = progress
@@ -451,7 +465,8 @@ def decide(obs: Observed, settings: PodSettings,
     all_ps_ready = ps_ready == len(ps_pods)
     # A PS exits 0 only once the chief is done: the chief's own completion is about to
     # be seen, so this is no reason to go back to Starting.
-    ps_finished = any(p is not None and p.phase == "Succeeded" for p in ps_pods)
+    ps_finished = any(p is not None and p.phase == "Succeeded" and p.name not in restarted
+                      for p in ps_pods)
 
     workers = [t for t in cluster.tasks() if t.role != c.ROLE_PS and not cluster.is_chief(t)]
     chief_created = False
@@ -512,6 +527,12 @@ def decide(obs: Observed, settings: PodSettings,
         left = deadline - (now - st.start_time).total_seconds()
         requeue = max(0.5, min(requeue, left))
     return Plan(tuple(actions), _with_counts(job, st, obs.pods, actions), tuple(events), requeue)
+
+
+def _exited_early(p: ObservedPod, now: datetime) -> bool:
+    """`p` exited 0 more than PS_EXIT_GRACE_S ago (an unknown finish time: not yet)."""
+    return (p.phase == "Succeeded" and p.finished_at is not None
+            and (now - p.finished_at).total_seconds() >= PS_EXIT_GRACE_S)
 
 
 def _decide_finished(job: TrainingJob, st: TrainingJobStatus, obs: Observed,

@@ -57,8 +57,10 @@ _log = logging.getLogger(__name__)
 SERVICE_PREFIX = "/pstrain.v1.ParameterServer/"
 OPEN_PREFIXES = ("/grpc.health.v1.Health/",)  # probes need no credentials
 # Calls only the chief key may make: installing parameters (Init, also a restore),
-# marking the job done, reporting its status and stopping the servers.
-CHIEF_ONLY = frozenset({"Init", "Finish", "ReportStatus", "Shutdown"})
+# marking the job done, reporting its status and stopping the servers; for sparse
+# tables, defining them and installing rows (a restore): `Sparse.<op>`.
+CHIEF_ONLY = frozenset({"Init", "Finish", "ReportStatus", "Shutdown", "Sparse.configure",
+                        "Sparse.import"})
 METADATA_KEY = "pstrain-auth"
 GRPC_WINDOW_S = 300.0  # a proof's time may differ this much from the server's clock
 REPLAY_CACHE_MAX = 1 << 16
@@ -156,6 +158,13 @@ def load_credentials(environ: Mapping[str, str]) -> Credentials | None:
         raise ValueError(f"{security.ENV_AUTH_DIR} is {raw!r}; it holds no key file "
                          f"({' or '.join(security.KEY_ROLES)})")
     return Credentials(keys)
+
+
+def role_of_call(metadata: Any) -> str | None:
+    """The role a gRPC call's credentials name (the interceptor has checked them), or
+    None for a call without credentials (a server without authentication)."""
+    value = next((v for k, v in metadata or () if k == METADATA_KEY), None)
+    return value.split(" ", 1)[0] if isinstance(value, str) and value else None
 
 
 def may_call(role: str, method: str) -> bool:

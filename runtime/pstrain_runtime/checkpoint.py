@@ -1,12 +1,15 @@
 """Checkpoints: what is saved (`Checkpoint`) apart from where and how (`CheckpointStore`).
 
 A checkpoint holds the global step, every parameter, the optimizer state of every
-parameter (step count and slots), the optimizer name, a format version and the model
-fingerprint (a digest of names, shapes and dtypes). Files are written atomically (a
+parameter (step count and slots), the optimizer name, a format version, the model
+fingerprint (a digest of names, shapes and dtypes) and each worker's position in its
+data (how many batches it had drawn; optional, so older files still load). Files are written atomically (a
 temporary file in the same directory, fsync, `os.replace`) and read with
 `torch.load(weights_only=True)`, so a checkpoint can never execute code. Loading
 rejects a file of another format version or another model with a message that says
-which.
+which, and a file whose tensors do not fit the model (whatever fingerprint it claims)
+before anything is installed; such a mismatch is a configuration error
+(`CheckpointMismatch`): no restart can fix it.
 """
 
 from __future__ import annotations
@@ -14,21 +17,31 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO, TypeVar
 
 import torch
+
+from .failure import ConfigurationError
 
 FORMAT = "pstrain-checkpoint"
 FORMAT_VERSION = 1
 FILE_RE = re.compile(r"^ckpt-(\d{12})\.pt$")
+T = TypeVar("T")
 
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message names the file and the reason."""
+
+
+class CheckpointMismatch(CheckpointError, ConfigurationError):
+    """A readable checkpoint of another model or optimizer: no restart can fix it, so
+    the replica that finds it reports a configuration error."""
 
 
 def fingerprint(shapes: Mapping[str, tuple[tuple[int, ...], str]]) -> str:
@@ -52,6 +65,10 @@ class Checkpoint:
     slots: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     slot_steps: dict[str, int] = field(default_factory=dict)
     wall_time: float = 0.0
+    sparse: dict[str, object] = field(default_factory=dict)  # manifest of the table rows
+    # Per worker (index = worker), the batches it had drawn from its data when these
+    # parameters were saved: where its `batches` resumes. Empty in files from before.
+    positions: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -64,6 +81,8 @@ class Checkpoint:
             "slots": self.slots,
             "slot_steps": self.slot_steps,
             "wall_time": self.wall_time or time.time(),
+            "sparse": self.sparse,
+            "positions": list(self.positions),
         }
 
     @classmethod
@@ -84,37 +103,93 @@ class Checkpoint:
                 slots={k: dict(v) for k, v in data["slots"].items()},
                 slot_steps={k: int(v) for k, v in data["slot_steps"].items()},
                 wall_time=float(data.get("wall_time", 0.0)),
+                sparse=dict(data.get("sparse") or {}),
+                positions=[_position(p) for p in data.get("positions", [])],
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CheckpointError(f"{where} is missing or has malformed field: {exc}") from exc
 
     def check_matches(self, expected_fingerprint: str, optimizer: str, where: str) -> None:
         if self.fingerprint != expected_fingerprint:
-            raise CheckpointError(
+            raise CheckpointMismatch(
                 f"{where} was written for a different model (fingerprint "
                 f"{self.fingerprint[:12]}, this model is {expected_fingerprint[:12]}); "
                 "point checkpoint.directory at this model's checkpoints or remove it"
             )
         if self.optimizer != optimizer:
-            raise CheckpointError(
+            raise CheckpointMismatch(
                 f"{where} holds {self.optimizer} optimizer state, but the job uses "
                 f"{optimizer}; change the optimizer back or start a new checkpoint directory"
             )
 
 
-def save_checkpoint(ckpt: Checkpoint, path: Path) -> Path:
-    """Write `ckpt` to `path` atomically: never a half-written file under that name."""
+    def check_tensors(self, model: Mapping[str, torch.Tensor], where: str,
+                      slot_names: Sequence[str] = ()) -> None:
+        """Every tensor of the file fits `model` (names, shapes, dtypes; the optimizer's
+        `slot_names` present and shaped like their parameter). The fingerprint is only
+        what the file claims: a file whose tensors disagree with it is refused here,
+        before anything is installed."""
+        problems: list[str] = []
+        missing = sorted(set(model) - set(self.params))
+        extra = sorted(set(self.params) - set(model))
+        if missing:
+            problems.append(f"parameters {missing} are missing")
+        if extra:
+            problems.append(f"parameters {extra} are not in the model")
+        for name, want in model.items():
+            tensors = [("parameter", self.params.get(name))] + [
+                (f"{slot} slot of", t) for slot, t in self.slots.get(name, {}).items()]
+            for what, got in tensors:
+                if got is None:
+                    continue
+                if not isinstance(got, torch.Tensor):
+                    problems.append(f"{what} {name!r} is a {type(got).__name__}, not a tensor")
+                elif tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
+                    problems.append(
+                        f"{what} {name!r} is {_describe(got)} in the file, but the model's "
+                        f"is {_describe(want)}")
+            absent = sorted(set(slot_names) - set(self.slots.get(name, {})))
+            if absent and name in self.params:
+                problems.append(f"optimizer slots {absent} of {name!r} are missing")
+        for name in sorted(set(self.slots) - set(model)):
+            problems.append(f"optimizer slots of {name!r}, which is not in the model")
+        if problems:
+            shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more"
+                                               if len(problems) > 3 else "")
+            raise CheckpointMismatch(f"{where} does not fit this model: {shown}; nothing was "
+                                     "restored")
+
+
+def _position(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"positions holds {value!r}; each must be a whole number >= 0")
+    return value
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+
+
+def write_atomically(path: Path, write: Callable[[BinaryIO], T]) -> T:
+    """Call `write` on a temporary file beside `path`, fsync it, rename it to `path`:
+    never a half-written file under that name. Returns what `write` returned."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            torch.save(ckpt.to_dict(), fh)
+            result = write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return result
+
+
+def save_checkpoint(ckpt: Checkpoint, path: Path) -> Path:
+    """Write `ckpt` to `path` atomically."""
+    write_atomically(path, lambda fh: torch.save(ckpt.to_dict(), fh))
     return path
 
 
@@ -152,7 +227,17 @@ class CheckpointStore:
         path = save_checkpoint(ckpt, self.path_for(ckpt.global_step))
         for step in self.steps()[: -self.keep]:
             self.path_for(step).unlink(missing_ok=True)
+        self._prune_row_dirs()
         return path
+
+    def _prune_row_dirs(self) -> None:
+        """Remove sparse-row directories (`ckpt-<step>.sparse`) of checkpoints that are
+        gone or were never completed, older than the newest checkpoint."""
+        kept = self.steps()
+        for entry in self.directory.glob("ckpt-*.sparse"):
+            step = entry.name.removeprefix("ckpt-").removesuffix(".sparse")
+            if step.isdigit() and int(step) not in kept and kept and int(step) < kept[-1]:
+                shutil.rmtree(entry, ignore_errors=True)
 
     def latest(self) -> tuple[Checkpoint, Path, list[str]] | None:
         """The newest readable checkpoint and the problems with newer unreadable ones.

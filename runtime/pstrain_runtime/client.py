@@ -20,7 +20,7 @@ import concurrent.futures as cf
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import grpc
@@ -33,7 +33,11 @@ from .optim import SLOT_NAMES, OptimizerConfig, OptimizerState
 from .placement import Piece, Placement
 from .proto import ps_pb2 as pb
 from .server import SERVICE
+from .sparse import service as sparse_service
 from .store import SLOT_SEPARATOR, ParameterStore, PSError, optimizer_to_pb
+
+
+RETRIED_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"})
 
 
 class Transport(Protocol):
@@ -48,6 +52,7 @@ class Transport(Protocol):
     def finish(self, namespace: str) -> pb.StepInfo: ...
     def shutdown(self, grace: float) -> None: ...
     def report(self, report: pb.StatusReport) -> None: ...
+    def sparse(self, frames: list[bytes]) -> list[bytes]: ...
     def close(self) -> None: ...
 
 
@@ -83,6 +88,9 @@ class LocalTransport:
 
     def report(self, report: pb.StatusReport) -> None:
         self.store.report(report)
+
+    def sparse(self, frames: list[bytes]) -> list[bytes]:
+        return sparse_service.handle(self.store, frames)
 
     def close(self) -> None:
         pass
@@ -126,6 +134,8 @@ class GrpcTransport:
         self._report = self.channel.unary_unary(m + "ReportStatus",
                                                 pb.StatusReport.SerializeToString,
                                                 pb.Empty.FromString)
+        self._sparse = self.channel.stream_stream(m + "Sparse", request_serializer=None,
+                                                  response_deserializer=None)
 
     def _call(self, fn: Callable[..., object], *args: object, **kw: object) -> object:
         try:
@@ -167,6 +177,9 @@ class GrpcTransport:
 
     def report(self, report: pb.StatusReport) -> None:
         self._call(self._report, report, timeout=10)
+
+    def sparse(self, frames: list[bytes]) -> list[bytes]:
+        return self._call(lambda: list(self._sparse(iter(frames))))  # type: ignore[return-value]
 
     def close(self) -> None:
         self.channel.close()
@@ -233,6 +246,12 @@ class TcpTransport(GrpcTransport):
         return data.unary(dataplane.OP_PUSH_PULL_SMALL, [message],  # type: ignore[return-value]
                           bytes)
 
+    def sparse(self, frames: list[bytes]) -> list[bytes]:
+        data = self._data_client()
+        if data is None:
+            return super().sparse(frames)
+        return [bytes(frame) for frame in data.call(dataplane.OP_SPARSE, frames)]
+
     def close(self) -> None:
         with self._data_lock:
             if self._data is not None:
@@ -261,6 +280,7 @@ class ShardState:
     params: dict[str, torch.Tensor]
     slots: dict[str, dict[str, torch.Tensor]]
     slot_steps: dict[str, int]
+    positions: list[int] = field(default_factory=list)  # per worker, server 0's
 
 
 def _piece_view(full: torch.Tensor, piece: Piece) -> torch.Tensor:
@@ -288,6 +308,9 @@ class ShardedClient:
                                           thread_name_prefix="ps-client")
         self._wire_buffers: dict[str, torch.Tensor] = {}
         self.last_pull_steps: list[int] = [0] * placement.num_ps  # per server, last pull
+        # Per server, the generation of the parameters last pulled: pushes carry it, and
+        # a server initialised again since refuses them (ABORTED).
+        self.generations: list[int] = [0] * placement.num_ps
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -322,6 +345,7 @@ class ShardedClient:
                                      worker=worker, min_step=min_step if ps == 0 else 0)
             targets = [wire.byte_view(_piece_view(params[p.param], p)) for p in shard]
             header = self._read(self.transports[ps].pull(request), shard, targets)
+            self.generations[ps] = header.generation
             return header.global_step
 
         steps = [int(x) for x in self._all(one)]
@@ -357,7 +381,7 @@ class ShardedClient:
         shard = self.shards[ps]
         tensors = [self._wire_grad(p, grads[p.param]) for p in shard]
         header = pb.StreamHeader(kind=pb.STREAM_KIND_PUSH, namespace=self.namespace,
-                                 worker=worker, step=step,
+                                 worker=worker, step=step, generation=self.generations[ps],
                                  tensors=[wire.meta_of(p.key, t) for p, t in zip(shard, tensors,
                                                                                  strict=True)])
         return self.writer.frames(header, tensors)
@@ -395,6 +419,7 @@ class ShardedClient:
         if not header.HasField("push_reply"):
             raise PSError("INTERNAL", "the server answered a PushPull without the push's "
                           "reply")
+        self.generations[ps] = header.generation
         return header.push_reply, int(header.global_step)
 
     def push_pull(self, grads: Mapping[str, torch.Tensor], params: Mapping[str, torch.Tensor],
@@ -415,11 +440,13 @@ class ShardedClient:
              mode: str, num_workers: int, staleness_bound: int | None, fingerprint: str,
              global_step: int = 0, target_steps: int = 0, checkpoint_every: int = 0,
              states: Mapping[str, OptimizerState] | None = None,
-             only: Iterable[int] | None = None) -> list[pb.StepInfo]:
+             only: Iterable[int] | None = None,
+             positions: Sequence[int] = ()) -> list[pb.StepInfo]:
         """Install `params` (and optimizer `states` keyed by piece key) on the servers
         (`only` a subset). Without states the servers start fresh optimizer state. With
         `checkpoint_every`, each server keeps a copy of its shard at every multiple of
-        it, for `pull_state(at_step=...)`."""
+        it, for `pull_state(at_step=...)`. `positions`: where each worker's data resumes
+        (from a checkpoint)."""
         def one(ps: int) -> pb.StepInfo:
             shard = self.shards[ps]
             header = pb.StreamHeader(
@@ -427,7 +454,8 @@ class ShardedClient:
                 optimizer=optimizer_to_pb(optimizer), mode=mode, num_workers=num_workers,
                 staleness_bound=-1 if staleness_bound is None else staleness_bound,
                 fingerprint=bytes.fromhex(fingerprint), ps_index=ps,
-                target_steps=target_steps, checkpoint_every=checkpoint_every)
+                target_steps=target_steps, checkpoint_every=checkpoint_every,
+                positions=positions)
             tensors: list[torch.Tensor] = []
             for piece in shard:
                 t = _piece_view(params[piece.param], piece).detach().contiguous()
@@ -471,7 +499,7 @@ class ShardedClient:
 
         results = self._all(one)
         state = ShardState(global_step=int(results[0][0].global_step), params={}, slots={},
-                           slot_steps={})
+                           slot_steps={}, positions=list(results[0][0].positions))
         for header, tensors in results:
             keys = [m.name for m in header.tensors if SLOT_SEPARATOR not in m.name]
             for key, step in zip(keys, header.slot_steps, strict=False):
@@ -524,15 +552,16 @@ class ShardedClient:
 def retry_unavailable(fn: Callable[[], object], deadline_s: float,
                       clock: Callable[[], float] = time.monotonic,
                       sleep: Callable[[float], None] = time.sleep) -> object:
-    """Call fn until it stops failing with UNAVAILABLE, with exponential backoff, for
-    at most `deadline_s` seconds; then re-raise the last error."""
+    """Call fn until it stops failing with UNAVAILABLE (or a server's refusal for now:
+    DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED), with exponential backoff, for at most
+    `deadline_s` seconds; then re-raise the last error."""
     end = clock() + deadline_s
     delay = 0.05
     while True:
         try:
             return fn()
         except PSError as exc:
-            if exc.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED") or clock() >= end:
+            if exc.code not in RETRIED_CODES or clock() >= end:
                 raise
         sleep(min(delay, max(0.0, end - clock())))
         delay = min(delay * 2, 2.0)

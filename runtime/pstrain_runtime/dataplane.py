@@ -1,7 +1,7 @@
 """The data plane: tensor calls over one plain TCP connection per worker and server.
 
 gRPC stays the control plane (health, Info, Finish, Shutdown, status reports). The
-tensor calls (Init, Push, Pull, PushPull, PushPullSmall) carry the very same frames
+tensor calls (Init, Push, Pull, PushPull, PushPullSmall, Sparse) carry the very same frames
 (see `wire`) over a plain TCP connection as well, because grpcio's Python receive path
 costs two to three times the CPU per byte of a socket (bench/RESULTS.md), and on a
 busy machine CPU per byte is throughput. A server announces its data port in the
@@ -25,7 +25,9 @@ PERMISSION_DENIED, the request read and dropped, the store untouched).
 
 from __future__ import annotations
 
+import errno
 import logging
+import select
 import socket
 import ssl
 import struct
@@ -35,11 +37,12 @@ from collections.abc import Callable, Iterable, Iterator
 
 from . import auth, tls, wire
 from .proto import ps_pb2 as pb
+from .sparse import service as sparse_service
 from .store import ParameterStore, PSError
 
-OP_INIT, OP_PUSH, OP_PULL, OP_PUSH_PULL, OP_PUSH_PULL_SMALL = 1, 2, 3, 4, 5
+OP_INIT, OP_PUSH, OP_PULL, OP_PUSH_PULL, OP_PUSH_PULL_SMALL, OP_SPARSE = 1, 2, 3, 4, 5, 6
 OPS = {OP_INIT: "Init", OP_PUSH: "Push", OP_PULL: "Pull", OP_PUSH_PULL: "PushPull",
-       OP_PUSH_PULL_SMALL: "PushPullSmall"}
+       OP_PUSH_PULL_SMALL: "PushPullSmall", OP_SPARSE: "Sparse"}
 END = 0xFFFFFFFF
 ERROR = 0xFFFFFFFE
 _LEN = struct.Struct("<I")
@@ -47,6 +50,12 @@ _END = _LEN.pack(END)
 COALESCE_BYTES = 64 * 1024  # smaller frames are gathered into one send
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 MAX_IOVECS = 512  # buffers per sendmsg call (the kernel's limit, IOV_MAX, is 1024)
+CONNECT_TIMEOUT_S = 10.0
+# A client waits this long for each read or write of a call, more than a server ever
+# holds one (its store's waits end within `store.MAX_WAIT`); then the call fails with
+# UNAVAILABLE and takes the usual retry path (a server that stopped answering).
+IO_TIMEOUT_S = 120.0
+ACCEPT_BACKOFF_S = (0.01, 1.0)  # first and longest pause after a failed accept
 _log = logging.getLogger(__name__)
 
 
@@ -73,6 +82,17 @@ def _tune(sock: socket.socket) -> None:
             pass
 
 
+def _set_io_timeout(sock: socket.socket, seconds: float) -> None:
+    """Make each receive and send on `sock` fail (EAGAIN, an OSError: UNAVAILABLE for
+    the caller, retried) after `seconds` without progress. Set in the kernel
+    (SO_RCVTIMEO/SO_SNDTIMEO) with the socket left blocking: Python's own timeout would
+    poll() before every call on the data path."""
+    whole = int(seconds)
+    timeval = struct.pack("ll", whole, int((seconds - whole) * 1_000_000))
+    for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+        sock.setsockopt(socket.SOL_SOCKET, option, timeval)
+
+
 class Link:
     """One TCP connection speaking the frame protocol. Frames read from it are views of
     one reused buffer: each is valid until the next frame is read; chunk frames can
@@ -90,6 +110,18 @@ class Link:
             self.sock.close()
         except OSError:  # pragma: no cover
             pass
+
+    def peer_gone(self) -> bool:
+        """The peer went away. Asked while a call waits, after its whole request was
+        read: nothing is due from the peer until the answer, so anything readable (its
+        end of stream, a reset, a TLS close alert, or bytes that break the one call at a
+        time rule) ends the wait."""
+        poller = select.poll()
+        try:
+            poller.register(self.sock, select.POLLIN | select.POLLERR | select.POLLHUP)
+            return bool(poller.poll(0))
+        except (OSError, ValueError):  # closed under us
+            return True
 
     # ------------------------------------------------------------------ receiving
     def _recv_exact(self, view: memoryview) -> None:
@@ -302,6 +334,7 @@ class DataServer:
         self._quiet = threading.Condition(self._lock)  # notified when a call ends
         self._busy = 0  # calls being answered
         self._closed = False
+        self._stopping = threading.Event()  # wakes the accept loop's backoff
         self._thread = threading.Thread(target=self._accept, name="ps-data-accept",
                                         daemon=True)
 
@@ -315,6 +348,7 @@ class DataServer:
         still running fail."""
         with self._lock:
             self._closed = True
+        self._stopping.set()
         try:
             self._listener.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -332,11 +366,23 @@ class DataServer:
                 pass
 
     def _accept(self) -> None:
+        """Accept connections until stopped. A failed accept (out of file descriptors,
+        a connection aborted before it was accepted, ...) is logged and retried after a
+        pause that grows while it keeps failing: the listener never dies of it."""
+        pause = ACCEPT_BACKOFF_S[0]
         while True:
             try:
                 sock, peer = self._listener.accept()
-            except OSError:
-                return  # closed by stop()
+            except OSError as exc:
+                if self._stopping.is_set():
+                    return  # closed by stop()
+                _log.warning("data plane: accept failed (%s); retrying in %.2f s",
+                             errno.errorcode.get(exc.errno or 0, exc), pause)
+                if self._stopping.wait(pause):
+                    return
+                pause = min(pause * 2, ACCEPT_BACKOFF_S[1])
+                continue
+            pause = ACCEPT_BACKOFF_S[0]
             if self.guard is not None and not self.guard.may_start(str(peer)):
                 sock.close()
                 continue
@@ -387,7 +433,7 @@ class DataServer:
         try:
             if link.role is not None and not auth.may_call(link.role, call):
                 raise PSError("PERMISSION_DENIED", f"{call} needs the chief's credentials")
-            reply = self._dispatch(op, call, request)
+            reply = self._dispatch(op, call, request, link.role, link.peer_gone)
         except PSError as exc:
             error = exc
         except OSError:
@@ -408,24 +454,30 @@ class DataServer:
         except Exception:  # noqa: BLE001 - answered with INTERNAL, the link is in step
             _log.exception("data plane: %s failed while answering", call)
 
-    def _dispatch(self, op: int, call: str,
-                  request: Iterator[memoryview]) -> Iterable[bytes | memoryview]:
+    def _dispatch(self, op: int, call: str, request: Iterator[memoryview],
+                  role: str | None, gone: Callable[[], bool]) -> Iterable[bytes | memoryview]:
+        """The answer to one call from a peer holding `role`'s key (None: no
+        authentication). A wait in the store ends when the peer is `gone`."""
         store = self.store
         if op == OP_PUSH:
-            return [store.push(request).SerializeToString()]
+            return [store.push(request, gone=gone).SerializeToString()]
         if op == OP_INIT:
             return [store.init(request).SerializeToString()]
         if op == OP_PUSH_PULL:
-            return store.push_pull(request)
+            return store.push_pull(request, gone=gone)
+        if op == OP_SPARSE:  # frames are views of the link's buffer: copy each
+            return sparse_service.handle(store, [bytes(frame) for frame in request], role)
         message = bytes(_only_frame(request, call))
+        for _ in request:  # read up to END: a wait then sees the peer's close
+            pass
         if op == OP_PULL:
             try:
                 pull = pb.PullRequest.FromString(message)
             except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and kin
                 raise PSError("INVALID_ARGUMENT", f"Pull: the request could not be "
                               f"decoded: {exc}") from exc
-            return store.pull(pull)
-        return [store.push_pull_small(message)]
+            return store.pull(pull, gone=gone)
+        return [store.push_pull_small(message, gone=gone)]
 
 
 # ---------------------------------------------------------------------- client side
@@ -463,14 +515,16 @@ class DataClient:
     per call in flight, reused across calls."""
 
     def __init__(self, address: str, host: str, port: int,
-                 connect_timeout: float = 10.0,
+                 connect_timeout: float = CONNECT_TIMEOUT_S,
                  credentials: auth.Credentials | None = None,
-                 tls_context: ssl.SSLContext | None = None) -> None:
+                 tls_context: ssl.SSLContext | None = None,
+                 io_timeout: float = IO_TIMEOUT_S) -> None:
         self.address = address  # the server's control address, for messages
         self.host, self.port = host, port
         self.connect_timeout = connect_timeout
         self.credentials = credentials  # proven in each new connection's handshake
         self.tls_context = tls_context  # None: plain TCP
+        self.io_timeout = io_timeout
         self._idle: list[Link] = []
         self._lock = threading.Lock()
         self.broken = False  # a connection failed: the server may have moved
@@ -502,6 +556,7 @@ class DataClient:
             raise PSError("UNAVAILABLE", f"{self.address}: cannot connect to the data port "
                           f"{self.host}:{self.port}: {exc}") from exc
         sock.settimeout(None)
+        _set_io_timeout(sock, self.io_timeout)
         return Link(sock)
 
     def _give(self, link: Link) -> None:

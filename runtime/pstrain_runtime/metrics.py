@@ -91,9 +91,10 @@ class MeteredStore:
             if isinstance(header, pb.StreamHeader):
                 self._m.staleness.observe(max(0, reply.info.global_step - 1 - header.step))
 
-    def push(self, messages: Iterator[bytes], timeout: float | None = None) -> pb.PushReply:
+    def push(self, messages: Iterator[bytes], *args: Any, **kwargs: Any) -> pb.PushReply:
         first: list[bytes] = []
-        reply = self._store.push(_counted(messages, self._m.bytes_in.inc, first), timeout)
+        reply = self._store.push(_counted(messages, self._m.bytes_in.inc, first), *args,
+                                 **kwargs)
         self._pushed(first, reply)
         return reply
 
@@ -117,9 +118,10 @@ class MeteredStore:
             self._m.bytes_out.inc(len(frame))
             yield frame
 
-    def push_pull_small(self, message: bytes) -> bytes:
+    def push_pull_small(self, message: bytes, timeout: float | None = None,
+                        gone: Any = None) -> bytes:
         frames = wire.decode_batch(message)
-        return wire.encode_batch(self.push_pull(iter(frames)))
+        return wire.encode_batch(self.push_pull(iter(frames), timeout, gone=gone))
 
 
 class WorkerMetrics:

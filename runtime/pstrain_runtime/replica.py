@@ -15,6 +15,11 @@ this task, the chief), PSTRAIN_TRAINING (the `Training` settings as JSON) and TF
 - role `worker`/`chief`: train; the chief (identity.is_chief) initialises, checkpoints,
   evaluates and finally shuts the servers down. Every trainer exits 0 when the job is
   done, and non-zero on a real failure.
+
+A replica that fails says why in one line on stderr and in its termination-message file
+(`failure.report_failure`); a mistake in the job's configuration exits with
+`constants.EXIT_CONFIGURATION_ERROR` (permanent: the job fails at once). An unexpected
+crash keeps its traceback and also leaves its last line in that file.
 """
 
 from __future__ import annotations
@@ -30,13 +35,14 @@ from pstrain_api import constants as c
 from pstrain_api import events, security
 from pstrain_api.cluster import ReplicaIdentity, parse_cluster_env
 
+from .failure import ConfigurationError, one_line, report_failure, write_termination_message
+
 if TYPE_CHECKING:
     from .auth import Credentials
     from .tls import TlsFiles
 
 ENV_BIND_ADDRESS = "PSTRAIN_BIND_ADDRESS"
 ENV_NUM_THREADS = "PSTRAIN_NUM_THREADS"
-ENV_TERMINATION_LOG = "PSTRAIN_TERMINATION_LOG"  # the chief's summary file; for tests
 
 
 def bind_address(identity: ReplicaIdentity, environ: Mapping[str, str]) -> str:
@@ -92,14 +98,13 @@ def run_ps(identity: ReplicaIdentity, environ: Mapping[str, str]) -> int:
         if not 0 <= data_port <= 65535:
             raise ValueError(data_port)
     except ValueError:
-        print(f"pstrain replica: {c.ENV_DATA_PORT} is {environ[c.ENV_DATA_PORT]!r}; it must "
-              "be a port number (0 to 65535; 0 or unset: any free port)", file=sys.stderr)
-        return 2
+        return report_failure(
+            f"pstrain replica: {c.ENV_DATA_PORT} is {environ[c.ENV_DATA_PORT]!r}; it must "
+            "be a port number (0 to 65535; 0 or unset: any free port)", 2, environ)
     try:
         credentials, tls = _security(environ, c.ROLE_PS)
     except ValueError as exc:
-        print(f"pstrain replica: {exc}", file=sys.stderr)
-        return 2
+        return report_failure(f"pstrain replica: {exc}", 2, environ)
     from .store import ParameterStore
 
     store = ParameterStore(identity.task.index)
@@ -113,9 +118,8 @@ def run_ps(identity: ReplicaIdentity, environ: Mapping[str, str]) -> int:
     try:
         server.start()
     except (OSError, RuntimeError) as exc:
-        print(f"pstrain replica: parameter server {identity.task.index} could not bind "
-              f"{server.bind}: {exc}", file=sys.stderr)
-        return 1
+        return report_failure(f"pstrain replica: parameter server {identity.task.index} "
+                              f"could not bind {server.bind}: {exc}", 1, environ)
     events.emit("ready", role=c.ROLE_PS, index=identity.task.index,
                 address=f"{server.bind.rsplit(':', 1)[0]}:{server.port}")
     try:
@@ -130,41 +134,39 @@ def run_ps(identity: ReplicaIdentity, environ: Mapping[str, str]) -> int:
 def run_trainer(identity: ReplicaIdentity, environ: Mapping[str, str], overlap: bool) -> int:
     import torch
 
-    from pstrain_api.entrypoint import EntrypointError
     from pstrain_api.model import Training
 
     from .checkpoint import CheckpointError
     from .client import connect
     from .store import PSError
-    from .summary import final_summary, write_termination_message
+    from .summary import final_summary, write_summary
     from .trainer import Trainer, TrainingDiverged, WorkerRole
 
     raw = environ.get(c.ENV_TRAINING)
     if not raw:
-        print(f"pstrain replica: {c.ENV_TRAINING} is not set; the runner or the operator "
-              "sets it", file=sys.stderr)
-        return 2
+        return report_failure(f"pstrain replica: {c.ENV_TRAINING} is not set; the runner "
+                              "or the operator sets it", 2, environ)
     try:
         training = Training.model_validate_json(raw)
     except ValueError as exc:
-        print(f"pstrain replica: {c.ENV_TRAINING} is not valid: {exc}", file=sys.stderr)
-        return 2
+        return report_failure(f"pstrain replica: {c.ENV_TRAINING} is not valid: "
+                              f"{one_line(str(exc))}", 2, environ)
     if not torch.cuda.is_available() and "OMP_NUM_THREADS" not in environ:
         torch.set_num_threads(int(environ.get(ENV_NUM_THREADS, "1")))
     index, count = worker_index(identity)
     role = WorkerRole(namespace=namespace_of(identity), worker=index, num_workers=count)
     ps = identity.addresses(c.ROLE_PS)
     if not ps:
-        print("pstrain replica: the cluster spec has no parameter servers", file=sys.stderr)
-        return 2
+        return report_failure("pstrain replica: the cluster spec has no parameter servers",
+                              2, environ)
     try:
         credentials, tls = _security(environ, identity.task.role)
     except ValueError as exc:
-        print(f"pstrain replica: {exc}", file=sys.stderr)
-        return 2
+        return report_failure(f"pstrain replica: {exc}", 2, environ)
     if not startup_barrier(ps, environ):
         return c.EXIT_STARTUP_TIMEOUT
     trainer = None
+    me = f"pstrain replica: {identity.task.role} {identity.task.index}"
     try:
         transports = [connect(a, training.transport, credentials, tls) for a in ps]
         trainer = Trainer(training, role, transports, overlap=overlap)
@@ -176,19 +178,16 @@ def run_trainer(identity: ReplicaIdentity, environ: Mapping[str, str], overlap: 
                                            training.batch_size)
         result = trainer.run()
         if role.is_chief:
-            write_termination_message(final_summary(
+            write_summary(final_summary(
                 result.global_step, result.loss, result.samples_per_sec,
-                result.metrics.get("accuracy"), trainer.last_checkpoint),
-                environ.get(ENV_TERMINATION_LOG, c.TERMINATION_MESSAGE_PATH))
+                result.metrics.get("accuracy"), trainer.last_checkpoint), environ)
             trainer.shutdown_servers()
         return 0
-    except EntrypointError as exc:  # a configuration error: restarting cannot help
-        print(f"pstrain replica: {exc}", file=sys.stderr, flush=True)
-        return c.EXIT_CONFIG_ERROR
+    except ConfigurationError as exc:
+        return report_failure(f"{me}: configuration error: {one_line(str(exc))}",
+                              c.EXIT_CONFIGURATION_ERROR, environ)
     except (TrainingDiverged, CheckpointError, TimeoutError, PSError, ValueError) as exc:
-        print(f"pstrain replica: {identity.task.role} {identity.task.index} failed: {exc}",
-              file=sys.stderr, flush=True)
-        return 1
+        return report_failure(f"{me} failed: {one_line(str(exc))}", 1, environ)
     finally:
         if trainer is not None:
             trainer.close()
@@ -244,14 +243,21 @@ def replica_main(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     environ = dict(os.environ)
     try:
+        return _dispatch(environ, args.overlap)
+    except Exception as exc:  # a bug: keep the traceback, and leave its last line behind
+        crash = one_line(f"{type(exc).__name__}: {exc}")
+        write_termination_message(f"pstrain replica crashed: {crash}", environ)
+        raise
+
+
+def _dispatch(environ: Mapping[str, str], overlap: bool) -> int:
+    try:
         identity = parse_cluster_env(environ)
     except ValueError as exc:
-        print(f"pstrain replica: {exc}", file=sys.stderr)
-        return 2
+        return report_failure(f"pstrain replica: {exc}", 2, environ)
     if identity.task.role == c.ROLE_PS:
         return run_ps(identity, environ)
     if identity.task.role in (c.ROLE_WORKER, c.ROLE_CHIEF):
-        return run_trainer(identity, environ, args.overlap)
-    print(f"pstrain replica: task type {identity.task.role!r} is not one of "
-          f"{list(c.ROLES)}", file=sys.stderr)
-    return 2
+        return run_trainer(identity, environ, overlap)
+    return report_failure(f"pstrain replica: task type {identity.task.role!r} is not one "
+                          f"of {list(c.ROLES)}", 2, environ)

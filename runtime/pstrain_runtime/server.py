@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -29,10 +30,12 @@ from . import auth, wire
 from .tls import TlsFiles
 from .dataplane import DataServer, split_host
 from .proto import ps_pb2 as pb
+from .sparse import service as sparse_service
 from .store import ParameterStore, PSError
 
 SERVICE = "pstrain.v1.ParameterServer"
 DEFAULT_SHUTDOWN_GRACE = 30.0
+CONTROL_THREADS = 16  # handler threads that tensor calls may never take
 
 
 def _abort(context: grpc.ServicerContext, exc: PSError) -> None:
@@ -40,51 +43,95 @@ def _abort(context: grpc.ServicerContext, exc: PSError) -> None:
     context.abort(code, exc.message)
 
 
-class ParameterServerService:
-    """RPC handlers; each one translates PSError into a gRPC status."""
+def _caller(context: grpc.ServicerContext) -> dict[str, Any]:
+    """The store's wait bounds for this call: the client's deadline, and its going
+    away (cancelled, deadline passed, disconnected)."""
+    return {"timeout": context.time_remaining(), "gone": lambda: not context.is_active()}
 
-    def __init__(self, store: ParameterStore, server: PSServer) -> None:
+
+class TensorCallSlots:
+    """At most `size` tensor calls at once (`with slots.take(context): ...`); one more is
+    refused at once with RESOURCE_EXHAUSTED. Tensor calls can wait (a sync step, a
+    pull's min_step), so without this they could take every handler thread and leave
+    none for health and Info."""
+
+    def __init__(self, size: int, ps_index: int) -> None:
+        self.size = size
+        self.ps_index = ps_index
+        self.in_use = 0
+        self._lock = threading.Lock()
+
+    def take(self, context: grpc.ServicerContext) -> TensorCallSlots:
+        with self._lock:
+            free = self.in_use < self.size
+            self.in_use += free
+        if not free:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"parameter server {self.ps_index} is answering {self.size} "
+                          "tensor calls already; retry later")
+        return self
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self._lock:
+            self.in_use -= 1
+
+
+class ParameterServerService:
+    """RPC handlers; each one translates PSError into a gRPC status. Tensor calls hold
+    one of `slots` while they run, and their waits in the store end at the client's
+    deadline or when it goes away."""
+
+    def __init__(self, store: ParameterStore, server: PSServer, slots: TensorCallSlots) -> None:
         self.store = store
         self.server = server
+        self.slots = slots
 
     def push(self, request_iterator: Iterator[bytes],
              context: grpc.ServicerContext) -> pb.PushReply:
-        try:
-            return self.store.push(iter(request_iterator))
-        except PSError as exc:
-            _abort(context, exc)
-            raise  # unreachable: abort raises
+        with self.slots.take(context):
+            try:
+                return self.store.push(iter(request_iterator), **_caller(context))
+            except PSError as exc:
+                _abort(context, exc)
+                raise  # unreachable: abort raises
 
     def init(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> pb.StepInfo:
-        try:
-            return self.store.init(iter(request_iterator))
-        except PSError as exc:
-            _abort(context, exc)
-            raise
+        with self.slots.take(context):
+            try:
+                return self.store.init(iter(request_iterator))
+            except PSError as exc:
+                _abort(context, exc)
+                raise
 
     def pull(self, request: pb.PullRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
-        try:
-            frames = self.store.pull(request)
-        except PSError as exc:
-            _abort(context, exc)
-            raise
-        yield from frames
+        with self.slots.take(context):
+            try:
+                frames = self.store.pull(request, **_caller(context))
+            except PSError as exc:
+                _abort(context, exc)
+                raise
+            yield from frames
 
     def push_pull(self, request_iterator: Iterator[bytes],
                   context: grpc.ServicerContext) -> Iterator[bytes]:
-        try:
-            frames = self.store.push_pull(iter(request_iterator))
-        except PSError as exc:
-            _abort(context, exc)
-            raise
-        yield from frames
+        with self.slots.take(context):
+            try:
+                frames = self.store.push_pull(iter(request_iterator), **_caller(context))
+            except PSError as exc:
+                _abort(context, exc)
+                raise
+            yield from frames
 
     def push_pull_small(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        try:
-            return self.store.push_pull_small(request)
-        except PSError as exc:
-            _abort(context, exc)
-            raise
+        with self.slots.take(context):
+            try:
+                return self.store.push_pull_small(request, **_caller(context))
+            except PSError as exc:
+                _abort(context, exc)
+                raise
 
     def info(self, request: pb.NamespaceRequest, context: grpc.ServicerContext) -> pb.StepInfo:
         reply = self.store.info(request.namespace, request.worker)
@@ -110,6 +157,16 @@ class ParameterServerService:
         except PSError as exc:
             _abort(context, exc)
         return pb.Empty()
+
+    def sparse(self, request_iterator: Iterator[bytes],
+               context: grpc.ServicerContext) -> Iterator[bytes]:
+        try:
+            role = auth.role_of_call(context.invocation_metadata())
+            frames = sparse_service.handle(self.store, list(request_iterator), role)
+        except PSError as exc:
+            _abort(context, exc)
+            raise
+        yield from frames
 
     def get_job_status(self, request: pb.NamespaceRequest,
                        context: grpc.ServicerContext) -> pb.JobStatus:
@@ -143,6 +200,8 @@ def build_handler(service: ParameterServerService) -> grpc.GenericRpcHandler:
         "PushPull": grpc.stream_stream_rpc_method_handler(
             service.push_pull, request_deserializer=None, response_serializer=None),
         "PushPullSmall": unary(service.push_pull_small, None, None),
+        "Sparse": grpc.stream_stream_rpc_method_handler(
+            service.sparse, request_deserializer=None, response_serializer=None),
         "Info": unary(service.info, pb.NamespaceRequest.FromString,
                       pb.StepInfo.SerializeToString),
         "Finish": unary(service.finish, pb.FinishRequest.FromString,
@@ -179,6 +238,11 @@ class PSServer:
         self.data_port_wanted = data_port  # None: no data plane; 0: any free port
         # A sync push holds its handler thread until the step is applied, so the pool
         # must exceed the number of workers; threads are created only when needed.
+        # Tensor calls may take all but CONTROL_THREADS of them (health and Info answer
+        # even when every tensor call waits).
+        if max_workers <= CONTROL_THREADS:
+            raise ValueError(f"max_workers is {max_workers}; it must exceed "
+                             f"{CONTROL_THREADS}, the threads kept for control calls")
         self.store = store or ParameterStore(ps_index)
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers,
@@ -186,7 +250,8 @@ class PSServer:
             options=list(wire.GRPC_OPTIONS),
             interceptors=auth.server_interceptors(credentials),
         )
-        service = ParameterServerService(self.store, self)
+        self.tensor_slots = TensorCallSlots(max_workers - CONTROL_THREADS, ps_index)
+        service = ParameterServerService(self.store, self, self.tensor_slots)
         self._server.add_generic_rpc_handlers((build_handler(service),))
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)

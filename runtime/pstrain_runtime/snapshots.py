@@ -26,6 +26,7 @@ class StepSnapshot:
     step: int
     params: dict[str, torch.Tensor]
     states: dict[str, OptimizerState]
+    positions: tuple[int, ...] = ()  # per worker, where its data stood (see store)
 
 
 def snapshot_if_due(step: int, every: int, params: Mapping[str, torch.Tensor],

@@ -17,15 +17,25 @@ Invariants:
   optimizer, no lock spans servers). sync mode adds one gradient per worker into the
   bucket of its step and applies the mean when every worker has contributed, in step
   order. `staleness_bound` N lets a worker run at most N steps ahead.
+- Every wait ends: at the caller's deadline, when the caller is gone (cancelled or
+  disconnected), when the job is done, the server stops or the namespace is
+  initialised again, and in any case after `max_wait` seconds.
+- Init allocates only what its header announces as the body, within `max_init_bytes`.
+- Every Init starts a new generation of the namespace; a push computed on parameters
+  of another generation is refused (ABORTED), so no gradient computed before a
+  restore is applied after it.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -103,11 +113,14 @@ class JobReport:
     loss: float | None = None
     samples_per_sec: float | None = None
     eval_accuracy: float | None = None
+    eval_metrics: dict[str, float] = field(default_factory=dict)
     checkpoint_step: int | None = None
     checkpoint_path: str = ""
     checkpoint_time: float = 0.0
     target_steps: int = 0
     updated_time: float = 0.0
+    sparse_rows: int = -1  # -1: no sparse tables
+    sparse_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -149,12 +162,17 @@ class Namespace:
         self.snapshot: StepSnapshot | None = None
         self.done = False
         self.epoch = 0  # bumped by every init: blocked waits end when it changes
+        self.generation = 0  # random and new at every init; pulls carry it
         self.told_done: set[int] = set()
         self.worker_pushes: dict[int, int] = {}
+        # async: per worker, the batches it had drawn when its last applied push was made
+        # (the push's step + 1); from a checkpoint's INIT until then
+        self.positions: dict[int, int] = {}
         self.buckets: dict[int, Bucket] = {}
         self.skipped_nonfinite = 0
         self.checkpoint_wanted = -1  # RequestCheckpoint: a checkpoint at/after this step
         self.report = JobReport()
+        self.sparse: Any = None  # sparse.service.NamespaceTables, made by the chief's configure
         self.shapes: dict[str, tuple[int, ...]] = {}  # of params, for push checks
         self.metas: dict[str, pb.TensorMeta] = {}  # of params, for pull headers
         self.optimizer_pb = pb.OptimizerSpec()  # of config, for pull headers
@@ -164,8 +182,11 @@ class Namespace:
 
     def keep_snapshot(self) -> None:
         """After a step: copy the shard if the step is a checkpoint step (lock held)."""
-        self.snapshot = snapshot_if_due(self.global_step, self.checkpoint_every,
-                                        self.params, self.states) or self.snapshot
+        snap = snapshot_if_due(self.global_step, self.checkpoint_every, self.params,
+                               self.states)
+        if snap is not None:  # with where each worker's data stood at that step
+            self.snapshot = replace(snap, positions=tuple(
+                self.position_of(w) for w in range(self.num_workers)))
 
     # Scratch buffers: reused across pushes so that a steady state allocates nothing.
     def take(self, key: str, dtype: torch.dtype) -> torch.Tensor:
@@ -196,13 +217,19 @@ class Namespace:
             self._pool.clear()
             self._flat_pool.clear()
 
+    def position_of(self, worker: int) -> int:
+        """Where `worker`'s data resumes: in sync mode every worker draws one batch per
+        global step, so the step itself; in async mode what its pushes said."""
+        return self.global_step if self.mode == "sync" else self.positions.get(worker, 0)
+
     def info(self, worker: int | None = None) -> pb.StepInfo:
         if self.done and worker is not None:
             self.told_done.add(worker)
         return pb.StepInfo(global_step=self.global_step, done=self.done,
                            initialized=self.initialized,
                            skipped_nonfinite=self.skipped_nonfinite,
-                           checkpoint_requested=self.checkpoint_wanted >= 0)
+                           checkpoint_requested=self.checkpoint_wanted >= 0,
+                           position=self.position_of(worker) if worker is not None else 0)
 
 
 def optimizer_from_pb(spec: pb.OptimizerSpec) -> OptimizerConfig:
@@ -256,6 +283,24 @@ def _read_body(header: pb.StreamHeader, messages: Iterator[bytes],
         raise _invalid(str(exc)) from exc
 
 
+def new_generation(previous: int) -> int:
+    """A random nonzero 64-bit generation other than `previous` (0 means "unknown" on
+    the wire). Random rather than counted, so that a restarted server, which counts
+    from nothing, never repeats the generation of its previous incarnation."""
+    while True:
+        generation = secrets.randbits(64)
+        if generation not in (0, previous):
+            return generation
+
+
+def physical_memory() -> int:
+    """This machine's memory in bytes: no Init may claim more."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):  # pragma: no cover - a platform without sysconf names
+        return 1 << 40
+
+
 def _at_target(ns: Namespace, worker: int) -> pb.PushReply:
     return pb.PushReply(info=ns.info(worker), applied=False,
                         note=f"the target of {ns.target_steps} steps is reached")
@@ -265,10 +310,11 @@ class ParameterStore:
     """All namespaces of one parameter server."""
 
     def __init__(self, ps_index: int = 0, clock: Callable[[], float] = time.monotonic,
-                 max_wait: float = MAX_WAIT) -> None:
+                 max_wait: float = MAX_WAIT, max_init_bytes: int | None = None) -> None:
         self.ps_index = ps_index
         self.clock = clock
         self.max_wait = max_wait
+        self.max_init_bytes = physical_memory() if max_init_bytes is None else max_init_bytes
         self._lock = threading.Lock()
         self._namespaces: dict[str, Namespace] = {}
         self.stopping = threading.Event()
@@ -320,6 +366,33 @@ class ParameterStore:
         return True
 
     # ------------------------------------------------------------------ init
+    def _check_init_sizes(self, header: pb.StreamHeader) -> list[torch.dtype]:
+        """The dtypes of an Init's tensors, once their sizes are known to be sane:
+        checked against the body the header announces and `max_init_bytes` before
+        anything is allocated (a few header bytes must not make the server allocate
+        100 GB)."""
+        dtypes: list[torch.dtype] = []
+        claimed = 0
+        for meta in header.tensors:
+            try:
+                dtype = wire.parse_dtype(meta.dtype)
+            except wire.WireError as exc:
+                raise _invalid(f"init: tensor {meta.name!r}: {exc}") from exc
+            if any(d < 0 for d in meta.shape):
+                raise _invalid(f"init: tensor {meta.name!r} has a negative dimension")
+            dtypes.append(dtype)
+            claimed += math.prod(meta.shape) * dtype.itemsize
+        if claimed != header.total_bytes:
+            raise _invalid(f"init: the tensors' shapes add up to {claimed} bytes but the "
+                           f"header announces a body of {header.total_bytes} bytes; "
+                           "they must agree")
+        if claimed > self.max_init_bytes:
+            raise PSError("RESOURCE_EXHAUSTED",
+                          f"init: the tensors hold {claimed} bytes, more than the "
+                          f"{self.max_init_bytes} bytes parameter server {self.ps_index} "
+                          "accepts in one namespace (its memory)")
+        return dtypes
+
     def init(self, messages: Iterator[bytes]) -> pb.StepInfo:
         header = _read_header(messages, pb.STREAM_KIND_INIT)
         if not header.namespace:
@@ -331,17 +404,18 @@ class ParameterStore:
             raise _invalid(f"init: num_workers is {header.num_workers}; it must be at least 1")
         if header.global_step < 0:
             raise _invalid(f"init: global_step is {header.global_step}; it must be >= 0")
+        dtypes = self._check_init_sizes(header)
         params: dict[str, torch.Tensor] = {}
         slots: dict[str, dict[str, torch.Tensor]] = {}
         targets: list[np.ndarray] = []
-        for meta in header.tensors:
+        for meta, dtype in zip(header.tensors, dtypes, strict=True):
             try:
-                dtype = wire.parse_dtype(meta.dtype)
-            except wire.WireError as exc:
-                raise _invalid(f"init: tensor {meta.name!r}: {exc}") from exc
-            if any(d < 0 for d in meta.shape):
-                raise _invalid(f"init: tensor {meta.name!r} has a negative dimension")
-            tensor = torch.empty(tuple(meta.shape), dtype=dtype)
+                tensor = torch.empty(tuple(meta.shape), dtype=dtype)
+            except RuntimeError as exc:  # the allocator's refusal
+                raise PSError("RESOURCE_EXHAUSTED",
+                              f"init: tensor {meta.name!r} of shape {list(meta.shape)} "
+                              f"cannot be allocated on parameter server {self.ps_index}: "
+                              f"{exc}") from exc
             key, sep, slot = meta.name.partition(SLOT_SEPARATOR)
             if sep:
                 if slot not in SLOT_NAMES[config.name]:
@@ -410,11 +484,13 @@ class ParameterStore:
             ns.snapshot = None
             ns.buckets.clear()
             ns.worker_pushes.clear()
+            ns.positions = dict(enumerate(header.positions))
             ns.clear_pools()
             ns.done = False
             ns.told_done.clear()
             ns.initialized = True
             ns.epoch += 1
+            ns.generation = new_generation(ns.generation)
             ns.cond.notify_all()
             return ns.info()
 
@@ -464,6 +540,12 @@ class ParameterStore:
                 pass
             return pb.PushReply(info=ns.info(header.worker), applied=False,
                                 note="the job is done; the push was not applied")
+        if header.generation and header.generation != ns.generation:
+            raise PSError("ABORTED",
+                          f"push: the gradients of worker {header.worker} were computed on "
+                          f"parameters of generation {header.generation:#x}; parameter "
+                          f"server {self.ps_index} was initialised again since (generation "
+                          f"{ns.generation:#x}): pull the parameters again")
         mode = ns.mode
         checked: dict[str, torch.dtype] = {}
         for meta in header.tensors:
@@ -558,8 +640,9 @@ class ParameterStore:
                     ns.give(key, buf)
             spent = time.perf_counter() - started
             ns.global_step += 1
-            ns.keep_snapshot()
             ns.worker_pushes[worker] = ns.worker_pushes.get(worker, 0) + 1
+            ns.positions[worker] = header.step + 1  # async: the step is the batch's index
+            ns.keep_snapshot()
             ns.cond.notify_all()
             return pb.PushReply(info=ns.info(worker), applied=True, apply_seconds=spent)
 
@@ -624,6 +707,8 @@ class ParameterStore:
                 torch._foreach_div_(totals, len(bucket.contributors))
             apply_gradients(ns.config, [ns.params[key] for key in bucket.sums], totals,
                             [ns.states[key] for key in bucket.sums])
+            if ns.sparse is not None:  # the step's sparse rows, pushed before its bucket
+                ns.sparse.apply_step(ns, ns.global_step, len(bucket.contributors))
             for key, total in bucket.sums.items():
                 ns.give(key, total)
             ns.global_step += 1
@@ -655,7 +740,7 @@ class ParameterStore:
                                      global_step=snap.step if snap else ns.global_step,
                                      ps_index=self.ps_index, fingerprint=ns.fingerprint,
                                      optimizer=ns.optimizer_pb, mode=ns.mode,
-                                     num_workers=ns.num_workers)
+                                     num_workers=ns.num_workers, generation=ns.generation)
             tensors: list[torch.Tensor] = []
             for name in names:
                 tensors.append(params[name])
@@ -666,6 +751,9 @@ class ParameterStore:
                         tensors.append(value)
                         header.tensors.append(
                             wire.meta_of(f"{name}{SLOT_SEPARATOR}{slot}", value))
+            if request.include_slots:
+                header.positions.extend(snap.positions if snap else (
+                    ns.position_of(w) for w in range(ns.num_workers)))
             if (request.consistent or request.include_slots) and snap is None:
                 tensors = [t.clone() for t in tensors]  # a snapshot is never written again
             info = ns.info(request.worker)
@@ -698,7 +786,9 @@ class ParameterStore:
             r.loss = report.loss if math.isfinite(report.loss) else r.loss
             r.samples_per_sec = report.samples_per_sec
             if report.has_eval:
-                r.eval_accuracy = report.eval_accuracy
+                r.eval_accuracy = (report.eval_accuracy if math.isfinite(report.eval_accuracy)
+                                   else None)
+                r.eval_metrics = dict(report.eval_metrics)
             if report.has_checkpoint:
                 if 0 <= ns.checkpoint_wanted <= report.checkpoint_step:
                     ns.checkpoint_wanted = -1  # the requested checkpoint is written
@@ -706,6 +796,8 @@ class ParameterStore:
                 r.checkpoint_path = report.checkpoint_path
                 r.checkpoint_time = report.checkpoint_time
             r.target_steps = report.target_steps or r.target_steps
+            if report.sparse_rows >= 0 and (report.sparse_rows or report.sparse_bytes):
+                r.sparse_rows, r.sparse_bytes = report.sparse_rows, report.sparse_bytes
             r.updated_time = time.time()
 
     def _reported(self, namespace: str) -> Namespace:
@@ -737,12 +829,13 @@ class ParameterStore:
                 loss=r.loss if r.loss is not None else float("nan"),
                 samples_per_sec=r.samples_per_sec or 0.0,
                 eval_accuracy=r.eval_accuracy if r.eval_accuracy is not None else float("nan"),
-                has_eval=r.eval_accuracy is not None,
+                has_eval=r.eval_accuracy is not None or bool(r.eval_metrics),
                 checkpoint_step=r.checkpoint_step if r.checkpoint_step is not None else -1,
                 checkpoint_path=r.checkpoint_path, checkpoint_time=r.checkpoint_time,
                 has_checkpoint=r.checkpoint_step is not None, done=ns.done,
                 target_steps=r.target_steps, initialized=ns.initialized,
-                updated_time=r.updated_time,
+                updated_time=r.updated_time, eval_metrics=r.eval_metrics,
+                sparse_rows=r.sparse_rows, sparse_bytes=r.sparse_bytes,
             )
 
     def workers_informed(self) -> bool:

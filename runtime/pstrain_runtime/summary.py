@@ -19,10 +19,14 @@ import math
 import os
 from typing import Any
 
+from collections.abc import Mapping
+
 from pstrain_api import constants as c
 
+from .failure import termination_log_path
+
 # The kubelet's limit for a termination message; a summary is far smaller.
-MAX_MESSAGE_BYTES = 4096
+MAX_MESSAGE_BYTES = c.TERMINATION_MESSAGE_MAX_BYTES
 
 
 def _finite(value: float | None) -> float | None:
@@ -46,19 +50,17 @@ def final_summary(global_step: int, loss: float | None, samples_per_sec: float |
     }
 
 
-def write_termination_message(summary: dict[str, Any],
-                              path: str = c.TERMINATION_MESSAGE_PATH) -> bool:
-    """Write `summary` as one JSON line to the termination-message file when it exists
-    (inside a pod); True when written. Never raises: a summary is worth having, not
-    worth failing a finished job for."""
-    if not os.path.exists(path):
-        return False
+def write_summary(summary: dict[str, Any], environ: Mapping[str, str] | None = None) -> bool:
+    """Write `summary` as one JSON line to the termination-message file
+    (failure.termination_log_path: PSTRAIN_TERMINATION_LOG, else /dev/termination-log
+    inside a pod); True when written. Never raises: a summary is worth having, not worth
+    failing a finished job for."""
+    path = termination_log_path(os.environ if environ is None else environ)
     text = json.dumps(summary, separators=(",", ":"))
-    if len(text.encode()) > MAX_MESSAGE_BYTES:
+    if path is None or len(text.encode()) > MAX_MESSAGE_BYTES:
         return False
     try:
-        with open(path, "w", encoding="utf-8") as out:
-            out.write(text)
+        path.write_text(text, encoding="utf-8")
     except OSError:
         return False
     return True

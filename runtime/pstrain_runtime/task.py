@@ -7,24 +7,33 @@ arguments. The function returns a `Task` (or any object with the same attributes
 - `model`: a `torch.nn.Module`. Every replica calls the function, so it must build the
   same parameter names and shapes everywhere; the chief's initial values are the ones
   installed on the parameter servers.
-- `batches(worker, num_workers, batch_size, seed)`: an iterator of `(inputs, targets)`
-  for this worker, endless or long enough for the job. Workers should see different
-  data (shard by `worker`), deterministically from `seed`.
+- `batches(worker, num_workers, batch_size, seed, start=0)`: an iterator of
+  `(inputs, targets)` for this worker, endless or long enough for the job. Workers
+  should see different data (shard by `worker`), deterministically from `seed`.
+  `start` is where to resume: the iterator begins with the batch that would be number
+  `start` (from 0) of the stream it yields with `start=0`. pstrain keeps each worker's
+  count of drawn batches in every checkpoint and on the parameter servers, so after a
+  restore or a restart a worker continues where it left off. A `batches` without a
+  `start` parameter still works: pstrain draws and drops the first `start` batches.
 - `loss(outputs, targets)`: a scalar tensor; it should be a mean over the batch (sync
   mode averages gradients over workers).
 - `evaluate(model)`: returns a dict of metrics, with `accuracy` (0..1) when the task
-  has one and optionally `loss`. Only the chief calls it.
+  has one and optionally `loss`; a ranking task returns `auc` and `logloss` instead
+  (see examples/ctr.py). Only the chief calls it; every metric reaches the job's status,
+  and `accuracy`, `auc` and `logloss` the progress and `pstrain run --json`.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from pstrain_api.entrypoint import resolve_entrypoint
+from .failure import ConfigurationError, one_line
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -32,7 +41,7 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 @dataclass
 class Task:
     model: torch.nn.Module
-    batches: Callable[[int, int, int, int], Iterator[Batch]]
+    batches: Callable[..., Iterator[Batch]]
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     evaluate: Callable[[torch.nn.Module], Mapping[str, float]]
 
@@ -42,18 +51,79 @@ REQUIRED = ("model", "batches", "loss", "evaluate")
 
 def load_task(entrypoint: str, args: Mapping[str, Any] | None = None) -> Task:
     """Import `module:function`, call it with `args`, and check what it returned.
-    EntrypointError (a ValueError) when it cannot be imported."""
-    func = resolve_entrypoint(entrypoint)
+
+    Every way this can go wrong is the job's configuration, not a passing fault, so
+    each raises `ConfigurationError` with one line that names the entry point and the
+    cause (no traceback): the replica exits with the configuration-error code and the
+    job fails at once.
+    """
+    kwargs = dict(args or {})
+    module_name, sep, func_name = entrypoint.partition(":")
+    if not sep or not module_name or not func_name:
+        raise ConfigurationError(f"spec.training.entrypoint is {entrypoint!r}; it must be "
+                                 "module:function")
+    where = f"spec.training.entrypoint {entrypoint!r}"
     try:
-        task = func(**dict(args or {}))
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module may raise anything while it imports
+        raise ConfigurationError(f"{where}: module {module_name!r} cannot be imported: "
+                                 f"{_cause(exc)}") from exc
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise ConfigurationError(f"{where}: module {module_name} has no function "
+                                 f"{func_name!r}")
+    try:
+        inspect.signature(func).bind(**kwargs)
     except TypeError as exc:
-        raise ValueError(f"spec.training.args {dict(args or {})} do not fit "
-                         f"{entrypoint}: {exc}") from exc
+        raise ConfigurationError(f"spec.training.args {sorted(kwargs)} do not fit the "
+                                 f"signature of {entrypoint}: {one_line(str(exc))}") from exc
+    except ValueError:
+        pass  # no signature to check (a builtin): the call below tells
+    try:
+        task = func(**kwargs)
+    except Exception as exc:  # the user's function may raise anything
+        raise ConfigurationError(f"{where}: calling {func_name}(**spec.training.args) "
+                                 f"raised {_cause(exc)}") from exc
     missing = [name for name in REQUIRED if not hasattr(task, name)]
     if missing:
-        raise ValueError(f"{entrypoint} returned {type(task).__name__}, which lacks "
-                         f"{missing}; see pstrain_runtime.task.Task")
+        raise ConfigurationError(f"{where} returned {type(task).__name__}, which lacks "
+                                 f"{missing}; it must return a pstrain_runtime.task.Task")
     if not isinstance(task.model, torch.nn.Module):
-        raise ValueError(f"{entrypoint} returned a model of type "
-                         f"{type(task.model).__name__}; it must be a torch.nn.Module")
+        raise ConfigurationError(f"{where} returned a model of type "
+                                 f"{type(task.model).__name__}; it must be a torch.nn.Module")
+    not_callable = [name for name in REQUIRED[1:] if not callable(getattr(task, name))]
+    if not_callable:
+        raise ConfigurationError(f"{where} returned a Task whose {not_callable} are not "
+                                 "callable")
     return task  # type: ignore[no-any-return]
+
+
+def _cause(exc: BaseException) -> str:
+    return one_line(f"{type(exc).__name__}: {exc}", 500)
+
+
+def takes_start(batches: Callable[..., Iterator[Batch]]) -> bool:
+    """Whether `batches` accepts the `start` keyword (or any keyword)."""
+    try:
+        params = inspect.signature(batches).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "start" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def open_batches(task: Task, worker: int, num_workers: int, batch_size: int, seed: int,
+                 start: int = 0) -> Iterator[Batch]:
+    """This worker's batches, from number `start` of its stream on (see the contract
+    above). Raises ValueError when a finite stream ends before `start`."""
+    if takes_start(task.batches):
+        return iter(task.batches(worker, num_workers, batch_size, seed, start=start))
+    stream = iter(task.batches(worker, num_workers, batch_size, seed))
+    if start:
+        print(f"pstrain: batches() takes no `start`; drawing and dropping {start} batches "
+              "to resume where this worker left off (accept `start` to resume at once)",
+              flush=True)
+    for drawn in range(start):
+        if next(stream, None) is None:
+            raise ValueError(f"batches() ran out after {drawn} batches while resuming at "
+                             f"batch {start}; it must be endless or long enough for the job")
+    return stream

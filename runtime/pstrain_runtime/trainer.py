@@ -25,6 +25,24 @@ Failures:
   although the optimizer state of that shard is lost.
 - A restarted worker pulls the current state and continues; in sync mode it joins the
   step the servers are collecting (a duplicate contribution is ignored).
+- Every Init gives a server a new generation, which pulls carry and pushes send back.
+  A gradient computed on parameters from before a restore (or a re-initialisation) is
+  refused (ABORTED), never applied: the worker pulls again and recomputes.
+
+Data position: every worker counts the batches it draws (`position`). In async mode a
+push's step is its batch's index, and server 0 keeps the last applied one per worker;
+in sync mode every worker draws one batch per global step, so the step is the
+position. Checkpoints save these positions and a restore installs them, so a worker
+that starts (first start, restart, resume) opens its `batches` where it left off
+(`task.open_batches`). Workers that keep running through a parameter server's
+recovery keep their iterators: the batches of lost steps are not read again.
+
+Checkpoint storage: the chief refuses an unusable checkpoint directory before it
+trains (`checkpoint_dir.check_directory`, a configuration error). A checkpoint write
+that fails mid-run is reported and training carries on (the next interval tries
+again). When the final checkpoint cannot be written, the trained parameters go to a
+fallback directory, which is reported, and then the chief fails with a configuration
+error, so the job fails at once with that line instead of restarting the chief.
 """
 
 from __future__ import annotations
@@ -32,7 +50,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,14 +60,18 @@ from pstrain_api import events
 from pstrain_api.model import Training
 
 from .checkpoint import Checkpoint, CheckpointError, CheckpointStore, model_fingerprint
+from .checkpoint_dir import check_directory, fallback_directories
 from .client import ShardedClient, Transport, retry_unavailable
-from .optim import OptimizerConfig, OptimizerState
+from .failure import ConfigurationError, one_line
+from .optim import SLOT_NAMES, OptimizerConfig, OptimizerState
 from .placement import build_placement, param_specs
 from .proto import ps_pb2 as pb
+from .sparse.session import SparseSession
 from .store import PSError
-from .task import Task, load_task
+from .task import Task, load_task, open_batches
 
 EmitFn = Callable[..., None]
+BUSY_BACKOFF_S = 0.2  # before retrying a call a busy server refused
 
 
 class TrainingDiverged(RuntimeError):
@@ -83,6 +105,10 @@ class TrainResult:
         batch may be shorter than batchSize, e.g. a small data set's only batch) times
         the workers whose gradients one step applies."""
         return self.samples / max(self.local_steps, 1) * workers_per_step
+
+
+def _why(exc: BaseException) -> str:
+    return one_line(f"{type(exc).__name__}: {exc}", 300)
 
 
 def pick_device() -> torch.device:
@@ -125,8 +151,14 @@ class Trainer:
                 self.mirror[name] = torch.empty(p.shape, dtype=p.dtype, pin_memory=not on_cpu)
                 self.mirror[name].copy_(p.detach())  # the chief installs these values
         self.grad_mirror: dict[str, torch.Tensor] = {}
-        self.fingerprint = model_fingerprint(self.mirror)
         self.optimizer = OptimizerConfig.from_model(training.optimizer)
+        # Sparse tables (rows on the servers): pushed beside the dense gradients.
+        self.sparse = SparseSession.attach(self.model, transports, role.namespace,
+                                           self.optimizer, training.seed)
+        self.fingerprint = model_fingerprint(self.mirror)
+        if self.sparse is not None:
+            self.fingerprint = self.sparse.fingerprint(self.fingerprint)
+            self.overlap = False  # sparse rows must reach a sync step before its bucket
         num_ps = len(transports)
         self.placement = build_placement(
             param_specs({n: tuple(t.shape) for n, t in self.mirror.items()}), num_ps)
@@ -138,13 +170,15 @@ class Trainer:
         self.last_step = 0  # newest global step seen
         self.last_ckpt_step: int | None = None
         self.last_checkpoint: tuple[int, str, float] | None = None  # step, path, time written
+        self.failed_ckpt: tuple[Checkpoint, BaseException] | None = None  # the last write
+        self.position = 0  # batches drawn from this worker's data since the job began
         self.lost_steps = 0
         self._fresh = False  # the mirror holds parameters pulled by the last push
         # Pipelining (async only): step k's push_pull runs in the background while step
         # k+1 computes; it writes the parameters into `_recv`, swapped in by `_land`.
         want = training.pipeline if pipeline is None else pipeline
         self.pipeline = bool(want) and training.mode == "async" and not (
-            overlap and num_ps > 1)
+            overlap and num_ps > 1) and self.sparse is None
         self._inflight: cf.Future[list[pb.PushReply]] | None = None
         self._recv: dict[str, torch.Tensor] = {}
         self._send: list[dict[str, torch.Tensor]] = []
@@ -222,9 +256,54 @@ class Trainer:
     # ------------------------------------------------------------------ chief: state
     def _save_checkpoint(self, at_step: int = 0) -> Path | None:
         """Write a checkpoint of the servers' state: the copies they kept at `at_step`
-        (a multiple of the interval) where they have them, else their state now."""
+        (a multiple of the interval) where they have them, else their state now. A write
+        that fails is reported and training carries on (the next interval tries again):
+        None."""
         if self.ckpt_store is None:
             return None
+        ckpt = self._pull_checkpoint(at_step)
+        try:
+            if self.sparse is not None:  # each table's rows, streamed beside the file
+                ckpt.sparse = self.sparse.save(self.ckpt_store.directory, ckpt.global_step)
+            path = self.ckpt_store.save(ckpt)
+        except (OSError, RuntimeError) as exc:  # torch.save wraps some write errors
+            self.failed_ckpt = (ckpt, exc)
+            print(f"pstrain: warning: the checkpoint of step {ckpt.global_step} could not be "
+                  f"written to {self.ckpt_store.directory} ({_why(exc)}); training goes on "
+                  "and the next checkpoint tries again", flush=True)
+            return None
+        self.failed_ckpt = None
+        self.last_ckpt_step = ckpt.global_step
+        self.last_checkpoint = (ckpt.global_step, str(path), ckpt.wall_time)
+        self.emit("checkpoint", step=ckpt.global_step, path=str(path))
+        self._report(checkpoint=(ckpt.global_step, str(path), ckpt.wall_time))
+        return path
+
+    def _save_fallback(self) -> None:
+        """The final checkpoint could not be written: save the trained parameters to a
+        fallback directory, then fail (a configuration error: retrying cannot help)."""
+        assert self.failed_ckpt is not None  # set by the failed _save_checkpoint
+        ckpt, error = self.failed_ckpt
+        where = self.ckpt_store.directory if self.ckpt_store else None
+        lost = (f"the final checkpoint (step {ckpt.global_step}) could not be written to "
+                f"{where} ({_why(error)})")
+        problems = []
+        for directory in fallback_directories(self.role.namespace):
+            try:
+                check_directory(directory, "the fallback directory")
+                path = CheckpointStore(directory).save(ckpt)
+            except (ConfigurationError, OSError, RuntimeError) as exc:
+                problems.append(_why(exc))
+                continue
+            print(f"pstrain: the trained parameters of step {ckpt.global_step} were saved to "
+                  f"{path}", flush=True)
+            raise ConfigurationError(
+                f"{lost}; the trained parameters were saved to {path} instead (point "
+                "checkpoint.directory at its directory to continue from them)")
+        raise ConfigurationError(f"{lost}, nor to any fallback directory: "
+                                 + "; ".join(problems))
+
+    def _pull_checkpoint(self, at_step: int = 0) -> Checkpoint:
         state = self._retry(lambda: self.client.pull_state(at_step))
         params = self.client.assemble(state.params, self.mirror)
         slots: dict[str, dict[str, torch.Tensor]] = {}
@@ -238,30 +317,32 @@ class Trainer:
                     view = full[piece.row_start:piece.row_end] if piece.partitioned else full
                     view.copy_(state.slots[piece.key][slot])
                 slots.setdefault(name, {})[slot] = full
-        ckpt = Checkpoint(global_step=state.global_step, fingerprint=self.fingerprint,
+        return Checkpoint(global_step=state.global_step, fingerprint=self.fingerprint,
                           optimizer=self.optimizer.name, params=params, slots=slots,
-                          slot_steps=slot_steps, wall_time=time.time())
-        path = self.ckpt_store.save(ckpt)
-        self.last_ckpt_step = ckpt.global_step
-        self.last_checkpoint = (ckpt.global_step, str(path), ckpt.wall_time)
-        self.emit("checkpoint", step=ckpt.global_step, path=str(path))
-        self._report(checkpoint=(ckpt.global_step, str(path), ckpt.wall_time))
-        return path
+                          slot_steps=slot_steps, wall_time=time.time(),
+                          positions=state.positions)
 
     def _install(self, params: Mapping[str, torch.Tensor],
                  states: Mapping[str, OptimizerState] | None, global_step: int,
-                 only: Sequence[int] | None = None) -> None:
+                 only: Sequence[int] | None = None, positions: Sequence[int] = (),
+                 sparse_rows: dict[str, Any] | None = None) -> None:
+        if self.sparse is not None:  # tables (and their rows) first: init lets workers in
+            sparse = self.sparse
+            directory = self.ckpt_store.directory if self.ckpt_store is not None else None
+            self._retry(lambda: sparse.install(sparse_rows, directory, only))
         self._retry(lambda: self.client.init(
             params, self.optimizer, mode=self.training.mode,
             num_workers=self.role.num_workers,
             staleness_bound=self.training.staleness_bound,
             fingerprint=self.fingerprint, global_step=global_step,
             target_steps=self.training.steps, states=states, only=only,
+            positions=positions,
             checkpoint_every=(self.training.checkpoint.interval_steps
                               if self.ckpt_store is not None else 0)))
 
     def _restore_all(self, ckpt: Checkpoint, path: Path) -> None:
         ckpt.check_matches(self.fingerprint, self.optimizer.name, str(path))
+        ckpt.check_tensors(self.mirror, str(path), SLOT_NAMES[self.optimizer.name])
         states: dict[str, OptimizerState] = {}
         for piece in self.placement.pieces:
             slots = {}
@@ -269,7 +350,14 @@ class Trainer:
                 slots[slot] = full[piece.row_start:piece.row_end] if piece.partitioned else full
             states[piece.key] = OptimizerState(step=ckpt.slot_steps.get(piece.param, 0),
                                                slots=slots)
-        self._install(ckpt.params, states, ckpt.global_step)
+        positions = ckpt.positions
+        if positions and len(positions) != self.role.num_workers:
+            print(f"pstrain: {path} holds the data positions of {len(positions)} workers and "
+                  f"this job has {self.role.num_workers}; every worker reads its data from "
+                  "the beginning", flush=True)
+            positions = []
+        self._install(ckpt.params, states, ckpt.global_step, positions=positions,
+                      sparse_rows=ckpt.sparse)
         self.last_ckpt_step = ckpt.global_step
 
     def _latest_checkpoint(self) -> tuple[Checkpoint, Path] | None:
@@ -284,6 +372,8 @@ class Trainer:
         return ckpt, path
 
     def _start_chief(self) -> None:
+        if self.ckpt_store is not None:  # refuse an unusable directory before training
+            check_directory(self.ckpt_store.directory)
         infos = self._infos()
         if all(i.initialized for i in infos):
             # The chief restarted while the servers kept training: join them.
@@ -297,7 +387,15 @@ class Trainer:
             ckpt, path = latest
             self._restore_all(ckpt, path)
             self.last_step = ckpt.global_step
-            self.emit("restored", step=ckpt.global_step, path=str(path), lost_steps=0)
+            past = ckpt.global_step > self.training.steps
+            warning = (f"checkpoint {path} is at global step {ckpt.global_step}, past this "
+                       f"job's target of {self.training.steps} steps (spec.training.steps): "
+                       "nothing is left to train, so the job ends with that checkpoint's "
+                       "parameters")
+            if past:
+                print(f"pstrain: warning: {warning}", flush=True)
+            self.emit("restored", step=ckpt.global_step, path=str(path), lost_steps=0,
+                      **({"warning": warning} if past else {}))
             return
         self._install(self.mirror, None, 0)
         self.last_step = 0
@@ -327,19 +425,35 @@ class Trainer:
                   "pulled parameters and fresh optimizer state")
 
     def _report(self, *, loss: float | None = None, samples_per_sec: float = 0.0,
-                accuracy: float | None = None,
-                checkpoint: tuple[int, str, float] | None = None) -> None:
+                metrics: Mapping[str, float] | None = None,
+                checkpoint: tuple[int, str, float] | None = None,
+                tables: Mapping[str, Any] | None = None) -> None:
+        """Status for parameter server 0; `metrics` are an evaluation's (all of them,
+        e.g. accuracy or auc and logloss)."""
+        accuracy = metrics.get("accuracy") if metrics else None
         report = pb.StatusReport(
             loss=loss if loss is not None else math.nan, samples_per_sec=samples_per_sec,
             eval_accuracy=accuracy if accuracy is not None else math.nan,
-            has_eval=accuracy is not None, has_checkpoint=checkpoint is not None,
-            target_steps=self.training.steps)
+            has_eval=bool(metrics), has_checkpoint=checkpoint is not None,
+            target_steps=self.training.steps, eval_metrics=metrics or {})
         if checkpoint is not None:
             report.checkpoint_step, report.checkpoint_path, report.checkpoint_time = checkpoint
+        if tables:
+            report.sparse_rows, report.sparse_bytes = tables["sparse_rows"], tables["sparse_bytes"]
         try:
             self.client.report(report)
         except PSError as exc:  # status is best effort; training goes on
             print(f"pstrain: could not report status to parameter server 0: {exc}", flush=True)
+
+    def _table_fields(self) -> dict[str, Any]:
+        """Sparse tables' live rows and memory for an event (best effort, like status)."""
+        if self.sparse is None:
+            return {}
+        try:
+            return self.sparse.progress_fields()
+        except PSError as exc:
+            print(f"pstrain: could not read the sparse tables' size: {exc}", flush=True)
+            return {}
 
     def _evaluate(self) -> dict[str, float]:
         self.model.eval()
@@ -354,6 +468,11 @@ class Trainer:
         """React to a refused or failed call; return to retry the step, or raise."""
         if exc.code == "INVALID_ARGUMENT" and "NaN or inf" in exc.message:
             raise TrainingDiverged(f"training diverged: {exc.message}") from exc
+        if exc.code == "RESOURCE_EXHAUSTED":  # the server is busy: back off, retry
+            time.sleep(BUSY_BACKOFF_S)
+            return
+        if exc.code == "ABORTED":  # a push computed on a server's previous state: the
+            return                 # loop pulls the current parameters and goes on
         if exc.code in ("UNAVAILABLE", "FAILED_PRECONDITION", "DEADLINE_EXCEEDED",
                         "CANCELLED"):
             if self.role.is_chief:
@@ -369,6 +488,8 @@ class Trainer:
         if self.pipeline:
             grads = self._pipeline_grads()  # before zeroing: the last ones may be in flight
         self._zero_grads()
+        if self.sparse is not None:
+            self.sparse.begin_step()
         loss = self.task.loss(self.model(x), y)
         if self.pipeline:
             return self._pipelined_backward_and_push(loss, grads, steps)
@@ -376,11 +497,16 @@ class Trainer:
             loss.backward()
             grads = {n: self._grad_cpu(n) for n in self.params}
             if self.training.mode == "sync":
+                if self.sparse is not None:  # before the dense push completes the step
+                    self.sparse.push(self.role.worker, steps)
                 return float(loss.detach()), self.client.push(grads, self.role.worker, steps)
             # async: one round trip per server: push, and read the parameters back into
             # the mirror for the next step (backward is over, nothing reads them now).
             replies = self.client.push_pull(grads, self.mirror, self.role.worker, steps)
             self._fresh = True
+            if self.sparse is not None and all(r.applied for r in replies):
+                # after the dense push: it waited for the staleness bound
+                self.sparse.push(self.role.worker, steps)
             return float(loss.detach()), replies
         # Overlap: push a shard as soon as backward has produced all its gradients.
         waiting = {ps: {p.param for p in self.client.shards[ps]}
@@ -490,8 +616,12 @@ class Trainer:
         else:
             self._wait_initialised()
         start_step = self.last_step
-        batches: Iterator[tuple[torch.Tensor, torch.Tensor]] = self.task.batches(
-            role.worker, role.num_workers, training.batch_size, training.seed)
+        # Where this worker's data resumes: kept by server 0 (restored from a checkpoint,
+        # or from this worker's pushes before it restarted).
+        info = self._retry(lambda: self.client.info(0, role.worker))
+        self.position = int(info.position)
+        batches = open_batches(self.task, role.worker, role.num_workers,
+                               training.batch_size, training.seed, start=self.position)
         result = TrainResult()
         ckpt_every = training.checkpoint.interval_steps
         next_ckpt = (self.last_step // ckpt_every + 1) * ckpt_every
@@ -529,14 +659,17 @@ class Trainer:
                     local_steps = [mine if g <= mine <= g + bound else g
                                    for mine, g in zip(local_steps, pulled, strict=True)]
                 else:
-                    local_steps = [result.local_steps] * self.placement.num_ps
+                    # async: a push's step is the index of its batch in this worker's
+                    # data; server 0 keeps it, and so every checkpoint has it.
+                    local_steps = [self.position] * self.placement.num_ps
                 self._copy_in()
                 try:
                     batch = next(batches)
                 except StopIteration:
                     raise ValueError(
-                        f"{training.entrypoint}: batches() ran out after {result.local_steps} "
+                        f"{training.entrypoint}: batches() ran out after {self.position} "
                         "batches; it must be endless or long enough for the job") from None
+                self.position += 1
                 try:
                     loss, replies = self._backward_and_push(batch, local_steps)
                 except PSError as exc:
@@ -571,9 +704,10 @@ class Trainer:
                         / elapsed)
                 if now - last_progress >= self.progress_interval:
                     avg = sum(window_loss) / len(window_loss)
+                    tables = self._table_fields()
                     self.emit("progress", step=gstep, loss=round(avg, 6),
-                              samples_per_sec=round(rate, 1))
-                    self._report(loss=avg, samples_per_sec=rate)
+                              samples_per_sec=round(rate, 1), **tables)
+                    self._report(loss=avg, samples_per_sec=rate, tables=tables)
                     window_loss.clear()
                     last_progress = now
                 # A checkpoint is due by the interval, or asked for before a disruption
@@ -594,7 +728,7 @@ class Trainer:
                 if eval_every and next_eval is not None and next_eval <= gstep < training.steps:
                     metrics = self._evaluate()
                     self.emit("eval", step=gstep, **metrics)
-                    self._report(accuracy=metrics.get("accuracy"))
+                    self._report(metrics=metrics)
                     next_eval = (gstep // eval_every + 1) * eval_every
                 if reached:
                     break
@@ -625,13 +759,16 @@ class Trainer:
                                   / max(result.wall_seconds, 1e-9))
         self.emit("eval", step=gstep, **result.metrics)
         if self.ckpt_store is not None and self.last_ckpt_step != gstep:
-            self._save_checkpoint()
+            if self._save_checkpoint() is None:
+                self._save_fallback()
+        tables = self._table_fields()
         self._report(loss=result.loss, samples_per_sec=result.samples_per_sec,
-                     accuracy=result.metrics.get("accuracy"))
+                     metrics=result.metrics, tables=tables)
         self.emit("done", step=gstep, loss=result.loss,
                   accuracy=result.metrics.get("accuracy"),
                   samples_per_sec=round(result.samples_per_sec, 1),
-                  wall_seconds=round(result.wall_seconds, 3), lost_steps=self.lost_steps)
+                  wall_seconds=round(result.wall_seconds, 3), lost_steps=self.lost_steps,
+                  **tables)
         self._retry(self.client.finish)
         return result
 
@@ -645,6 +782,8 @@ class Trainer:
 
     def close(self) -> None:
         self._drain()
+        if self.sparse is not None:
+            self.sparse.close()
         if self._pipe is not None:
             self._pipe.shutdown(wait=False, cancel_futures=True)
         self.client.close()

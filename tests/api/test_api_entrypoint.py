@@ -78,6 +78,6 @@ def test_resolve_returns_the_function_uncalled(user_module) -> None:
 @pytest.mark.parametrize("policy", ["OnFailure", "ExitCode", "Never"])
 def test_a_configuration_error_fails_the_job_at_once(policy: str) -> None:
     decision = decide_restart(RunPolicy(restart_policy=policy, backoff_limit=3), "j-worker-1",
-                              c.EXIT_CONFIG_ERROR, 0)
+                              c.EXIT_CONFIGURATION_ERROR, 0)
     assert (decision.action, decision.reason) == ("fail", "ConfigurationError")
-    assert "j-worker-1 exited with code 78" in decision.message
+    assert "j-worker-1 reported a configuration error" in decision.message

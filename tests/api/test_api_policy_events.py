@@ -8,7 +8,8 @@ import pytest
 
 from pstrain_api.events import emit, format_event, parse_event
 from pstrain_api.model import RunPolicy
-from pstrain_api.policy import decide_restart
+from pstrain_api import constants as c
+from pstrain_api.policy import RestartDecision, decide_restart
 
 
 @pytest.mark.parametrize(
@@ -31,6 +32,23 @@ def test_decide_restart(policy, exit_code, used, action, reason):
                               exit_code, used)
     assert (decision.action, decision.reason) == (action, reason)
     assert "j-worker-1" in decision.message
+
+
+@pytest.mark.parametrize("policy", ["Never", "OnFailure", "ExitCode"])
+def test_a_configuration_error_fails_at_once_under_every_restart_policy(policy):
+    line = ("pstrain replica: worker 0: configuration error: spec.training.entrypoint "
+            "'m:f': module 'm' cannot be imported: No module named 'm'")
+    decision = decide_restart(RunPolicy(restart_policy=policy, backoff_limit=3), "j-worker-0",
+                              c.EXIT_CONFIGURATION_ERROR, 0, detail=f"Traceback ...\n{line}\n")
+    assert decision == RestartDecision(
+        "fail", "ConfigurationError",
+        f"j-worker-0 reported a configuration error, which no restart can fix: {line}")
+
+
+def test_a_configuration_error_without_its_line_still_says_what_it_is():
+    decision = decide_restart(RunPolicy(), "j-ps-0", c.EXIT_CONFIGURATION_ERROR, 0)
+    assert (decision.action, decision.reason) == ("fail", "ConfigurationError")
+    assert "exited with code 78, which means a configuration error" in decision.message
 
 
 def test_backoff_limit_zero_fails_at_once():

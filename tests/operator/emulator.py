@@ -318,8 +318,9 @@ def wait_for(what: str, check: Callable[[], T], timeout: float = 30.0,
 
 
 def pod_status(phase: str, ready: bool = False, exit_code: int | None = None,
-               reason: str = "") -> dict[str, Any]:
-    """A pod status as the kubelet reports it."""
+               reason: str = "", message: str = "") -> dict[str, Any]:
+    """A pod status as the kubelet reports it; `message`: the container's termination
+    message (what it wrote to /dev/termination-log, or its log's tail)."""
     status: dict[str, Any] = {
         "phase": phase,
         "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
@@ -330,6 +331,8 @@ def pod_status(phase: str, ready: bool = False, exit_code: int | None = None,
         status["containerStatuses"][0]["state"] = {"terminated": {
             "exitCode": exit_code, "reason": reason or ("Completed" if exit_code == 0
                                                          else "Error")}}
+        if message:
+            status["containerStatuses"][0]["state"]["terminated"]["message"] = message
     return status
 
 

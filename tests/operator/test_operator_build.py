@@ -63,6 +63,7 @@ def test_ps_pod_whole_object() -> None:
                 "env": [{"name": k, "value": v} for k, v in env.items()]
                 + [{"name": "PSTRAIN_DATA_PORT", "value": "2223"},
                    {"name": "PSTRAIN_METRICS_PORT", "value": "9400"}],
+                "terminationMessagePolicy": "FallbackToLogsOnError",
                 "ports": [{"name": "pstrain", "containerPort": 2222, "protocol": "TCP"},
                           {"name": "pstrain-data", "containerPort": 2223, "protocol": "TCP"},
                           {"name": "metrics", "containerPort": 9400, "protocol": "TCP"}],

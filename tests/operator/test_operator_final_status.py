@@ -13,7 +13,7 @@ from pstrain_api.model import Progress, TrainingJobStatus
 from pstrain_operator.progress import (
     EARLY_PROGRESS_S, checkpoint_from_status, chief_summary, progress_from_status,
     progress_interval_for)
-from pstrain_runtime.summary import final_summary, write_termination_message
+from pstrain_runtime.summary import final_summary, write_summary
 
 from .fake_kube import FakeKube
 from .op_builders import T0, make_job
@@ -79,9 +79,8 @@ def test_a_job_without_a_step_is_read_sooner(progress, expected) -> None:
 
 def test_summary_round_trip_through_the_termination_message(tmp_path: Path) -> None:
     path = tmp_path / "termination-log"
-    assert not write_termination_message(SUMMARY, str(path))  # outside a pod: no file
-    path.touch()
-    assert write_termination_message(SUMMARY, str(path))
+    assert not write_summary(SUMMARY, {"PSTRAIN_TERMINATION_LOG": ""})  # nowhere
+    assert write_summary(SUMMARY, {"PSTRAIN_TERMINATION_LOG": str(path)})
     reply = chief_summary(path.read_text())
     progress = progress_from_status(reply, T0)
     assert progress is not None and progress.global_step == 3000

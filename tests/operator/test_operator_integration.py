@@ -148,6 +148,43 @@ def test_failure_names_the_root_cause_and_ttl_deletes_the_job(
     assert sorted(v for v in used if not allows(*v)) == []
 
 
+def test_termination_messages_reach_events_and_status_and_config_errors_fail_at_once(
+    emulator: EmulatorThread, operator_process: OperatorProcess
+) -> None:
+    api = HttpApi(emulator.url)
+    operator_process.start()
+    api.create_job(make_job("cfg", NS).workers(2).body())
+    wait_for("PS pod", lambda: "cfg-ps-0" in api.pods(NS))
+    api.set_pod_status(NS, "cfg-ps-0", pod_status("Running", ready=True))
+    wait_for("workers", lambda: {"cfg-worker-0", "cfg-worker-1"} <= set(api.pods(NS)))
+
+    # A restart: the pod's last words reach the event before the pod is deleted.
+    api.set_pod_status(NS, "cfg-worker-1", pod_status(
+        "Failed", exit_code=137, reason="OOMKilled", message="allocating the table\n"))
+    wait_for("one restart", lambda: api.job(NS, "cfg")["status"].get("restarts") == 1)
+    restarting = [e["message"] for e in api.events(NS) if e.get("reason") == "RestartingReplica"]
+    assert restarting == ["restarting pod cfg-worker-1: it failed (OOMKilled, exit code "
+                          "137); restart 1 of 3; its last output: allocating the table"]
+    wait_for("worker-1 recreated", lambda: (api.pods(NS).get("cfg-worker-1") or {})
+             .get("status", {}).get("phase") == "Pending")
+
+    # A configuration error (exit 78): the job fails at once, with the replica's line.
+    line = ("pstrain replica: worker 1: configuration error: spec.training.entrypoint "
+            "'m:f': module 'm' cannot be imported: ModuleNotFoundError: No module named 'm'")
+    api.set_pod_status(NS, "cfg-worker-1", pod_status(
+        "Failed", exit_code=c.EXIT_CONFIGURATION_ERROR, message=line))
+    wait_for("Failed", lambda: api.job(NS, "cfg")["status"]["phase"] == "Failed")
+    status = api.job(NS, "cfg")["status"]
+    assert status["restarts"] == 1
+    assert status["failure"]["message"] == line
+    conds = {cond["type"]: cond for cond in status["conditions"]}
+    assert conds["Failed"]["reason"] == "ConfigurationError"
+    assert line in conds["Failed"]["message"]
+    assert any(e.get("reason") == "ConfigurationError" and line in e["message"]
+               for e in api.events(NS))
+    operator_process.stop()
+
+
 def test_leader_election_only_one_operator_acts(
     emulator: EmulatorThread, operator_process: OperatorProcess, tmp_path: Path
 ) -> None:

@@ -104,6 +104,34 @@ CASES = [
                pod(J().build(), "worker", 0, ready=True),
                pod(J().build(), "worker", 1, ready=True)],
          actions=[], phase="Running", events=[], requeue=5.0),
+    Case("PS exited 0 just before the chief's success can be seen: still Running",
+         J().status(phase="Running"), now=at(29),
+         pods=[pod(J().build(), "ps", 0, phase="Succeeded", exit_code=0, finished_at=T0),
+               pod(J().build(), "worker", 0, ready=True),
+               pod(J().build(), "worker", 1, ready=True)],
+         actions=[], phase="Running", events=[], requeue=5.0),
+    Case("OnFailure: PS exited 0 while the chief trains: a failure of the PS, restarted",
+         J().status(phase="Running"), now=at(30),
+         pods=[pod(J().build(), "ps", 0, phase="Succeeded", exit_code=0, finished_at=T0,
+                   reason="Completed"),
+               pod(J().build(), "worker", 0, ready=True),
+               pod(J().build(), "worker", 1, ready=True)],
+         actions=delete("ps-0"), phase="Starting",
+         events=["RestartingReplica", "WaitingForPS"], status={"restarts": 1}),
+    Case("Never: PS exited 0 while the chief trains fails the job, naming the PS exit",
+         J().policy(restartPolicy="Never").status(phase="Running"), now=at(30),
+         pods=[pod(J().build(), "ps", 0, phase="Succeeded", exit_code=0, finished_at=T0,
+                   reason="Completed"),
+               pod(J().build(), "worker", 0, ready=True),
+               pod(J().build(), "worker", 1, ready=True)],
+         actions=delete("worker-0", "worker-1"), phase="Failed",
+         events=["ParameterServerExited", "CleanedUpPods"],
+         status={"failure": {"role": "ps", "pod": "j-ps-0", "exitCode": 0,
+                             "reason": "Completed",
+                             "message": "parameter server j-ps-0 exited with code 0 before "
+                                        "the chief finished; a parameter server must serve "
+                                        "until the job ends. j-ps-0 failed (exit code 0) "
+                                        "and restartPolicy is Never."}}),
     Case("cleanPodPolicy None still deletes PS: they never linger",
          J().policy(cleanPodPolicy="None").status(phase="Running"),
          pods=[*running(J(), workers=0), pod(J().build(), "worker", 0, phase="Succeeded"),
@@ -311,6 +339,11 @@ OBSERVE_CASES = [
          {"name": "pstrain", "state": {"terminated": {"exitCode": 137,
                                                        "reason": "OOMKilled"}}}]}},
      dict(phase="Failed", exit_code=137, reason="OOMKilled")),
+    ("completed main container: exit code and finish time",
+     {"status": {"phase": "Succeeded", "containerStatuses": [
+         {"name": "pstrain", "state": {"terminated": {
+             "exitCode": 0, "reason": "Completed", "finishedAt": "2026-01-01T12:00:00Z"}}}]}},
+     dict(phase="Succeeded", exit_code=0, reason="Completed", finished_at=T0)),
     ("evicted: pod-level reason wins",
      {"status": {"phase": "Failed", "reason": "Evicted", "message": "node low on memory"}},
      dict(phase="Failed", reason="Evicted", message="node low on memory")),
@@ -335,3 +368,38 @@ def test_observe_pod(raw: dict[str, Any], expected: dict[str, Any]) -> None:
 
 def test_observe_pod_ignores_foreign_pods() -> None:
     assert observe_pod({"metadata": {"name": "x", "labels": {}}}) is None
+
+
+CONFIG_LINE = ("pstrain replica: worker 1: configuration error: spec.training.entrypoint "
+               "'m:f': module 'm' cannot be imported: ModuleNotFoundError: No module named 'm'")
+
+
+def test_a_configuration_error_fails_the_job_at_once_with_its_line_as_the_reason() -> None:
+    """Item 16/25: the pod's termination message is the cause, in the status and the
+    event, and no restart is spent on it."""
+    job = make_job().status(phase="Running").build()
+    failed = pod(job, "worker", 1, phase="Failed", exit_code=c.EXIT_CONFIGURATION_ERROR,
+                 reason="Error", message=CONFIG_LINE + "\n")
+    plan = decide(Observed(job, (*running(make_job(), workers=1), failed), True, T0), SETTINGS)
+    assert plan.status.phase == "Failed"
+    assert plan.status.restarts == 0
+    assert plan.status.failure is not None and plan.status.failure.message == CONFIG_LINE + "\n"
+    failed_cond = next(x for x in plan.status.conditions if x.type == c.COND_FAILED)
+    assert failed_cond.reason == "ConfigurationError"
+    assert CONFIG_LINE in failed_cond.message
+    event = next(e for e in plan.events if e.reason == "ConfigurationError")
+    assert CONFIG_LINE in event.message
+
+
+def test_restarting_event_says_the_cause_once_and_quotes_the_last_output() -> None:
+    """Item 11/25: the termination message reaches an event before the pod is deleted;
+    the cause is no longer said twice."""
+    job = make_job().status(phase="Running").build()
+    failed = pod(job, "worker", 1, phase="Failed", exit_code=137, reason="OOMKilled",
+                 message="allocating 4 GiB for the embedding table\n")
+    plan = decide(Observed(job, (*running(make_job(), workers=1), failed), True, T0), SETTINGS)
+    assert list(plan.actions) == delete("worker-1")
+    [event] = [e for e in plan.events if e.reason == "RestartingReplica"]
+    assert event.message == ("restarting pod j-worker-1: it failed (OOMKilled, exit code "
+                             "137); restart 1 of 3; its last output: allocating 4 GiB for "
+                             "the embedding table")

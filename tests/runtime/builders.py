@@ -4,6 +4,7 @@
 - `KillableTransport`: a `LocalTransport` whose server can be "killed" (calls fail with
   UNAVAILABLE) and "restarted" empty, like a parameter-server process restarted by the
   runner at the same address.
+- `run_chief`: a one-worker job's chief, run with a bound.
 - `ProcessJob`: a whole job as real `pstrain replica` processes on loopback ports,
   whose replicas can be killed and restarted.
 """
@@ -88,6 +89,10 @@ class KillableTransport(LocalTransport):
     def finish(self, namespace: str) -> pb.StepInfo:
         self._check()
         return super().finish(namespace)
+
+    def sparse(self, frames: list[bytes]) -> list[bytes]:
+        self._check()
+        return super().sparse(frames)
 
 
 REPLICA_CMD = [sys.executable, "-c",
@@ -180,6 +185,24 @@ class ProcessJob:
                 rep.proc.kill()
                 rep.proc.wait(timeout=30)
 
+    def kill_ps_after_checkpoint(self, index: int, step: int) -> dict[str, Any]:
+        """Start the job, kill parameter server `index` once a checkpoint at `step` or
+        later is written, restart it at the same address, and wait for the job to end.
+        Returns the checkpoint, restored and done events and every replica's exit code;
+        stops every replica in any case."""
+        try:
+            self.start()
+            ckpt = self.chief.wait_event(
+                lambda e: e["event"] == "checkpoint" and e["step"] >= step, timeout=150)
+            self.ps(index).kill()
+            self.ps(index).start()
+            restored = self.chief.wait_event(lambda e: e["event"] == "restored", timeout=120)
+            done = self.chief.wait_event(lambda e: e["event"] == "done", timeout=180)
+            codes = self.wait_all(timeout=60)
+        finally:
+            self.stop_all()
+        return {"checkpoint": ckpt, "restored": restored, "done": done, "codes": codes}
+
     def wait_all(self, timeout: float) -> dict[str, int]:
         deadline = time.monotonic() + timeout
         codes = {}
@@ -192,5 +215,73 @@ class ProcessJob:
         return codes
 
 
+class Events:
+    """Records emitted events; hooks see each one as it comes."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, dict[str, Any]]] = []
+        self.hooks: list[Any] = []
+
+    def __call__(self, kind: str, **fields: Any) -> None:
+        self.items.append((kind, fields))
+        for hook in self.hooks:
+            hook(kind, fields)
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [f for k, f in self.items if k == kind]
+
+
+def run_trainers(trainers: list[Any], transports: list[Any], bound: float = 90.0) -> None:
+    """Run `trainers` (the chief first in the list), one thread each, started from the
+    last; re-raise the first failure. A job still running after `bound` seconds (one
+    bound for the whole job, inside the test timeout) fails the test after its servers
+    are stopped, so no call stays blocked in them (a client pool's thread blocked there
+    would keep the interpreter from exiting)."""
+    errors: list[BaseException] = []
+
+    def go(trainer: Any) -> None:
+        try:
+            trainer.run()
+        except BaseException as exc:  # re-raised in the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=go, args=(t,), daemon=True) for t in reversed(trainers)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + bound
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() for t in threads):
+        for transport in transports:
+            store = getattr(transport, "store", None)
+            if store is not None:
+                store.stop()
+        for trainer in trainers:
+            trainer.close()
+        raise AssertionError(f"a trainer did not finish within {bound:.0f} s")
+    if errors:
+        raise errors[0]
+
+
 def model_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def run_chief(chief: Any, limit: float = 45.0) -> None:
+    """Run a one-worker job's chief (a `Trainer`) with a bound; close it; re-raise what
+    it raised."""
+    errors: list[BaseException] = []
+
+    def go() -> None:
+        try:
+            chief.run()
+        except BaseException as exc:  # re-raised in the test thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=go, daemon=True)
+    thread.start()
+    thread.join(limit)
+    chief.close()
+    assert not thread.is_alive(), f"the chief did not finish within {limit:g} s"
+    if errors:
+        raise errors[0]

@@ -318,7 +318,7 @@ def test_a_refused_call_keeps_state_and_its_pooled_connection(
 class BrokenPushStore(ParameterStore):
     """A store with a bug in its push: an exception that is not a PSError."""
 
-    def push(self, messages: Iterator[bytes], timeout: float | None = None) -> pb.PushReply:
+    def push(self, messages: Iterator[bytes], *args: object, **kw: object) -> pb.PushReply:
         for _ in messages:
             pass
         raise RuntimeError("a bug in the store")

@@ -32,6 +32,7 @@ from pstrain_runtime.placement import build_placement, param_specs
 from pstrain_runtime.proto import ps_pb2 as pb
 from pstrain_runtime.replica import run_ps
 from pstrain_runtime.server import SERVICE, PSServer
+from pstrain_runtime.sparse import protocol as sparse_protocol
 from pstrain_runtime.store import PSError
 
 from tests.runtime.test_dataplane import ps_identity
@@ -105,6 +106,14 @@ def init_frames() -> wire.FrameStream:
     return wire.StreamWriter().frames(header, [torch.full((4,), 9.0)])
 
 
+def sparse_frames(op: str = "configure") -> list[bytes]:
+    """A sparse call that would define a table (`configure`) or read one (`stats`)."""
+    table = {"name": "t", "num_embeddings": 10, "embedding_dim": 2, "init_std": 0.1,
+             "optimizer": {"name": "sgd", "learning_rate": 0.1}}
+    return sparse_protocol.encode({"op": op, "namespace": NS, "reset": False, "num_ps": 1,
+                                   "tables": [table]})
+
+
 # Every call a transport makes, each with a request that would change or read state.
 CALLS: dict[str, Callable[[GrpcTransport], object]] = {
     "Push": lambda t: t.push(push_frames()),
@@ -122,14 +131,15 @@ CALLS: dict[str, Callable[[GrpcTransport], object]] = {
     "RequestCheckpoint": lambda t: t.channel.unary_unary(
         f"/{SERVICE}/RequestCheckpoint", pb.NamespaceRequest.SerializeToString,
         pb.StepInfo.FromString)(pb.NamespaceRequest(namespace=NS), timeout=5),
+    "Sparse": lambda t: t.sparse(sparse_frames()),
 }
-DATA_CALLS = ("Push", "Init", "Pull", "PushPull", "PushPullSmall")
+DATA_CALLS = ("Push", "Init", "Pull", "PushPull", "PushPullSmall", "Sparse")
 
 
 def test_every_grpc_method_is_covered() -> None:
     from pstrain_runtime.server import ParameterServerService, build_handler
 
-    handler = build_handler(ParameterServerService(None, None))  # type: ignore[arg-type]
+    handler = build_handler(ParameterServerService(None, None, None))  # type: ignore[arg-type]
     names = {m.rsplit("/", 1)[-1] for m in handler._method_handlers}  # type: ignore[attr-defined]
     assert names == set(CALLS)
 
@@ -192,7 +202,7 @@ def test_data_plane_calls_without_a_handshake_are_refused(
     before = state_of(server)
     op = {v: k for k, v in dataplane.OPS.items()}[call]
     frames = ([pb.PullRequest(namespace=NS, names=["w"]).SerializeToString()]
-              if call == "Pull" else
+              if call == "Pull" else sparse_frames() if call == "Sparse" else
               [wire.encode_batch(push_frames())] if call == "PushPullSmall" else
               [bytes(f) for f in (init_frames() if call == "Init" else push_frames())])
     received = bytearray()
@@ -231,6 +241,24 @@ def test_a_worker_key_trains_but_cannot_init_finish_report_or_shut_down(
         # The refused Init (data plane) was read and dropped: the connection still works.
         assert worker.push({"w": torch.ones(4)}, worker=1)[0].applied
     finally:
+        worker.close()
+
+
+@pytest.mark.parametrize("transport", [GrpcTransport, TcpTransport], ids=["grpc", "tcp"])
+def test_a_worker_key_reads_sparse_tables_but_cannot_define_or_restore_them(
+        server: PSServer, transport: type[GrpcTransport]) -> None:
+    chief, worker = transport(server.address, CHIEF_A), transport(server.address, WORKER_A)
+    try:
+        sparse_protocol.header_of(chief.sparse(sparse_frames("configure")))
+        stats = sparse_protocol.header_of(worker.sparse(sparse_frames("stats")))
+        assert set(stats["tables"]) == {"t"}
+        for op in ("configure", "import"):
+            refusal = _refusal(lambda op=op: worker.sparse(sparse_frames(op)))  # type: ignore[misc]
+            assert refusal.code == "PERMISSION_DENIED", (op, refusal.message)
+            assert f"sparse {op} needs the chief's credentials" in refusal.message
+        assert sparse_protocol.header_of(worker.sparse(sparse_frames("stats"))) == stats
+    finally:
+        chief.close()
         worker.close()
 
 

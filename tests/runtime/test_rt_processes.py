@@ -62,18 +62,9 @@ def test_killed_worker_is_restarted_and_training_finishes(tmp_path: Path) -> Non
 def test_killed_ps_restores_from_checkpoint_and_reports_lost_steps(tmp_path: Path) -> None:
     run = ProcessJob(digits_job("pskill", steps=1500, checkpoint={"intervalSteps": 50}),
                      tmp_path)
-    try:
-        run.start()
-        ckpt = run.chief.wait_event(lambda e: e["event"] == "checkpoint" and e["step"] >= 100,
-                                    timeout=150)
-        run.ps(0).kill()
-        run.ps(0).start()
-        restored = run.chief.wait_event(lambda e: e["event"] == "restored", timeout=120)
-        done = run.chief.wait_event(lambda e: e["event"] == "done", timeout=180)
-        codes = run.wait_all(timeout=60)
-    finally:
-        run.stop_all()
-    assert restored["step"] >= ckpt["step"]
+    ended = run.kill_ps_after_checkpoint(0, step=100)
+    restored, done, codes = ended["restored"], ended["done"], ended["codes"]
+    assert restored["step"] >= ended["checkpoint"]["step"]
     assert restored["lost_steps"] >= 0
     assert restored["path"].endswith(f"ckpt-{restored['step']:012d}.pt")
     assert done["step"] == 1500

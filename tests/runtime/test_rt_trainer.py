@@ -5,7 +5,6 @@ parameter server that restarts empty."""
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from pstrain_runtime.optim import OptimizerConfig, torch_optimizer
 from pstrain_runtime.store import ParameterStore
 from pstrain_runtime.trainer import Trainer, WorkerRole
 
-from .builders import KillableTransport, digits_training
+from .builders import Events, KillableTransport, digits_training, run_trainers
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,53 +28,13 @@ def one_thread() -> None:
     torch.set_num_threads(1)
 
 
-class Events:
-    def __init__(self) -> None:
-        self.items: list[tuple[str, dict[str, Any]]] = []
-        self.hooks: list[Any] = []
-
-    def __call__(self, kind: str, **fields: Any) -> None:
-        self.items.append((kind, fields))
-        for hook in self.hooks:
-            hook(kind, fields)
-
-    def of(self, kind: str) -> list[dict[str, Any]]:
-        return [f for k, f in self.items if k == kind]
-
-
 def run_job(training, transports, num_workers: int = 1, emit: Events | None = None,
             progress_interval: float = 0.2) -> Trainer:
-    trainers = {w: Trainer(training, WorkerRole("ns", w, num_workers), transports,
-                           emit=emit if (emit is not None and w == 0) else Events(),
-                           progress_interval=progress_interval)
-                for w in range(num_workers)}
-    errors: list[BaseException] = []
-
-    def go(w: int) -> None:
-        try:
-            trainers[w].run()
-        except BaseException as exc:  # re-raised in the test thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=go, args=(w,), daemon=True)
-               for w in reversed(range(num_workers))]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + 90  # one bound for the whole job, inside the test timeout
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    if any(t.is_alive() for t in threads):
-        # A hung job: stop its servers so no call stays blocked in them (a thread of a
-        # client's pool blocked there would keep the interpreter from exiting).
-        for transport in transports:
-            store = getattr(transport, "store", None)
-            if store is not None:
-                store.stop()
-        for trainer in trainers.values():
-            trainer.close()
-        raise AssertionError("a trainer did not finish within 90 s")
-    if errors:
-        raise errors[0]
+    trainers = [Trainer(training, WorkerRole("ns", w, num_workers), transports,
+                        emit=emit if (emit is not None and w == 0) else Events(),
+                        progress_interval=progress_interval)
+                for w in range(num_workers)]
+    run_trainers(trainers, transports)
     return trainers[0]
 
 

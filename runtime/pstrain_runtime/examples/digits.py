@@ -39,17 +39,24 @@ def build_model(hidden: int = 64, seed: int = 0) -> nn.Module:
 
 
 def batches(x: torch.Tensor, y: torch.Tensor, worker: int, num_workers: int,
-            batch_size: int, seed: int) -> Iterator[Batch]:
-    """Endless epochs over this worker's slice of the data, reshuffled every epoch."""
+            batch_size: int, seed: int, start: int = 0) -> Iterator[Batch]:
+    """Endless epochs over this worker's slice of the data, reshuffled every epoch;
+    from batch number `start` on (whole epochs skipped by their shuffle alone)."""
     own = torch.arange(worker, len(y), max(1, num_workers))
     gen = torch.Generator().manual_seed(seed * 1000 + worker)
+    per_epoch = max(1, len(own) // batch_size)
+    skip_epochs, skip = divmod(start, per_epoch)
+    for _ in range(skip_epochs):
+        torch.randperm(len(own), generator=gen)  # the same shuffles as without `start`
     while True:
         order = own[torch.randperm(len(own), generator=gen)]
-        for start in range(0, len(order) - batch_size + 1, batch_size):
-            pick = order[start:start + batch_size]
-            yield x[pick], y[pick]
         if len(order) < batch_size:
             yield x[order], y[order]
+            continue
+        for first in range(skip * batch_size, len(order) - batch_size + 1, batch_size):
+            pick = order[first:first + batch_size]
+            yield x[pick], y[pick]
+        skip = 0
 
 
 def make_task(hidden: int = 64, test_fraction: float = 0.25) -> Task:
@@ -66,7 +73,7 @@ def make_task(hidden: int = 64, test_fraction: float = 0.25) -> Task:
 
     return Task(
         model=build_model(hidden),
-        batches=lambda w, n, b, s: batches(x_train, y_train, w, n, b, s),
+        batches=lambda w, n, b, s, start=0: batches(x_train, y_train, w, n, b, s, start),
         loss=loss_fn,
         evaluate=evaluate,
     )

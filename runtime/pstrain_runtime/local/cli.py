@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from pstrain_api.validate import InvalidManifest, load_job
 
+from ..failure import ConfigurationError
 from .processes import DEFAULT_REPLICA_COMMAND
 from .runner import RunOptions, run_job
 
@@ -83,6 +84,9 @@ def run_main(argv: Sequence[str]) -> int:
         if args.json:
             sys.stdout.write(json.dumps(result.summary, separators=(",", ":")) + "\n")
             sys.stdout.flush()
+    except ConfigurationError as exc:
+        print(f"pstrain run: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         # Ctrl-C before the runner's own handler was installed (or after it was
         # removed): run_job's clean-up has already killed whatever it had started.

@@ -33,11 +33,15 @@ class Metrics:
     samples_per_sec: float | None = None
     accuracy: float | None = None
     eval_loss: float | None = None
+    auc: float | None = None  # tasks that report them (the CTR example): ROC AUC and
+    logloss: float | None = None  # log loss on held-out data
     checkpoint_step: int | None = None
     checkpoint_path: str | None = None
     restores: tuple[Restore, ...] = ()
     done: bool = False
     train_seconds: float | None = None
+    sparse_rows: int | None = None  # live rows of the sparse tables, over all servers
+    sparse_bytes: int | None = None  # their memory on the servers
 
     @property
     def lost_steps(self) -> int:
@@ -67,12 +71,15 @@ def fold(metrics: Metrics, replica: str, event: Mapping[str, Any]) -> Metrics:
             step=step if step is not None else metrics.step,
             loss=_num(event, "loss") if "loss" in event else metrics.loss,
             samples_per_sec=_num(event, "samples_per_sec") or metrics.samples_per_sec,
+            **_table_sizes(metrics, event),
         )
     if kind == "eval":
         return replace(
             metrics,
             accuracy=_num(event, "accuracy"),
             eval_loss=_num(event, "loss"),
+            auc=_num(event, "auc"),
+            logloss=_num(event, "logloss"),
         )
     if kind == "checkpoint":
         return replace(metrics, checkpoint_step=step,
@@ -96,8 +103,15 @@ def fold(metrics: Metrics, replica: str, event: Mapping[str, Any]) -> Metrics:
             accuracy=_num(event, "accuracy") if "accuracy" in event else metrics.accuracy,
             samples_per_sec=_num(event, "samples_per_sec") or metrics.samples_per_sec,
             train_seconds=_num(event, "wall_seconds"),
+            **_table_sizes(metrics, event),
         )
     return metrics
+
+
+def _table_sizes(metrics: Metrics, event: Mapping[str, Any]) -> dict[str, int | None]:
+    rows, size = _int(event, "sparse_rows"), _int(event, "sparse_bytes")
+    return {"sparse_rows": rows if rows is not None else metrics.sparse_rows,
+            "sparse_bytes": size if size is not None else metrics.sparse_bytes}
 
 
 def describe_restore(restore: Restore) -> str:
@@ -114,14 +128,15 @@ def describe_restore(restore: Restore) -> str:
 
 def build_summary(state: RunState, metrics: Metrics, wall_seconds: float,
                   job_name: str, checkpoint_dir: str | None) -> dict[str, Any]:
-    """The `--json` line: phase, steps, loss, accuracy, timing, restarts, lost steps,
-    and how every replica ended (exit code, restarts)."""
+    """The `--json` line: phase, steps, loss, accuracy (auc and logloss), timing,
+    restarts, lost steps, and how every replica ended (exit code, restarts); for a model
+    with sparse tables, their live rows and server memory."""
     replicas = {
         r.name: {"role": r.role, "index": r.index, "exit_code": r.exit_code,
                  "restarts": max(r.attempt - 1, 0)}
         for r in state.replicas
     }
-    return {
+    summary = {
         "job": job_name,
         "phase": state.phase,
         "reason": state.reason,
@@ -145,3 +160,10 @@ def build_summary(state: RunState, metrics: Metrics, wall_seconds: float,
         "failed_replica": state.culprit,
         "replicas": replicas,
     }
+    for name in ("auc", "logloss"):  # only a model whose evaluation reports them
+        if getattr(metrics, name) is not None:
+            summary[name] = getattr(metrics, name)
+    if metrics.sparse_rows is not None:  # only a model with sparse tables has these
+        summary["sparse_rows"] = metrics.sparse_rows
+        summary["sparse_bytes"] = metrics.sparse_bytes
+    return summary

@@ -27,6 +27,9 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
+
+from pstrain_api.constants import ENV_TERMINATION_LOG
 
 from pstrain_api import constants as c
 
@@ -99,8 +102,9 @@ class ReplicaProcess:
 
     def __init__(self, name: str, attempt: int, popen: subprocess.Popen[bytes],
                  post: Callable[[object], None], now: Callable[[], float],
-                 tail: collections.deque[str]):
+                 tail: collections.deque[str], termination_log: Path | None = None):
         self.name = name
+        self.termination_log = termination_log
         self.attempt = attempt
         self.popen = popen
         self.stop = threading.Event()
@@ -133,7 +137,16 @@ class ReplicaProcess:
         # Let the reader pass on the last lines first; a grandchild that inherited the
         # pipe may keep it open, so do not wait for end-of-file forever.
         self.reader.join(timeout=EXIT_DRAIN_SECONDS)
-        self._post(Exited(self.name, self.attempt, normalize_exit_code(code), self._now()))
+        self._post(Exited(self.name, self.attempt, normalize_exit_code(code), self._now(),
+                          self._termination_message()))
+
+    def _termination_message(self) -> str:
+        if self.termination_log is None:
+            return ""
+        try:
+            return self.termination_log.read_text(encoding="utf-8", errors="replace").strip()
+        except OSError:
+            return ""
 
     def probe_health(self, address: str, interval: float = 0.1,
                      check: str = c.GATE_GRPC) -> None:
@@ -203,6 +216,10 @@ class ProcessTable:
         if shutil.which(command[0], path=self.environments[name].get("PATH")) is None:
             raise FileNotFoundError(
                 errno.ENOENT, "not an executable file or a program on PATH")
+        log_name = self.environments[name].get(ENV_TERMINATION_LOG)
+        log = Path(log_name) if log_name else None
+        if log is not None:
+            log.unlink(missing_ok=True)  # what an earlier attempt left explains that one
         popen = subprocess.Popen(
             wrap_command(command),
             env=dict(self.environments[name]),
@@ -214,7 +231,7 @@ class ProcessTable:
         )
         tail = self.tails[name]
         tail.clear()  # the tail explains the latest attempt
-        proc = ReplicaProcess(name, attempt, popen, self.post, self.now, tail)
+        proc = ReplicaProcess(name, attempt, popen, self.post, self.now, tail, log)
         self.procs[name] = proc
         self.history.append(proc)
         return proc

@@ -29,10 +29,12 @@ from typing import Any, TextIO
 from pstrain_api import constants as c
 from pstrain_api import security
 from pstrain_api.cluster import ClusterSpec, local_cluster_spec, task_count
+from pstrain_api.constants import ENV_TERMINATION_LOG
 from pstrain_api.events import parse_event
 from pstrain_api.model import TrainingJob
 from pstrain_api.readiness import user_command
 
+from ..checkpoint_dir import check_directory
 from ..auth import Credentials, load_credentials, write_replica_keys
 from ..status_client import request_checkpoint
 from .capacity import available_memory, capacity_warning
@@ -138,11 +140,18 @@ def _make_reporter(options: RunOptions, stream: TextIO, names: Sequence[str],
 
 def run_job(job: TrainingJob, options: RunOptions = RunOptions(),
             stdout: TextIO | None = None, stderr: TextIO | None = None) -> RunResult:
-    """Run `job` as local processes until it succeeds, fails or is interrupted."""
+    """Run `job` as local processes until it succeeds, fails or is interrupted.
+
+    Raises ConfigurationError, before anything starts, when the checkpoint directory
+    cannot be used."""
     temp_dir: str | None = None
     if options.checkpoint_dir:
+        check_directory(options.checkpoint_dir, "--checkpoint-dir")
         job = with_checkpoint_dir(job, str(Path(options.checkpoint_dir).resolve()))
-    elif not job.spec.training.checkpoint.directory:
+    elif job.spec.training.checkpoint.directory:
+        check_directory(job.spec.training.checkpoint.directory,
+                        "spec.training.checkpoint.directory")
+    else:
         # A restarted parameter server can only come back from a checkpoint.
         temp_dir = tempfile.mkdtemp(prefix=f"pstrain-{job.name}-ckpt-")
         job = with_checkpoint_dir(job, temp_dir)
@@ -243,6 +252,10 @@ def _run(job: TrainingJob, options: RunOptions, out: TextIO, log_stream: TextIO,
                         for t in tasks], visible_gpus())
     for name, devices in gpus.items():
         environments[name][ENV_VISIBLE] = devices
+    # Each replica leaves its last error line here; the supervisor quotes it.
+    last_words = tempfile.TemporaryDirectory(prefix=f"pstrain-{job.name}-exit-")
+    for name, env in environments.items():
+        env[ENV_TERMINATION_LOG] = str(Path(last_words.name) / name)
     for t in tasks:
         env = environments[spec.replica_name(t)]
         env.pop(security.ENV_AUTH_DIR, None)  # never the runner's own
@@ -320,6 +333,7 @@ def _run(job: TrainingJob, options: RunOptions, out: TextIO, log_stream: TextIO,
         finally:
             table.kill_all()
             reporter.close()
+            last_words.cleanup()
 
     wall = clock() - started
     summary = build_summary(state, metrics, wall, job.name, checkpoint_dir)

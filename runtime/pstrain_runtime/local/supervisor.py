@@ -12,10 +12,16 @@ Invariants:
   check (`pstrain_api.readiness.local_check`): the runtime's gRPC health service, the
   replica port accepting TCP connections, or nothing (ready once started).
 - Restarts count job-wide, like a Kubernetes Job's backoffLimit, and are decided by
-  `pstrain_api.policy.decide_restart`, the function the operator uses.
+  `pstrain_api.policy.decide_restart`, the function the operator uses; a replica that
+  exits with the configuration-error code fails the job at once, with the line it left
+  in its termination-message file as the reason.
 - Job success is the chief exiting 0. Replicas that never end by themselves (a user's
   own server program, such as TensorFlow's PS) are then terminated at once; the
   runtime's replicas get `success_grace` seconds to exit by themselves first.
+- A parameter server serves until the chief finishes. One that exits 0 while the job
+  runs, and whose exit the chief's success does not follow within `ps_exit_grace`
+  seconds (a PS told to stop by the chief exits just before it), failed: it is
+  restarted or fails the job under the restart policy (`decide_ps_exit`).
 - Once the job is decided (succeeded, failed, interrupted) nothing is started or
   restarted again; the run finishes when no replica process is left.
 - Stall watchdog (`runPolicy.stallTimeoutSeconds`): the global step the chief reports
@@ -38,7 +44,13 @@ from typing import Literal
 from pstrain_api import constants as c
 from pstrain_api.cluster import ClusterSpec
 from pstrain_api.model import RunPolicy, TrainingJob
-from pstrain_api.policy import decide_restart, decide_stall, stalled_for
+from pstrain_api.policy import (
+    RestartDecision,
+    decide_ps_exit,
+    decide_restart,
+    decide_stall,
+    stalled_for,
+)
 from pstrain_api.readiness import describe_check, local_check, stopped_on_success
 
 ReplicaStatus = Literal["pending", "running", "waiting_restart", "exited", "stopped"]
@@ -68,10 +80,11 @@ class Settings:
     backoff_base: float = 0.5
     backoff_max: float = 10.0
     checkpoint_wait: float = 30.0
+    ps_exit_grace: float = 15.0
 
     def __post_init__(self) -> None:
         for name in ("health_timeout", "success_grace", "kill_grace", "backoff_base",
-                     "backoff_max", "checkpoint_wait"):
+                     "backoff_max", "checkpoint_wait", "ps_exit_grace"):
             value = getattr(self, name)
             if value < 0:
                 raise ValueError(f"{name} is {value}; it must be at least 0.")
@@ -125,6 +138,7 @@ class Replica:
     exit_code: int | None = None
     check: str = c.GATE_GRPC  # how readiness is checked (pstrain_api.readiness)
     stop_on_success: bool = False  # terminated at once when the chief exits 0
+    exited_at: float | None = None
     stall_restart: bool = False  # stopped by the stall watchdog: its exit is expected
     kill_at: float | None = None  # SIGKILL then, if the watchdog's SIGTERM was ignored
 
@@ -215,12 +229,14 @@ class Healthy:
 
 @dataclass(frozen=True)
 class Exited:
-    """The process of start `attempt` of `name` ended with `exit_code` (128+N on signal N)."""
+    """The process of start `attempt` of `name` ended with `exit_code` (128+N on signal N);
+    `message`: what it left in its termination-message file ("" when nothing)."""
 
     name: str
     attempt: int
     exit_code: int
     now: float
+    message: str = ""
 
 
 @dataclass(frozen=True)
@@ -394,7 +410,8 @@ def _exited(state: RunState, obs: Exited) -> tuple[RunState, list[Action]]:
     rep = state.replica(obs.name)
     if rep.attempt != obs.attempt or not rep.is_live:
         return state, []
-    rep = replace(rep, status="exited", exit_code=obs.exit_code, healthy=False)
+    rep = replace(rep, status="exited", exit_code=obs.exit_code, healthy=False,
+                  exited_at=obs.now)
     state = state.with_replica(rep)
 
     if state.stage in ("draining", "stopping"):
@@ -410,17 +427,25 @@ def _exited(state: RunState, obs: Exited) -> tuple[RunState, list[Action]]:
         if rep.is_chief:
             return _chief_succeeded(state, obs.now)
         if not (rep.is_ps and state.stage == "starting_ps"):
-            return state, []  # a worker that finished its share, or a PS told to stop
+            # A worker that finished its share, or a PS told to stop by the chief, whose
+            # success follows (else `_tick` finds the PS exit after `ps_exit_grace`).
+            return state, []
         # A PS that exits 0 before it ever served can never let the job start.
         return _fail(state, obs.now, REASON_EARLY_EXIT,
                      f"{rep.name} exited with code 0 before it served on {rep.address}; "
                      "a parameter server must serve until the job ends.", rep.name)
 
-    decision = decide_restart(state.settings.policy, rep.name, obs.exit_code, state.restarts)
+    decision = decide_restart(state.settings.policy, rep.name, obs.exit_code, state.restarts,
+                              detail=obs.message)
+    return _restart_or_fail(state, rep, decision, obs.now)
+
+
+def _restart_or_fail(state: RunState, rep: Replica, decision: RestartDecision,
+                     now: float) -> tuple[RunState, list[Action]]:
     if decision.action == "fail":
-        return _fail(state, obs.now, decision.reason, decision.message, rep.name)
+        return _fail(state, now, decision.reason, decision.message, rep.name)
     delay = restart_delay(state.settings, rep.attempt - 1)
-    rep = replace(rep, status="waiting_restart", restart_at=obs.now + delay)
+    rep = replace(rep, status="waiting_restart", restart_at=now + delay)
     state = replace(state.with_replica(rep), restarts=state.restarts + 1)
     text = f"{decision.message.rstrip('.')}; in {delay:g}s."
     return state, [Notify("warning", text, replica=rep.name)]
@@ -516,7 +541,16 @@ def _tick(state: RunState, now: float) -> tuple[RunState, list[Action]]:
                         f"{rep.name} did not {describe_check(rep.check)} on "
                         f"{rep.address} within {s.health_timeout:g}s.", rep.name)
         if state.stage == "running":
-            state, actions = _watch_stall(state, now)
+            for rep in state.ps:
+                if (rep.status == "exited" and rep.exit_code == 0
+                        and rep.exited_at is not None
+                        and now - rep.exited_at >= s.ps_exit_grace):
+                    decision = decide_ps_exit(s.policy, rep.name, state.restarts)
+                    state, actions = _restart_or_fail(state, rep, decision, now)
+                    if state.stage != "running":
+                        return state, actions
+            state, watched = _watch_stall(state, now)
+            actions = [*actions, *watched]
             if state.stage != "running":
                 return state, actions
         due = [r.name for r in state.replicas

@@ -24,45 +24,53 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1epstrain_runtime/proto/ps.proto\x12\npstrain.v1\"8\n\nTensorMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"\xbc\x01\n\rOptimizerSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rlearning_rate\x18\x02 \x01(\x01\x12\x10\n\x08momentum\x18\x03 \x01(\x01\x12\x10\n\x08nesterov\x18\x04 \x01(\x08\x12\x14\n\x0cweight_decay\x18\x05 \x01(\x01\x12\r\n\x05\x62\x65ta1\x18\x06 \x01(\x01\x12\r\n\x05\x62\x65ta2\x18\x07 \x01(\x01\x12\x0b\n\x03\x65ps\x18\x08 \x01(\x01\x12!\n\x19initial_accumulator_value\x18\t \x01(\x01\"\xb8\x03\n\x0cStreamHeader\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.pstrain.v1.StreamKind\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\'\n\x07tensors\x18\x03 \x03(\x0b\x32\x16.pstrain.v1.TensorMeta\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\x12\x0e\n\x06worker\x18\x05 \x01(\x05\x12\x0c\n\x04step\x18\x06 \x01(\x03\x12\x13\n\x0bglobal_step\x18\x07 \x01(\x03\x12,\n\toptimizer\x18\x08 \x01(\x0b\x32\x19.pstrain.v1.OptimizerSpec\x12\x0c\n\x04mode\x18\t \x01(\t\x12\x13\n\x0bnum_workers\x18\n \x01(\x05\x12\x17\n\x0fstaleness_bound\x18\x0b \x01(\x05\x12\x13\n\x0b\x66ingerprint\x18\x0c \x01(\x0c\x12\x10\n\x08ps_index\x18\r \x01(\x05\x12\x12\n\nslot_steps\x18\x0e \x03(\x03\x12\x14\n\x0ctarget_steps\x18\x0f \x01(\x03\x12)\n\npush_reply\x18\x10 \x01(\x0b\x32\x15.pstrain.v1.PushReply\x12\x18\n\x10\x63heckpoint_every\x18\x11 \x01(\x03\"\\\n\x05\x46rame\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.pstrain.v1.StreamHeader\x12\x0b\n\x03seq\x18\x02 \x01(\x07\x12\x0e\n\x06offset\x18\x03 \x01(\x06\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"\x1c\n\nFrameBatch\x12\x0e\n\x06\x66rames\x18\x01 \x03(\x0c\"\x8e\x01\n\x08StepInfo\x12\x13\n\x0bglobal_step\x18\x01 \x01(\x03\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12\x13\n\x0binitialized\x18\x03 \x01(\x08\x12\x19\n\x11skipped_nonfinite\x18\x04 \x01(\x03\x12\x11\n\tdata_port\x18\x05 \x01(\x05\x12\x1c\n\x14\x63heckpoint_requested\x18\x06 \x01(\x08\"e\n\tPushReply\x12\"\n\x04info\x18\x01 \x01(\x0b\x32\x14.pstrain.v1.StepInfo\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\x12\x0c\n\x04note\x18\x03 \x01(\t\x12\x15\n\rapply_seconds\x18\x04 \x01(\x01\"\x8d\x01\n\x0bPullRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05names\x18\x02 \x03(\t\x12\x15\n\rinclude_slots\x18\x03 \x01(\x08\x12\x0e\n\x06worker\x18\x04 \x01(\x05\x12\x10\n\x08min_step\x18\x05 \x01(\x03\x12\x12\n\nconsistent\x18\x06 \x01(\x08\x12\x0f\n\x07\x61t_step\x18\x07 \x01(\x03\"5\n\x10NamespaceRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06worker\x18\x02 \x01(\x05\"\"\n\rFinishRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\"(\n\x0fShutdownRequest\x12\x15\n\rgrace_seconds\x18\x01 \x01(\x01\"!\n\rShutdownReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\"\xea\x01\n\x0cStatusReport\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04loss\x18\x02 \x01(\x01\x12\x17\n\x0fsamples_per_sec\x18\x03 \x01(\x01\x12\x15\n\reval_accuracy\x18\x04 \x01(\x01\x12\x17\n\x0f\x63heckpoint_step\x18\x05 \x01(\x03\x12\x17\n\x0f\x63heckpoint_path\x18\x06 \x01(\t\x12\x17\n\x0f\x63heckpoint_time\x18\x07 \x01(\x01\x12\x14\n\x0ctarget_steps\x18\x08 \x01(\x03\x12\x10\n\x08has_eval\x18\t \x01(\x08\x12\x16\n\x0ehas_checkpoint\x18\n \x01(\x08\"\xb5\x02\n\tJobStatus\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x13\n\x0bglobal_step\x18\x02 \x01(\x03\x12\x0c\n\x04loss\x18\x03 \x01(\x01\x12\x17\n\x0fsamples_per_sec\x18\x04 \x01(\x01\x12\x15\n\reval_accuracy\x18\x05 \x01(\x01\x12\x10\n\x08has_eval\x18\x06 \x01(\x08\x12\x17\n\x0f\x63heckpoint_step\x18\x07 \x01(\x03\x12\x17\n\x0f\x63heckpoint_path\x18\x08 \x01(\t\x12\x17\n\x0f\x63heckpoint_time\x18\t \x01(\x01\x12\x16\n\x0ehas_checkpoint\x18\n \x01(\x08\x12\x0c\n\x04\x64one\x18\x0b \x01(\x08\x12\x14\n\x0ctarget_steps\x18\x0c \x01(\x03\x12\x13\n\x0binitialized\x18\r \x01(\x08\x12\x14\n\x0cupdated_time\x18\x0e \x01(\x01\"\x07\n\x05\x45mpty*k\n\nStreamKind\x12\x1b\n\x17STREAM_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10STREAM_KIND_PUSH\x10\x01\x12\x14\n\x10STREAM_KIND_INIT\x10\x02\x12\x14\n\x10STREAM_KIND_PULL\x10\x03\x32\xab\x05\n\x0fParameterServer\x12\x32\n\x04Push\x12\x11.pstrain.v1.Frame\x1a\x15.pstrain.v1.PushReply(\x01\x12\x31\n\x04Init\x12\x11.pstrain.v1.Frame\x1a\x14.pstrain.v1.StepInfo(\x01\x12\x34\n\x04Pull\x12\x17.pstrain.v1.PullRequest\x1a\x11.pstrain.v1.Frame0\x01\x12\x34\n\x08PushPull\x12\x11.pstrain.v1.Frame\x1a\x11.pstrain.v1.Frame(\x01\x30\x01\x12?\n\rPushPullSmall\x12\x16.pstrain.v1.FrameBatch\x1a\x16.pstrain.v1.FrameBatch\x12:\n\x04Info\x12\x1c.pstrain.v1.NamespaceRequest\x1a\x14.pstrain.v1.StepInfo\x12\x39\n\x06\x46inish\x12\x19.pstrain.v1.FinishRequest\x1a\x14.pstrain.v1.StepInfo\x12\x42\n\x08Shutdown\x12\x1b.pstrain.v1.ShutdownRequest\x1a\x19.pstrain.v1.ShutdownReply\x12;\n\x0cReportStatus\x12\x18.pstrain.v1.StatusReport\x1a\x11.pstrain.v1.Empty\x12\x43\n\x0cGetJobStatus\x12\x1c.pstrain.v1.NamespaceRequest\x1a\x15.pstrain.v1.JobStatus\x12G\n\x11RequestCheckpoint\x12\x1c.pstrain.v1.NamespaceRequest\x1a\x14.pstrain.v1.StepInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1epstrain_runtime/proto/ps.proto\x12\npstrain.v1\"8\n\nTensorMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"\xbc\x01\n\rOptimizerSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rlearning_rate\x18\x02 \x01(\x01\x12\x10\n\x08momentum\x18\x03 \x01(\x01\x12\x10\n\x08nesterov\x18\x04 \x01(\x08\x12\x14\n\x0cweight_decay\x18\x05 \x01(\x01\x12\r\n\x05\x62\x65ta1\x18\x06 \x01(\x01\x12\r\n\x05\x62\x65ta2\x18\x07 \x01(\x01\x12\x0b\n\x03\x65ps\x18\x08 \x01(\x01\x12!\n\x19initial_accumulator_value\x18\t \x01(\x01\"\xdf\x03\n\x0cStreamHeader\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.pstrain.v1.StreamKind\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\'\n\x07tensors\x18\x03 \x03(\x0b\x32\x16.pstrain.v1.TensorMeta\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\x12\x0e\n\x06worker\x18\x05 \x01(\x05\x12\x0c\n\x04step\x18\x06 \x01(\x03\x12\x13\n\x0bglobal_step\x18\x07 \x01(\x03\x12,\n\toptimizer\x18\x08 \x01(\x0b\x32\x19.pstrain.v1.OptimizerSpec\x12\x0c\n\x04mode\x18\t \x01(\t\x12\x13\n\x0bnum_workers\x18\n \x01(\x05\x12\x17\n\x0fstaleness_bound\x18\x0b \x01(\x05\x12\x13\n\x0b\x66ingerprint\x18\x0c \x01(\x0c\x12\x10\n\x08ps_index\x18\r \x01(\x05\x12\x12\n\nslot_steps\x18\x0e \x03(\x03\x12\x14\n\x0ctarget_steps\x18\x0f \x01(\x03\x12)\n\npush_reply\x18\x10 \x01(\x0b\x32\x15.pstrain.v1.PushReply\x12\x18\n\x10\x63heckpoint_every\x18\x11 \x01(\x03\x12\x12\n\ngeneration\x18\x12 \x01(\x04\x12\x11\n\tpositions\x18\x13 \x03(\x03\"\\\n\x05\x46rame\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.pstrain.v1.StreamHeader\x12\x0b\n\x03seq\x18\x02 \x01(\x07\x12\x0e\n\x06offset\x18\x03 \x01(\x06\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"\x1c\n\nFrameBatch\x12\x0e\n\x06\x66rames\x18\x01 \x03(\x0c\"\xa0\x01\n\x08StepInfo\x12\x13\n\x0bglobal_step\x18\x01 \x01(\x03\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12\x13\n\x0binitialized\x18\x03 \x01(\x08\x12\x19\n\x11skipped_nonfinite\x18\x04 \x01(\x03\x12\x11\n\tdata_port\x18\x05 \x01(\x05\x12\x1c\n\x14\x63heckpoint_requested\x18\x06 \x01(\x08\x12\x10\n\x08position\x18\x07 \x01(\x03\"e\n\tPushReply\x12\"\n\x04info\x18\x01 \x01(\x0b\x32\x14.pstrain.v1.StepInfo\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\x12\x0c\n\x04note\x18\x03 \x01(\t\x12\x15\n\rapply_seconds\x18\x04 \x01(\x01\"\x8d\x01\n\x0bPullRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05names\x18\x02 \x03(\t\x12\x15\n\rinclude_slots\x18\x03 \x01(\x08\x12\x0e\n\x06worker\x18\x04 \x01(\x05\x12\x10\n\x08min_step\x18\x05 \x01(\x03\x12\x12\n\nconsistent\x18\x06 \x01(\x08\x12\x0f\n\x07\x61t_step\x18\x07 \x01(\x03\"5\n\x10NamespaceRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06worker\x18\x02 \x01(\x05\"\"\n\rFinishRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\"(\n\x0fShutdownRequest\x12\x15\n\rgrace_seconds\x18\x01 \x01(\x01\"!\n\rShutdownReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\"\x8a\x03\n\x0cStatusReport\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04loss\x18\x02 \x01(\x01\x12\x17\n\x0fsamples_per_sec\x18\x03 \x01(\x01\x12\x15\n\reval_accuracy\x18\x04 \x01(\x01\x12\x17\n\x0f\x63heckpoint_step\x18\x05 \x01(\x03\x12\x17\n\x0f\x63heckpoint_path\x18\x06 \x01(\t\x12\x17\n\x0f\x63heckpoint_time\x18\x07 \x01(\x01\x12\x14\n\x0ctarget_steps\x18\x08 \x01(\x03\x12\x10\n\x08has_eval\x18\t \x01(\x08\x12\x16\n\x0ehas_checkpoint\x18\n \x01(\x08\x12\x13\n\x0bsparse_rows\x18\x0b \x01(\x03\x12\x14\n\x0csparse_bytes\x18\x0c \x01(\x03\x12?\n\x0c\x65val_metrics\x18\r \x03(\x0b\x32).pstrain.v1.StatusReport.EvalMetricsEntry\x1a\x32\n\x10\x45valMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xd2\x03\n\tJobStatus\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x13\n\x0bglobal_step\x18\x02 \x01(\x03\x12\x0c\n\x04loss\x18\x03 \x01(\x01\x12\x17\n\x0fsamples_per_sec\x18\x04 \x01(\x01\x12\x15\n\reval_accuracy\x18\x05 \x01(\x01\x12\x10\n\x08has_eval\x18\x06 \x01(\x08\x12\x17\n\x0f\x63heckpoint_step\x18\x07 \x01(\x03\x12\x17\n\x0f\x63heckpoint_path\x18\x08 \x01(\t\x12\x17\n\x0f\x63heckpoint_time\x18\t \x01(\x01\x12\x16\n\x0ehas_checkpoint\x18\n \x01(\x08\x12\x0c\n\x04\x64one\x18\x0b \x01(\x08\x12\x14\n\x0ctarget_steps\x18\x0c \x01(\x03\x12\x13\n\x0binitialized\x18\r \x01(\x08\x12\x14\n\x0cupdated_time\x18\x0e \x01(\x01\x12\x13\n\x0bsparse_rows\x18\x0f \x01(\x03\x12\x14\n\x0csparse_bytes\x18\x10 \x01(\x03\x12<\n\x0c\x65val_metrics\x18\x11 \x03(\x0b\x32&.pstrain.v1.JobStatus.EvalMetricsEntry\x1a\x32\n\x10\x45valMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x07\n\x05\x45mpty*k\n\nStreamKind\x12\x1b\n\x17STREAM_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10STREAM_KIND_PUSH\x10\x01\x12\x14\n\x10STREAM_KIND_INIT\x10\x02\x12\x14\n\x10STREAM_KIND_PULL\x10\x03\x32\xab\x05\n\x0fParameterServer\x12\x32\n\x04Push\x12\x11.pstrain.v1.Frame\x1a\x15.pstrain.v1.PushReply(\x01\x12\x31\n\x04Init\x12\x11.pstrain.v1.Frame\x1a\x14.pstrain.v1.StepInfo(\x01\x12\x34\n\x04Pull\x12\x17.pstrain.v1.PullRequest\x1a\x11.pstrain.v1.Frame0\x01\x12\x34\n\x08PushPull\x12\x11.pstrain.v1.Frame\x1a\x11.pstrain.v1.Frame(\x01\x30\x01\x12?\n\rPushPullSmall\x12\x16.pstrain.v1.FrameBatch\x1a\x16.pstrain.v1.FrameBatch\x12:\n\x04Info\x12\x1c.pstrain.v1.NamespaceRequest\x1a\x14.pstrain.v1.StepInfo\x12\x39\n\x06\x46inish\x12\x19.pstrain.v1.FinishRequest\x1a\x14.pstrain.v1.StepInfo\x12\x42\n\x08Shutdown\x12\x1b.pstrain.v1.ShutdownRequest\x1a\x19.pstrain.v1.ShutdownReply\x12;\n\x0cReportStatus\x12\x18.pstrain.v1.StatusReport\x1a\x11.pstrain.v1.Empty\x12\x43\n\x0cGetJobStatus\x12\x1c.pstrain.v1.NamespaceRequest\x1a\x15.pstrain.v1.JobStatus\x12G\n\x11RequestCheckpoint\x12\x1c.pstrain.v1.NamespaceRequest\x1a\x14.pstrain.v1.StepInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pstrain_runtime.proto.ps_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STREAMKIND']._serialized_start=1980
-  _globals['_STREAMKIND']._serialized_end=2087
+  _globals['_STATUSREPORT_EVALMETRICSENTRY']._loaded_options = None
+  _globals['_STATUSREPORT_EVALMETRICSENTRY']._serialized_options = b'8\001'
+  _globals['_JOBSTATUS_EVALMETRICSENTRY']._loaded_options = None
+  _globals['_JOBSTATUS_EVALMETRICSENTRY']._serialized_options = b'8\001'
+  _globals['_STREAMKIND']._serialized_start=2354
+  _globals['_STREAMKIND']._serialized_end=2461
   _globals['_TENSORMETA']._serialized_start=46
   _globals['_TENSORMETA']._serialized_end=102
   _globals['_OPTIMIZERSPEC']._serialized_start=105
   _globals['_OPTIMIZERSPEC']._serialized_end=293
   _globals['_STREAMHEADER']._serialized_start=296
-  _globals['_STREAMHEADER']._serialized_end=736
-  _globals['_FRAME']._serialized_start=738
-  _globals['_FRAME']._serialized_end=830
-  _globals['_FRAMEBATCH']._serialized_start=832
-  _globals['_FRAMEBATCH']._serialized_end=860
-  _globals['_STEPINFO']._serialized_start=863
-  _globals['_STEPINFO']._serialized_end=1005
-  _globals['_PUSHREPLY']._serialized_start=1007
-  _globals['_PUSHREPLY']._serialized_end=1108
-  _globals['_PULLREQUEST']._serialized_start=1111
-  _globals['_PULLREQUEST']._serialized_end=1252
-  _globals['_NAMESPACEREQUEST']._serialized_start=1254
-  _globals['_NAMESPACEREQUEST']._serialized_end=1307
-  _globals['_FINISHREQUEST']._serialized_start=1309
-  _globals['_FINISHREQUEST']._serialized_end=1343
-  _globals['_SHUTDOWNREQUEST']._serialized_start=1345
-  _globals['_SHUTDOWNREQUEST']._serialized_end=1385
-  _globals['_SHUTDOWNREPLY']._serialized_start=1387
-  _globals['_SHUTDOWNREPLY']._serialized_end=1420
-  _globals['_STATUSREPORT']._serialized_start=1423
-  _globals['_STATUSREPORT']._serialized_end=1657
-  _globals['_JOBSTATUS']._serialized_start=1660
-  _globals['_JOBSTATUS']._serialized_end=1969
-  _globals['_EMPTY']._serialized_start=1971
-  _globals['_EMPTY']._serialized_end=1978
-  _globals['_PARAMETERSERVER']._serialized_start=2090
-  _globals['_PARAMETERSERVER']._serialized_end=2773
+  _globals['_STREAMHEADER']._serialized_end=775
+  _globals['_FRAME']._serialized_start=777
+  _globals['_FRAME']._serialized_end=869
+  _globals['_FRAMEBATCH']._serialized_start=871
+  _globals['_FRAMEBATCH']._serialized_end=899
+  _globals['_STEPINFO']._serialized_start=902
+  _globals['_STEPINFO']._serialized_end=1062
+  _globals['_PUSHREPLY']._serialized_start=1064
+  _globals['_PUSHREPLY']._serialized_end=1165
+  _globals['_PULLREQUEST']._serialized_start=1168
+  _globals['_PULLREQUEST']._serialized_end=1309
+  _globals['_NAMESPACEREQUEST']._serialized_start=1311
+  _globals['_NAMESPACEREQUEST']._serialized_end=1364
+  _globals['_FINISHREQUEST']._serialized_start=1366
+  _globals['_FINISHREQUEST']._serialized_end=1400
+  _globals['_SHUTDOWNREQUEST']._serialized_start=1402
+  _globals['_SHUTDOWNREQUEST']._serialized_end=1442
+  _globals['_SHUTDOWNREPLY']._serialized_start=1444
+  _globals['_SHUTDOWNREPLY']._serialized_end=1477
+  _globals['_STATUSREPORT']._serialized_start=1480
+  _globals['_STATUSREPORT']._serialized_end=1874
+  _globals['_STATUSREPORT_EVALMETRICSENTRY']._serialized_start=1824
+  _globals['_STATUSREPORT_EVALMETRICSENTRY']._serialized_end=1874
+  _globals['_JOBSTATUS']._serialized_start=1877
+  _globals['_JOBSTATUS']._serialized_end=2343
+  _globals['_JOBSTATUS_EVALMETRICSENTRY']._serialized_start=1824
+  _globals['_JOBSTATUS_EVALMETRICSENTRY']._serialized_end=1874
+  _globals['_EMPTY']._serialized_start=2345
+  _globals['_EMPTY']._serialized_end=2352
+  _globals['_PARAMETERSERVER']._serialized_start=2464
+  _globals['_PARAMETERSERVER']._serialized_end=3147
 # @@protoc_insertion_point(module_scope)

@@ -165,12 +165,49 @@ def test_restart_happens_after_backoff_with_next_attempt():
     assert state.replica(W1).restart_at == 12.0  # second restart of W1 backs off longer
 
 
+def test_a_configuration_error_fails_the_run_at_once_with_the_replicas_line():
+    state, _ = play(state_of(make_job().model()), ALL_STARTED)
+    line = "pstrain replica: worker 1: configuration error: spec.training.entrypoint ..."
+    state, actions = decide(state, Exited(W1, 1, 78, 5.0, message=line))
+    assert (state.phase, state.reason, state.restarts) == ("Failed", "ConfigurationError", 0)
+    assert state.message == ("j-worker-1 reported a configuration error, which no restart "
+                             f"can fix: {line}")
+    assert starts(actions) == []
+
+
 def test_ps_restart_mid_training_keeps_workers_running():
     state, _ = play(state_of(make_job().model(), backoff_base=0.0), ALL_STARTED)
     state, actions = play(state, [Exited(PS, 1, 137, 5.0), Tick(5.0)])
     assert starts(actions) == [(PS, 2)]
     assert state.stage == "running"
     assert [r.status for r in state.replicas] == ["running"] * 3
+
+
+@pytest.mark.parametrize(("restart_policy", "phase", "reason", "ps_status"), [
+    pytest.param("OnFailure", "Running", "", "waiting_restart", id="onfailure-restarts"),
+    pytest.param("ExitCode", "Failed", "ParameterServerExited", "exited", id="exitcode-fails"),
+    pytest.param("Never", "Failed", "ParameterServerExited", "exited", id="never-fails"),
+])
+def test_a_ps_exiting_0_while_the_chief_trains_is_a_failure_of_that_ps(
+        restart_policy, phase, reason, ps_status):
+    state, _ = play(state_of(make_job().policy(restart_policy, 3).model(), ps_exit_grace=15.0),
+                    ALL_STARTED)
+    state, actions = play(state, [Exited(PS, 1, 0, 5.0), Tick(19.9)])
+    assert actions == [] and state.phase == "Running"  # the chief's success may follow
+    state, actions = decide(state, Tick(20.0))
+    assert (state.phase, state.reason, state.replica(PS).status) == (phase, reason, ps_status)
+    notice = next(a for a in actions if isinstance(a, Notify))
+    assert notice.replica == PS
+    assert notice.text.startswith("parameter server j-ps-0 exited with code 0 before the "
+                                  "chief finished")
+
+
+def test_a_ps_told_to_stop_by_the_chief_exits_just_before_it():
+    state, _ = play(state_of(make_job().model(), ps_exit_grace=15.0), ALL_STARTED)
+    state, actions = play(state, [Exited(PS, 1, 0, 5.0), Tick(10.0), Exited(CHIEF, 1, 0, 11.0),
+                                  Tick(30.0)])
+    assert (state.phase, state.reason) == ("Succeeded", "ChiefSucceeded")
+    assert state.restarts == 0 and starts(actions) == []
 
 
 def test_exit_of_a_stale_attempt_is_ignored():

@@ -1,0 +1,72 @@
+"""The sparse calls on the wire: one request, one reply, each a list of frames.
+
+Frame 0 is a small JSON header (the op and its arguments); the frames after it are
+raw little-endian tensor bytes (ids as int64, rows as float32), never pickled. The same
+frames go over the TCP data plane (op `OP_SPARSE`), gRPC (method `Sparse`) and the
+in-process transport.
+
+    pull:      {op, namespace, tables: [{name, count}]}   + ids per table
+       reply:  {global_step}                              + rows per table
+    push:      {op, namespace, worker, step, part, tables: [{name, count}]}
+                                                          + (ids, grad rows) per table
+       reply:  {applied, note, global_step}
+    configure: {op, namespace, reset, num_ps, tables: [TableSpec json]}
+    export:    {op, namespace, table, start, limit}
+       reply:  {next, count}                              + ids, rows, slots..., last
+    import:    {op, namespace, table, count}              + ids, rows, slots..., last
+    stats:     {op, namespace}  reply: {tables: {name: {rows, bytes}}}
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..store import PSError
+
+Frame = bytes | bytearray | memoryview
+
+
+def encode(header: dict[str, Any], tensors: Sequence[torch.Tensor] = ()) -> list[bytes]:
+    frames = [json.dumps(header, separators=(",", ":")).encode()]
+    frames.extend(t.detach().contiguous().numpy().tobytes() for t in tensors)
+    return frames
+
+
+def header_of(frames: Sequence[Frame]) -> dict[str, Any]:
+    if not frames:
+        raise PSError("INVALID_ARGUMENT", "sparse call: the request holds no frame")
+    try:
+        header = json.loads(bytes(frames[0]))
+    except ValueError as exc:
+        raise PSError("INVALID_ARGUMENT", f"sparse call: the header is not JSON: {exc}") from exc
+    if not isinstance(header, dict):
+        raise PSError("INVALID_ARGUMENT", "sparse call: the header must be a JSON object")
+    return header
+
+
+def tensor_of(frame: Frame, dtype: torch.dtype, width: int, what: str) -> torch.Tensor:
+    """A frame's bytes as a tensor of `dtype`, [n] (width 0) or [n, width]."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    size = len(frame)
+    row = itemsize * max(width, 1)
+    if size % row:
+        shape = "values" if width == 0 else f"rows of {width} values"
+        raise PSError("INVALID_ARGUMENT", f"sparse call: {what} has {size} bytes, not a "
+                      f"whole number of {shape}")
+    array = np.frombuffer(bytearray(frame), dtype=np.int64 if dtype == torch.int64
+                          else np.float32)
+    tensor = torch.from_numpy(array)
+    return tensor.reshape(-1, width) if width else tensor
+
+
+def field(header: dict[str, Any], name: str, kind: type, call: str) -> Any:
+    value = header.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+        raise PSError("INVALID_ARGUMENT", f"sparse {call}: field {name!r} is {value!r}; it "
+                      f"must be a {kind.__name__}")
+    return value

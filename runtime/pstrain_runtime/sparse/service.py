@@ -1,0 +1,259 @@
+"""The parameter server's side of sparse tables: `handle` answers one sparse call on
+a `ParameterStore`, and `NamespaceTables` (a namespace's `sparse` attribute) holds the
+namespace's table shards and, in sync mode, the gradient rows waiting for their step.
+
+Rules:
+- Tables are defined by the chief (`configure`) before it initialises the namespace;
+  workers may pull and push once the namespace is initialised. An unknown table is
+  NOT_FOUND; bad ids or rows are INVALID_ARGUMENT and change nothing (every table of a
+  push is checked before any is applied).
+- async: a push is applied at once, under the namespace's lock, with Adam's step and
+  the eviction clock at global step + 1.
+- sync: a push of step s is kept per (worker, part) and applied, summed over workers
+  and divided by their number (the mean, as for dense gradients), when the store applies
+  step s's dense bucket (`apply_step`, called under the namespace's lock). Workers push
+  a step's sparse rows before its dense gradients, so they are there in time. Rows
+  pushed before the namespace was last initialised (another epoch) are dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .. import auth
+from ..store import Namespace, ParameterStore, PSError
+from .checks import check_grads, check_ids
+from .protocol import Frame, encode, field, header_of, tensor_of
+from .spec import TableSpec
+from .table import RowBlock, RowTable
+
+Entry = tuple[str, torch.Tensor, torch.Tensor]  # table, ids, grad rows
+
+
+class NamespaceTables:
+    def __init__(self) -> None:
+        self.tables: dict[str, RowTable] = {}
+        self.pending: dict[int, dict[tuple[int, int], tuple[int, list[Entry]]]] = {}
+
+    def configure(self, specs: list[TableSpec], reset: bool, num_ps: int, where: str) -> None:
+        def make(spec: TableSpec) -> RowTable:
+            # A fixed-size table's shard is about num_embeddings / num_ps rows.
+            reserve = (0 if spec.num_embeddings is None
+                       else math.ceil(spec.num_embeddings / num_ps * 1.05) + 64)
+            return RowTable(spec, reserve=reserve)
+
+        if reset:
+            self.tables = {spec.name: make(spec) for spec in specs}
+            self.pending.clear()
+            return
+        for spec in specs:
+            have = self.tables.get(spec.name)
+            if have is None:
+                self.tables[spec.name] = make(spec)
+            elif have.spec.canonical() != spec.canonical():
+                raise PSError("FAILED_PRECONDITION",
+                              f"{where}: sparse table {spec.name!r} already exists with "
+                              "another definition; use another namespace for another model")
+
+    def apply_step(self, ns: Namespace, step: int, contributors: int) -> None:
+        """Apply step `step`'s rows (the store holds ns.cond)."""
+        for stale in [s for s in self.pending if s < step]:
+            del self.pending[stale]
+        parts = self.pending.pop(step, {})
+        by_table: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        for epoch, entries in parts.values():
+            if epoch != ns.epoch:
+                continue
+            for name, ids, grads in entries:
+                by_table.setdefault(name, []).append((ids, grads))
+        for name, items in sorted(by_table.items()):
+            table = self.tables.get(name)
+            if table is None:
+                continue
+            ids = torch.cat([i for i, _ in items])
+            grads = torch.cat([g for _, g in items])
+            if contributors > 1:
+                grads = grads / contributors
+            table.apply(ids, grads, t=step + 1, now=step + 1)
+
+
+def _tables(ns: Namespace, store: ParameterStore) -> NamespaceTables:
+    if ns.sparse is None:
+        raise PSError("NOT_FOUND", f"namespace {ns.name!r} on parameter server "
+                      f"{store.ps_index} has no sparse tables")
+    return ns.sparse  # type: ignore[no-any-return]
+
+
+def _table(tables: NamespaceTables, name: object, ns: Namespace,
+           store: ParameterStore, call: str) -> RowTable:
+    table = tables.tables.get(name) if isinstance(name, str) else None
+    if table is None:
+        raise PSError("NOT_FOUND", f"sparse {call}: table {name!r} is not defined in "
+                      f"namespace {ns.name!r} on parameter server {store.ps_index}; it has "
+                      f"{sorted(tables.tables)}")
+    return table
+
+
+def handle(store: ParameterStore, frames: Sequence[Frame],
+           role: str | None = None) -> list[bytes]:
+    """Answer one sparse call (see `protocol`) from a caller holding `role`'s key (None:
+    no authentication); PSError for a refused one. Defining tables and installing rows
+    (a restore) are the chief's, as Init is."""
+    header = header_of(frames)
+    op = header.get("op")
+    handler = _HANDLERS.get(op)  # type: ignore[arg-type]
+    if handler is None:
+        raise PSError("INVALID_ARGUMENT", f"sparse call: op is {op!r}; it must be one of "
+                      f"{sorted(_HANDLERS)}")
+    if role is not None and not auth.may_call(role, f"Sparse.{op}"):
+        raise PSError("PERMISSION_DENIED", f"sparse {op} needs the chief's credentials")
+    namespace = field(header, "namespace", str, op)
+    return handler(store, namespace, header, list(frames[1:]))
+
+
+def _pull(store: ParameterStore, namespace: str, header: dict[str, Any],
+          body: list[Frame]) -> list[bytes]:
+    ns = store._ready(namespace)
+    tables = _tables(ns, store)
+    wanted = field(header, "tables", list, "pull")
+    if len(body) != len(wanted):
+        raise PSError("INVALID_ARGUMENT", f"sparse pull: {len(wanted)} tables but "
+                      f"{len(body)} id frames")
+    rows = []
+    for item, frame in zip(wanted, body, strict=True):
+        table = _table(tables, item.get("name") if isinstance(item, dict) else None, ns,
+                       store, "pull")
+        ids = tensor_of(frame, torch.int64, 0, f"ids of {table.spec.name!r}")
+        check_ids(table.spec, ids, "sparse pull")
+        rows.append(table.read(ids))
+    return encode({"global_step": ns.global_step}, rows)
+
+
+def _push(store: ParameterStore, namespace: str, header: dict[str, Any],
+          body: list[Frame]) -> list[bytes]:
+    ns = store._ready(namespace)
+    tables = _tables(ns, store)
+    worker = field(header, "worker", int, "push")
+    step = field(header, "step", int, "push")
+    part = header.get("part", 0)
+    items = field(header, "tables", list, "push")
+    if not 0 <= worker < ns.num_workers:
+        raise PSError("INVALID_ARGUMENT", f"sparse push: worker is {worker}; this job has "
+                      f"workers 0..{ns.num_workers - 1}")
+    if len(body) != 2 * len(items):
+        raise PSError("INVALID_ARGUMENT", f"sparse push: {len(items)} tables need "
+                      f"{2 * len(items)} frames (ids, rows), got {len(body)}")
+    entries: list[Entry] = []
+    for k, item in enumerate(items):
+        table = _table(tables, item.get("name") if isinstance(item, dict) else None, ns,
+                       store, "push")
+        dim = table.spec.embedding_dim
+        ids = tensor_of(body[2 * k], torch.int64, 0, f"ids of {table.spec.name!r}")
+        grads = tensor_of(body[2 * k + 1], torch.float32, 0, f"rows of {table.spec.name!r}")
+        if grads.numel() != ids.numel() * dim:
+            raise PSError("INVALID_ARGUMENT", f"sparse push: table {table.spec.name!r} got "
+                          f"{grads.numel()} values for {ids.numel()} ids; rows must have "
+                          f"{dim} values")
+        grads = grads.reshape(-1, dim)
+        check_grads(table.spec, ids, grads, "sparse push")
+        entries.append((table.spec.name, ids, grads))
+    with ns.cond:
+        if ns.done:
+            return encode({"applied": False, "note": "the job is done",
+                           "global_step": ns.global_step})
+        # (async: the worker pushes rows after its dense push was applied, which
+        # checked the target; sync: the step itself must be below it)
+        if ns.mode == "sync" and ns.target_steps and step >= ns.target_steps:
+            return encode({"applied": False, "note": "the target step is reached",
+                           "global_step": ns.global_step})
+        if ns.mode == "sync":
+            if step < ns.global_step:
+                return encode({"applied": False, "global_step": ns.global_step,
+                               "note": f"step {step} was already applied"})
+            tables.pending.setdefault(step, {})[(worker, int(part))] = (ns.epoch, entries)
+            return encode({"applied": True, "note": "queued for its step",
+                           "global_step": ns.global_step})
+        for name, ids, grads in entries:
+            tables.tables[name].apply(ids, grads, t=ns.global_step + 1,
+                                      now=ns.global_step + 1)
+        return encode({"applied": True, "note": "", "global_step": ns.global_step})
+
+
+def _configure(store: ParameterStore, namespace: str, header: dict[str, Any],
+               body: list[Frame]) -> list[bytes]:
+    try:
+        specs = [TableSpec.from_json(item) for item in field(header, "tables", list,
+                                                              "configure")]
+    except (TypeError, ValueError) as exc:
+        raise PSError("INVALID_ARGUMENT", f"sparse configure: {exc}") from exc
+    if any(spec.optimizer is None for spec in specs):
+        raise PSError("INVALID_ARGUMENT", "sparse configure: every table needs its optimizer")
+    ns = store.namespace(namespace, create=True)
+    with ns.cond:
+        if ns.sparse is None:
+            ns.sparse = NamespaceTables()
+        num_ps = header.get("num_ps", 1)
+        if not isinstance(num_ps, int) or num_ps < 1:
+            raise PSError("INVALID_ARGUMENT", f"sparse configure: num_ps is {num_ps!r}; it "
+                          "must be a positive integer")
+        ns.sparse.configure(specs, bool(header.get("reset")), num_ps,
+                            f"parameter server {store.ps_index}")
+    return encode({"tables": len(specs)})
+
+
+SLOTS_FIRST = ("ids", "rows")
+
+
+def _export(store: ParameterStore, namespace: str, header: dict[str, Any],
+            body: list[Frame]) -> list[bytes]:
+    ns = store.namespace(namespace)
+    table = _table(_tables(ns, store), header.get("table"), ns, store, "export")
+    block, after = table.export(field(header, "start", int, "export"),
+                                field(header, "limit", int, "export"))
+    return encode({"next": after, "count": int(block.ids.numel())},
+                  [block.ids, block.rows, *(block.slots[n] for n in table.slot_names),
+                   block.last])
+
+
+def _import(store: ParameterStore, namespace: str, header: dict[str, Any],
+            body: list[Frame]) -> list[bytes]:
+    ns = store.namespace(namespace)
+    table = _table(_tables(ns, store), header.get("table"), ns, store, "import")
+    names = table.slot_names
+    if len(body) != 3 + len(names):
+        raise PSError("INVALID_ARGUMENT", f"sparse import: {3 + len(names)} frames expected "
+                      f"(ids, rows, {', '.join(names) or 'no slots'}, last), got {len(body)}")
+    dim = table.spec.embedding_dim
+    ids = tensor_of(body[0], torch.int64, 0, "ids")
+    check_ids(table.spec, ids, "sparse import")
+    block = RowBlock(ids=ids, rows=tensor_of(body[1], torch.float32, dim, "rows"),
+                     slots={n: tensor_of(f, torch.float32, dim, n)
+                            for n, f in zip(names, body[2:-1], strict=True)},
+                     last=tensor_of(body[-1], torch.int64, 0, "last"))
+    if any(len(t) != len(ids) for t in (block.rows, block.last, *block.slots.values())):
+        raise PSError("INVALID_ARGUMENT", "sparse import: ids, rows, slots and last "
+                      "must have one entry per row")
+    try:
+        table.load(block)
+    except ValueError as exc:
+        raise PSError("INVALID_ARGUMENT", f"sparse import: {exc}") from exc
+    return encode({"count": int(ids.numel())})
+
+
+def _stats(store: ParameterStore, namespace: str, header: dict[str, Any],
+           body: list[Frame]) -> list[bytes]:
+    ns = store.namespace(namespace)
+    tables = ns.sparse.tables if ns.sparse is not None else {}
+    out = {}
+    for name, table in tables.items():
+        stats = table.stats()
+        out[name] = {"rows": stats.rows, "bytes": stats.bytes}
+    return encode({"tables": out})
+
+
+_HANDLERS = {"pull": _pull, "push": _push, "configure": _configure, "export": _export,
+             "import": _import, "stats": _stats}

@@ -1,0 +1,235 @@
+"""Sparse tables on a local, in-process table: the id rule, initial values, the hash
+map, and the row-wise optimizers against torch.optim on nn.Embedding(sparse=True)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from pstrain_runtime.sparse import (SparseEmbedding, SparseEmbeddingBag, SparseEmbeddingCollection,
+                                    apply_sparse_gradients, initial_rows, owner_of, stream_of)
+from pstrain_runtime.sparse.spec import TableSpec
+from pstrain_runtime.sparse.table import IdIndex, RowTable
+from pstrain_runtime.optim import OptimizerConfig
+from pstrain_runtime.store import PSError
+
+pytestmark = pytest.mark.timeout(60)
+
+OPTIMIZERS = {
+    "sgd": ({"name": "sgd", "learningRate": 0.05},
+            lambda p: torch.optim.SGD(p, lr=0.05)),
+    "adagrad": ({"name": "adagrad", "learningRate": 0.3, "initialAccumulatorValue": 0.1},
+                lambda p: torch.optim.Adagrad(p, lr=0.3, initial_accumulator_value=0.1)),
+    "adam": ({"name": "adam", "learningRate": 0.05},
+             lambda p: torch.optim.SparseAdam(p, lr=0.05)),
+}
+
+
+def zipf_ids(n: int, space: int, seed: int = 0) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    return torch.from_numpy((rng.zipf(1.2, n) - 1) % space).to(torch.int64)
+
+
+def test_owner_rule_is_deterministic_and_balanced_for_skewed_ids() -> None:
+    ids = torch.unique(zipf_ids(200_000, 1 << 40))
+    owners = owner_of(ids, 3)
+    assert torch.equal(owners, owner_of(ids.clone(), 3))
+    counts = torch.bincount(owners, minlength=3).double()
+    assert float(counts.max() / counts.mean()) < 1.05
+    # Consecutive ids (a vocabulary) spread too.
+    counts = torch.bincount(owner_of(torch.arange(10_000), 2), minlength=2)
+    assert abs(int(counts[0]) - 5000) < 200
+
+
+def test_initial_rows_depend_only_on_seed_table_and_id() -> None:
+    stream = stream_of(7, "t")
+    a = initial_rows(torch.tensor([5, 9, 1 << 50]), 9, 0.1, stream)
+    b = initial_rows(torch.tensor([1 << 50, 5]), 9, 0.1, stream)
+    torch.testing.assert_close(a[[2, 0]], b, rtol=0, atol=0)
+    assert not torch.equal(a, initial_rows(torch.tensor([5, 9, 1 << 50]), 9, 0.1,
+                                           stream_of(8, "t")))
+    big = initial_rows(torch.arange(4000), 16, 0.1, stream)
+    assert abs(float(big.std()) - 0.1) < 0.005 and abs(float(big.mean())) < 0.005
+
+
+def test_id_index_matches_a_dict() -> None:
+    rng = np.random.default_rng(1)
+    index, expected = IdIndex(), {}
+    for _ in range(30):
+        keys = np.unique(rng.integers(0, 1 << 62, 300))
+        vals = rng.integers(0, 1000, len(keys))
+        index.put(keys, vals)
+        expected.update(zip(keys.tolist(), vals.tolist(), strict=True))
+    probe = np.array(list(expected)[:500] + [3, 4, 5])
+    got = index.get(probe)
+    assert got.tolist() == [expected.get(k, -1) for k in probe.tolist()]
+    assert index.size == len(expected)
+
+
+def reference_weight(spec_layer, num: int) -> torch.Tensor:
+    spec = spec_layer.spec
+    weight = initial_rows(torch.arange(num), spec.embedding_dim, spec.init_std,
+                          stream_of(spec.seed, spec.name))
+    if spec_layer.padding_idx is not None:
+        weight[spec_layer.padding_idx] = 0
+    return weight
+
+
+BATCHES = [torch.tensor([[1, 2, 2, 7], [7, 7, 0, 3]]), torch.tensor([[5, 5, 5, 5], [1, 0, 0, 2]]),
+           torch.tensor([[3, 9, 1, 1], [8, 2, 6, 6]])]
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+@pytest.mark.parametrize("padding_idx", [None, 0])
+def test_embedding_equals_torch_with_repeated_ids(name: str, padding_idx: int | None) -> None:
+    options, make_opt = OPTIMIZERS[name]
+    layer = SparseEmbedding("e", 10, 6, padding_idx, optimizer=options, init_std=0.5)
+    ref = nn.Embedding(10, 6, padding_idx=padding_idx, sparse=True)
+    with torch.no_grad():
+        ref.weight.copy_(reference_weight(layer, 10))
+    opt = make_opt(list(ref.parameters()))
+    target = torch.linspace(-1, 1, 6)
+    for step in range(6):
+        ids = BATCHES[step % len(BATCHES)]
+        for model, apply in ((layer, lambda: apply_sparse_gradients(layer)), (ref, opt.step)):
+            if model is ref:
+                opt.zero_grad()
+            loss = ((model(ids) - target) ** 2).sum()
+            loss.backward()
+            apply()
+    rows = torch.arange(1 if padding_idx == 0 else 0, 10)  # the padding row is never read
+    torch.testing.assert_close(layer.local_source().table.read(rows),
+                               ref.weight.detach()[rows], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(layer(BATCHES[1]), ref(BATCHES[1]), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+@pytest.mark.parametrize("name", ["sgd", "adagrad"])
+def test_embedding_bag_equals_torch(mode: str, name: str) -> None:
+    options, make_opt = OPTIMIZERS[name]
+    layer = SparseEmbeddingBag("b", 10, 4, mode=mode, padding_idx=0, optimizer=options)
+    ref = nn.EmbeddingBag(10, 4, mode=mode, padding_idx=0, sparse=True)
+    with torch.no_grad():
+        ref.weight.copy_(reference_weight(layer, 10))
+    opt = make_opt(list(ref.parameters()))
+    flat = torch.tensor([1, 2, 2, 0, 7, 7, 7, 3, 0])
+    offsets = torch.tensor([0, 3, 5])
+    for step in range(4):
+        ids = flat if step % 2 else BATCHES[step % 3].reshape(-1)
+        offs = offsets if step % 2 else torch.tensor([0, 4])
+        for model, apply in ((layer, lambda: apply_sparse_gradients(layer)), (ref, opt.step)):
+            if model is ref:
+                opt.zero_grad()
+            (model(ids, offs) * torch.arange(4.0)).sum().backward()
+            apply()
+        # 2-D input: fixed bags, like nn.EmbeddingBag
+        torch.testing.assert_close(layer(BATCHES[0]), ref(BATCHES[0]), rtol=1e-6, atol=1e-6)
+        layer.clear_gradients()
+    torch.testing.assert_close(layer.local_source().table.read(torch.arange(1, 10)),
+                               ref.weight.detach()[1:], rtol=1e-6, atol=1e-6)
+
+
+def test_gradients_of_repeated_ids_are_summed() -> None:
+    layer = SparseEmbedding("e", None, 3, init_std=0.0, optimizer={"name": "sgd",
+                                                                   "learningRate": 1.0})
+    layer(torch.tensor([4, 4, 4, 9])).sum().backward()
+    ids, grads = layer.take_gradients()
+    assert ids.tolist() == [4, 9]
+    assert grads.tolist() == [[3.0] * 3, [1.0] * 3]
+    # the table sums repeats it is given, too
+    table = layer.local_source().table
+    table.apply(torch.tensor([4, 4, 9]), torch.ones(3, 3), t=1, now=1)
+    assert table.read(torch.tensor([4, 9])).tolist() == [[-2.0] * 3, [-1.0] * 3]
+
+
+@pytest.mark.parametrize(("ids", "grads", "message"), [
+    (torch.tensor([1, 10]), torch.ones(2, 3), "ids must be in 0..9"),
+    (torch.tensor([-1, 2]), torch.ones(2, 3), "ids must be >= 0"),
+    (torch.tensor([1, 2]), torch.ones(2, 4), "rows must have 3 values"),
+    (torch.tensor([1, 2]), torch.tensor([[1.0, float("nan"), 0], [0, 0, 0]]), "NaN"),
+    (torch.tensor([1, 2, 3]), torch.ones(2, 3), "must match one to one"),
+], ids=["out-of-range", "negative", "wrong-width", "nan", "count-mismatch"])
+def test_bad_input_is_refused_and_leaves_the_table_unchanged(ids, grads, message) -> None:
+    layer = SparseEmbedding("e", 10, 3)
+    source = layer.local_source()
+    source.apply(torch.tensor([1, 2]), torch.ones(2, 3))
+    before = source.table.read(torch.arange(10)).clone()
+    with pytest.raises(PSError, match=message) as info:
+        source.apply(ids, grads)
+    assert info.value.code == "INVALID_ARGUMENT"
+    assert torch.equal(source.table.read(torch.arange(10)), before)
+    assert source.table.stats().rows == 2
+
+
+def test_admission_after_n_updates() -> None:
+    spec = TableSpec("t", None, 2, init_std=0.1, admit_after=3,
+                     optimizer=OptimizerConfig(name="sgd", learning_rate=1.0))
+    table = RowTable(spec)
+    init = table.read(torch.tensor([42]))
+    for step in (1, 2):
+        table.apply(torch.tensor([42]), torch.ones(1, 2), t=step, now=step)
+        assert table.stats().rows == 0
+        assert torch.equal(table.read(torch.tensor([42])), init)
+    table.apply(torch.tensor([42, 42]), torch.ones(2, 2), t=3, now=3)  # one sighting
+    assert table.stats().rows == 1
+    torch.testing.assert_close(table.read(torch.tensor([42])), init - 2.0)
+
+
+def test_eviction_of_rows_not_updated_for_k_steps() -> None:
+    spec = TableSpec("t", None, 2, init_std=0.1, evict_after_steps=4,
+                     optimizer=OptimizerConfig(name="adagrad", learning_rate=0.5))
+    table = RowTable(spec)
+    init = table.read(torch.tensor([1, 2]))
+    table.apply(torch.tensor([1, 2]), torch.ones(2, 2), t=1, now=1)
+    for now in range(2, 8):
+        table.apply(torch.tensor([2]), torch.ones(1, 2), t=now, now=now)
+    assert table.stats().rows == 1  # id 1 was last updated at step 1
+    assert torch.equal(table.read(torch.tensor([1])), init[:1])
+    assert not torch.equal(table.read(torch.tensor([2])), init[1:])
+    # A returning id starts fresh: its row is recreated from the initial value.
+    table.apply(torch.tensor([1]), torch.ones(1, 2), t=8, now=8)
+    fresh = RowTable(spec)
+    fresh.apply(torch.tensor([1]), torch.ones(1, 2), t=1, now=1)
+    torch.testing.assert_close(table.read(torch.tensor([1])), fresh.read(torch.tensor([1])))
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"embedding_dim": 0}, "embedding_dim is 0; it must be at least 1"),
+    ({"num_embeddings": 0}, "num_embeddings is 0; it must be at least 1"),
+    ({"admit_after": 0}, "admit_after is 0; it must be at least 1"),
+    ({"evict_after_steps": 0}, "evict_after_steps is 0"),
+    ({"init_std": float("nan")}, "init_std is nan"),
+    ({"padding_idx": 12}, "padding_idx is 12"),
+    ({"optimizer": {"name": "momentum"}}, "optimizer 'momentum' has no row-wise form"),
+    ({"optimizer": {"name": "adagrad", "learningRate": -1}}, "optimizer.learningRate"),
+], ids=["dim", "rows", "admit", "evict", "init-std", "padding", "momentum", "lr"])
+def test_bad_table_definitions_are_refused_with_a_message(kwargs, message) -> None:
+    args = {"num_embeddings": 10, "embedding_dim": 4, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        SparseEmbedding("t", args.pop("num_embeddings"), args.pop("embedding_dim"), **args)
+
+
+def test_a_collection_equals_its_layers_called_one_by_one() -> None:
+    def layers() -> list:
+        return [SparseEmbedding("a", 10, 3, optimizer={"name": "adagrad"}),
+                SparseEmbeddingBag("b", None, 2, mode="sum", padding_idx=0),
+                SparseEmbeddingBag("c", 20, 4, mode="mean")]
+
+    together, alone = SparseEmbeddingCollection(layers()), layers()
+    ids_a = torch.tensor([[1, 2, 2], [3, 1, 9]])
+    ids_b = torch.tensor([[0, 1 << 45], [7, 7]])
+    flat_c, offsets_c = torch.tensor([4, 4, 19, 0, 2]), torch.tensor([0, 2])
+    for _ in range(3):
+        out = together([ids_a, ids_b, (flat_c, offsets_c)])
+        ref = [alone[0](ids_a), alone[1](ids_b), alone[2](flat_c, offsets_c)]
+        for got, want in zip(out, ref, strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+        sum(o.sum() for o in out).backward()
+        sum(r.sum() for r in ref).backward()
+        apply_sparse_gradients(together)
+        for layer in alone:
+            apply_sparse_gradients(layer)
+    with pytest.raises(ValueError, match="2 inputs for 3 sparse layers"):
+        together([ids_a, ids_b])

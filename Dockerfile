@@ -54,6 +54,7 @@ RUN python -m venv /opt/venv \
         "kopf>=1.37,<2" \
         "kubernetes>=29,<38" \
         "prometheus-client>=0.20,<1" \
+        "jsonschema>=4.20,<5" \
         "grpcio>=1.85.1,<2" \
         "protobuf>=7.35.1,<8" \
  && if pip show torch >/dev/null 2>&1; then echo "torch must not be in the operator image" >&2; exit 1; fi \

@@ -64,6 +64,8 @@ CLUSTER_SCOPED = frozenset({
 # two sets, so that a new one is placed deliberately rather than by default.
 NAMESPACED = frozenset({
     ("pstrain.io", "trainingjobs"),
+    ("scheduling.volcano.sh", "podgroups"),
+    ("scheduling.x-k8s.io", "podgroups"),
     ("pstrain.io", "trainingjobs/status"),
     ("", "pods"),
     ("", "pods/log"),
@@ -389,6 +391,17 @@ def values_schema() -> dict[str, Any]:
                     "interval": _str("Scrape interval.", pattern=DURATION),
                     "scrapeTimeout": _str("Scrape timeout.", pattern=DURATION),
                     "labels": _string_map("Labels that your Prometheus selects on."),
+                }),
+                "jobPodMonitor": _obj("A prometheus-operator PodMonitor scraping every "
+                                      "training pod's /metrics (port metrics).", {
+                    "enabled": _bool("Create it (needs the monitoring.coreos.com CRDs)."),
+                    "interval": _str("Scrape interval.", pattern=DURATION),
+                    "labels": _string_map("Labels that your Prometheus selects on."),
+                }),
+                "dashboard": _obj("The Grafana dashboard of training jobs as a ConfigMap.", {
+                    "enabled": _bool("Create the ConfigMap."),
+                    "labels": _string_map("Labels your Grafana's dashboard sidecar selects "
+                                          "on."),
                 }),
             }),
             "health": _obj("kopf's liveness endpoint (/healthz).", {

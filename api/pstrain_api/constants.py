@@ -49,6 +49,18 @@ DATA_PORT: Final = 2223
 DATA_PORT_NAME: Final = "pstrain-data"
 ENV_DATA_PORT: Final = "PSTRAIN_DATA_PORT"  # where a PS listens for it; unset: any port
 LOCAL_HOST: Final = "127.0.0.1"
+# Every replica pod serves Prometheus metrics here (pstrain_runtime.metrics); locally the
+# variable is unset and no metrics server starts.
+METRICS_PORT: Final = 9400
+METRICS_PORT_NAME: Final = "metrics"
+ENV_METRICS_PORT: Final = "PSTRAIN_METRICS_PORT"
+
+# Readiness gates of a replica (pstrain_api.readiness): what "ready" means for its program.
+ReadinessGate = Literal["Auto", "GRPCHealth", "TCP", "None"]
+GATE_GRPC: Final = "GRPCHealth"
+GATE_TCP: Final = "TCP"
+GATE_PROBE: Final = "Probe"  # the user's own readinessProbe from the template
+GATE_NONE: Final = "None"
 
 # Main container name in generated pods (the env is injected into every container, not
 # only this one).
@@ -89,3 +101,8 @@ EXIT_CONFIGURATION_ERROR: Final = 78
 ENV_TERMINATION_LOG: Final = "PSTRAIN_TERMINATION_LOG"
 TERMINATION_LOG_PATH: Final = "/dev/termination-log"
 TERMINATION_MESSAGE_MAX_BYTES: Final = 4096  # the kubelet keeps no more
+# A trainer exits with this code when the parameter servers did not answer their health
+# check within the gang start's startup timeout: the job fails (reason StartupTimeout).
+EXIT_STARTUP_TIMEOUT: Final = 75
+# Gang start: how long (seconds) a trainer waits for every parameter server at startup.
+ENV_STARTUP_TIMEOUT: Final = "PSTRAIN_STARTUP_TIMEOUT"

@@ -17,7 +17,9 @@ from typing import Any
 import yaml
 
 from . import constants as c
-from .model import TrainingJob
+from . import rules
+from .model import POD_TEMPLATE_MARK, TrainingJob
+from .podschema import pod_template_schema
 
 _DROP_KEYS = {"title", "$defs", "discriminator"}
 
@@ -34,6 +36,11 @@ class _Converter:
             ref = node.pop("$ref").split("/")[-1]
             merged = {**copy.deepcopy(self.defs[ref]), **node}
             return self.convert(merged)
+        if node.get(POD_TEMPLATE_MARK):
+            embedded = copy.deepcopy(pod_template_schema())
+            if "description" in node:
+                embedded["description"] = node["description"]
+            return embedded
         if node.get("x-kubernetes-int-or-string"):
             keep = {k: node[k] for k in ("description", "default") if k in node}
             return {"x-kubernetes-int-or-string": True, **keep}
@@ -117,19 +124,28 @@ def openapi_schema() -> dict[str, Any]:
     props = schema["properties"]
     props["apiVersion"] = {"type": "string", "description": "pstrain.io/v1alpha1"}
     props["kind"] = {"type": "string", "description": "TrainingJob"}
-    props["metadata"] = {"type": "object"}
+    props["metadata"] = {"type": "object", "description": "Standard object metadata; "
+                         "the name is at most 63 characters and names the job's pods."}
     schema.pop("required", None)
     spec = props["spec"]
     spec["default"] = {}
     props["status"].pop("default", None)
-    ps = spec["properties"]["replicas"]["properties"]["ps"]
-    ps["x-kubernetes-validations"] = [
-        {
-            "rule": "!has(self.gpus) || self.gpus == 0",
-            "message": "parameter servers keep parameters on the CPU and may not request GPUs",
-        }
-    ]
+    for path, bounds in rules.CRD_BOUNDS:
+        schema_at(schema, path).update(bounds)
+    for path, rule in rules.CRD_RULES:
+        schema_at(schema, path).setdefault("x-kubernetes-validations", []).append(
+            rule.to_crd())
     return schema
+
+
+def schema_at(schema: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+    """The schema node at `path`: property names, "[]" for array items, "{}" for map
+    values."""
+    node = schema
+    for part in path:
+        node = (node["items"] if part == "[]" else node["additionalProperties"]
+                if part == "{}" else node["properties"][part])
+    return node
 
 
 PRINTER_COLUMNS = [
@@ -141,6 +157,10 @@ PRINTER_COLUMNS = [
      "description": "Ready/total workers, the chief included."},
     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.globalStep",
      "description": "Global training step."},
+    {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss",
+     "description": "Latest training loss."},
+    {"name": "Checkpoint", "type": "integer", "jsonPath": ".status.lastCheckpoint.step",
+     "description": "Global step of the most recent checkpoint."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

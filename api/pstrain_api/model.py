@@ -12,7 +12,6 @@ them and the user would never learn their setting was ignored.
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -23,15 +22,15 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from . import constants as c
-from . import names
+from . import names, rules
 from .names import check_job_name
-from .quote import quote
+from .template import schema_problems as template_schema_problems
 
-# Kubernetes quantities are int-or-string ("500m", "2Gi", 4).
-QUANTITY_RE = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
 ENTRYPOINT_RE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
-ENV_NAME_RE = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 
+# Marker for the CRD generator: this subtree is Kubernetes' PodTemplateSpec
+# (pstrain_api.podschema), embedded as it is.
+POD_TEMPLATE_MARK = "x-pstrain-pod-template"
 # Marker for the CRD generator: this subtree is free-form Kubernetes data
 # (x-kubernetes-preserve-unknown-fields). Only small pod-template subtrees use it.
 FREE_FORM = {"x-kubernetes-preserve-unknown-fields": True, "type": "object"}
@@ -101,109 +100,19 @@ Annotations = dict[LabelKey, str]
 # --------------------------------------------------------------------------- pod template
 
 
-class EnvVar(ApiModel):
-    """A container environment variable, as in core/v1 EnvVar."""
-
-    name: str = Field(min_length=1, pattern=ENV_NAME_RE, description="Variable name.")
-    value: str | None = Field(default=None, description="Literal value.")
-    value_from: FreeForm | None = Field(
-        default=None, description="Source for the value (core/v1 EnvVarSource)."
-    )
+def _check_template(value: dict[str, Any]) -> dict[str, Any]:
+    """Kubernetes' PodTemplateSpec schema (pstrain's own fields are ReplicaSpec rules)."""
+    found = template_schema_problems(value)
+    if found:
+        raise ValueError(rules.joined(*found[0]))
+    return value
 
 
-class VolumeMount(ApiModel):
-    """Where a pod volume appears in the main container (core/v1 VolumeMount)."""
-
-    name: DnsLabel = Field(min_length=1, description="Name of a volume in `volumes`.")
-    mount_path: str = Field(min_length=1, description="Path inside the container.")
-    sub_path: str | None = Field(default=None, description="Sub-path of the volume to mount.")
-    read_only: bool | None = Field(default=None, description="Mount read-only.")
-
-
-class Toleration(ApiModel):
-    """A core/v1 Toleration."""
-
-    key: str | None = None
-    operator: Literal["Exists", "Equal"] | None = None
-    value: str | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = None
-
-
-class LocalObjectReference(ApiModel):
-    name: str = Field(min_length=1)
-
-
-class PodTemplate(ApiModel):
-    """Overrides for the pods of one role. Every field is optional; what is unset comes
-    from the operator's defaults (image, command `pstrain replica`, restrictive security
-    context)."""
-
-    image: str | None = Field(default=None, min_length=1, description="Container image.")
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
-        default=None, description="Image pull policy of the main container."
-    )
-    image_pull_secrets: list[LocalObjectReference] | None = Field(
-        default=None, description="Secrets for pulling the image."
-    )
-    command: list[str] | None = Field(default=None, description="Entrypoint override.")
-    args: list[str] | None = Field(default=None, description="Arguments to the entrypoint.")
-    env: list[EnvVar] | None = Field(
-        default=None,
-        description="Extra environment. Names starting with PSTRAIN_ and TF_CONFIG are "
-        "reserved: pstrain injects them.",
-    )
-    env_from: list[FreeForm] | None = Field(
-        default=None, description="core/v1 EnvFromSource entries."
-    )
-    volume_mounts: list[VolumeMount] | None = Field(
-        default=None, description="Volume mounts of the main container."
-    )
-    volumes: list[FreeForm] | None = Field(
-        default=None, description="core/v1 Volume entries added to the pod."
-    )
-    node_selector: dict[str, str] | None = Field(default=None, description="Node selector.")
-    tolerations: list[Toleration] | None = Field(default=None, description="Tolerations.")
-    affinity: FreeForm | None = Field(default=None, description="core/v1 Affinity.")
-    service_account_name: DnsSubdomain | None = Field(
-        default=None, min_length=1, description="Service account the pods run as."
-    )
-    priority_class_name: DnsSubdomain | None = Field(
-        default=None, description="Priority class.")
-    scheduler_name: str | None = Field(default=None, description="Scheduler to use.")
-    security_context: FreeForm | None = Field(
-        default=None,
-        description="core/v1 SecurityContext of the main container; replaces the "
-        "restrictive default.",
-    )
-    pod_security_context: FreeForm | None = Field(
-        default=None,
-        description="core/v1 PodSecurityContext; replaces the restrictive default.",
-    )
-    sidecars: list[FreeForm] | None = Field(
-        default=None,
-        description="Extra core/v1 Container entries. Each receives the cluster-spec "
-        "environment too.",
-    )
-    init_containers: list[FreeForm] | None = Field(
-        default=None,
-        description="core/v1 init containers. Each receives the cluster-spec environment.",
-    )
-    labels: Labels | None = Field(default=None, description="Extra pod labels.")
-    annotations: Annotations | None = Field(
-        default=None, description="Extra pod annotations."
-    )
-
-    @model_validator(mode="after")
-    def _no_reserved_env(self) -> PodTemplate:
-        for i, var in enumerate(self.env or []):
-            if var.name.startswith(c.RESERVED_ENV_PREFIX) or var.name in c.RESERVED_ENV_NAMES:
-                raise ValueError(
-                    f"env[{i}].name is {quote(var.name)}; names starting with "
-                    f"{c.RESERVED_ENV_PREFIX} and {', '.join(sorted(c.RESERVED_ENV_NAMES))} "
-                    "are set by pstrain and may not be overridden"
-                )
-        return self
+PodTemplateSpec = Annotated[
+    dict[str, Any],
+    AfterValidator(_check_template),
+    Field(json_schema_extra={POD_TEMPLATE_MARK: True, "type": "object"}),
+]
 
 
 class Resources(ApiModel):
@@ -214,18 +123,9 @@ class Resources(ApiModel):
 
     @model_validator(mode="after")
     def _quantities(self) -> Resources:
-        for part in ("requests", "limits"):
-            for name, qty in (getattr(self, part) or {}).items():
-                if isinstance(qty, int):
-                    ok = qty >= 0
-                else:
-                    match = QUANTITY_RE.match(qty)
-                    ok = bool(match) and not qty.startswith("-")
-                if not ok:
-                    raise ValueError(
-                        f"{part}.{name} is {quote(qty)}; it must be a non-negative Kubernetes "
-                        "quantity such as 500m, 2, 4Gi"
-                    )
+        found = rules.quantity_problems(self.to_api())
+        if found:
+            raise ValueError(rules.joined(*found[0]))
         return self
 
 
@@ -241,18 +141,30 @@ class ReplicaSpec(ApiModel):
         ge=0,
         description=f"GPUs per replica; shorthand for a {c.GPU_RESOURCE} limit.",
     )
-    template: PodTemplate | None = Field(
-        default=None, description="Pod-template overrides for this role."
+    template: PodTemplateSpec | None = Field(
+        default=None,
+        description="The pods of this role: a Kubernetes PodTemplateSpec. The first "
+        "container, named pstrain, runs the replica; unset fields get pstrain's defaults "
+        "(the runtime image, `pstrain replica`, a restrictive security context). pstrain "
+        "owns the main container's name and ports, the injected environment (PSTRAIN_*, "
+        "TF_CONFIG), and the pod's hostname, subdomain and restartPolicy.",
+    )
+    readiness: c.ReadinessGate = Field(
+        default="Auto",
+        description="When a replica counts as ready (workers start once every parameter "
+        "server is ready). Auto: the pstrain runtime's gRPC health service when the "
+        "template sets no command, else a TCP connection to the replica port, as "
+        "`tf.distribute.Server` serves; a readinessProbe in the template overrides it. "
+        "GRPCHealth, TCP: that check. None: ready once started.",
     )
 
     @model_validator(mode="after")
-    def _gpus_once(self) -> ReplicaSpec:
-        limits = (self.resources.limits or {}) if self.resources else {}
-        if self.gpus is not None and c.GPU_RESOURCE in limits:
-            raise ValueError(
-                f"gpus is {self.gpus} and resources.limits also sets {c.GPU_RESOURCE}; "
-                "set the GPU count in one place only"
-            )
+    def _rules(self) -> ReplicaSpec:
+        """The first broken rule; `pstrain validate` reports every one
+        (validate.check_manifest)."""
+        found = rules.replica_problems(self.to_api(), is_ps=isinstance(self, PSReplicaSpec))
+        if found:
+            raise ValueError(rules.joined(*found[0]))
         return self
 
     @property
@@ -265,16 +177,8 @@ class ReplicaSpec(ApiModel):
 
 
 class PSReplicaSpec(ReplicaSpec):
-    """Parameter servers: hold parameter shards and apply the optimizer, on the CPU."""
-
-    @model_validator(mode="after")
-    def _no_gpu(self) -> PSReplicaSpec:
-        if self.gpu_count:
-            raise ValueError(
-                f"gpus is {self.gpu_count}; parameter servers keep parameters and "
-                "optimizer state on the CPU, so a parameter server may not request GPUs"
-            )
-        return self
+    """Parameter servers: hold parameter shards and apply the optimizer, on the CPU, so
+    they may not request GPUs (rules.PS_NO_GPU, checked by ReplicaSpec._rules)."""
 
 
 class WorkerReplicaSpec(ReplicaSpec):
@@ -389,6 +293,40 @@ class Training(ApiModel):
 # --------------------------------------------------------------------------- run policy
 
 
+class GangScheduling(ApiModel):
+    """Start mode Gang: every pod of the job is created at once as one group that a
+    batch scheduler admits all-or-nothing; the runtime keeps the start order itself
+    (workers and the chief wait until every parameter server answers its health check).
+    Without it, pods start in order (parameter servers first), which a gang scheduler
+    cannot admit as one group."""
+
+    provider: Literal["Volcano", "SchedulerPlugins", "Kueue"] = Field(
+        description="Volcano: a scheduling.volcano.sh PodGroup and schedulerName volcano. "
+        "SchedulerPlugins: a scheduling.x-k8s.io PodGroup (coscheduling plugin). Kueue: "
+        "Kueue's pod-group labels and annotations on every pod (plain-pod integration).",
+    )
+    queue: str | None = Field(
+        default=None, min_length=1,
+        description="Volcano queue, or Kueue LocalQueue (kueue.x-k8s.io/queue-name).",
+    )
+    scheduler_name: str | None = Field(
+        default=None, min_length=1,
+        description="schedulerName of every pod. Default: volcano (Volcano), "
+        "scheduler-plugins-scheduler (SchedulerPlugins), the cluster's default (Kueue). A "
+        "pod template's own schedulerName wins.",
+    )
+    priority_class_name: str | None = Field(
+        default=None, min_length=1,
+        description="priorityClassName of every pod and of the PodGroup. A pod template's "
+        "own priorityClassName wins.",
+    )
+    startup_timeout_seconds: int = Field(
+        default=600, ge=1,
+        description="How long workers and the chief wait for every parameter server to "
+        "answer its health check before the job fails (reason StartupTimeout).",
+    )
+
+
 class RunPolicy(ApiModel):
     restart_policy: Literal["Never", "OnFailure", "ExitCode"] = Field(
         default="OnFailure",
@@ -413,7 +351,8 @@ class RunPolicy(ApiModel):
         default=False,
         description="Suspended jobs have no pods. With a checkpoint directory the chief is "
         "asked for a checkpoint first and training continues from it on resume; without "
-        "one, training restarts from step 0 on resume.",
+        "one, training restarts from step 0 on resume. A job created suspended (as Kueue "
+        "admits jobs) creates nothing until it is resumed.",
     )
     stall_timeout_seconds: int | None = Field(
         default=None,
@@ -422,6 +361,11 @@ class RunPolicy(ApiModel):
         "while the job runs, the workers and the chief are restarted (one restart of the "
         "backoffLimit), or the job fails with reason Stalled when the restart policy allows "
         "no more. Unset: off.",
+    )
+    gang_scheduling: GangScheduling | None = Field(
+        default=None,
+        description="Create every pod at once as one group for a gang scheduler "
+        "(Volcano, scheduler-plugins coscheduling, Kueue). Unset: ordered start.",
     )
 
 
@@ -630,3 +574,11 @@ class TrainingJob(ApiModel):
     @property
     def has_separate_chief(self) -> bool:
         return self.spec.replicas.chief is not None
+
+    def replica_spec(self, role: str) -> ReplicaSpec:
+        """The spec of `role`'s replicas; KeyError when the job has no such role."""
+        reps = self.spec.replicas
+        spec = {c.ROLE_PS: reps.ps, c.ROLE_WORKER: reps.worker, c.ROLE_CHIEF: reps.chief}
+        if spec.get(role) is None:
+            raise KeyError(f"job {self.name} has no {role} replicas")
+        return spec[role]  # type: ignore[return-value]

@@ -14,6 +14,8 @@ from . import constants as c
 from .quote import quote
 
 DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS_1035_RULE = ("it must be a DNS-1035 label: lowercase letters, digits and '-', starting "
+                 "with a letter and ending with a letter or digit")
 DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -75,8 +77,7 @@ def check_job_name(name: str) -> str | None:
         )
     if not DNS_1035_LABEL.match(name):
         return (
-            f"metadata.name is {quote(name)}; it must be a DNS-1035 label: lowercase letters, "
-            "digits and '-', starting with a letter and ending with a letter or digit"
+            f"metadata.name is {quote(name)}; {DNS_1035_RULE}"
         )
     return None
 

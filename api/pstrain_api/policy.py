@@ -53,6 +53,13 @@ def decide_restart(
             "fail", REASON_CONFIGURATION_ERROR,
             f"{replica} reported a configuration error, which no restart can fix: {why}",
         )
+    if exit_code == c.EXIT_STARTUP_TIMEOUT:
+        return RestartDecision(
+            "fail", "StartupTimeout",
+            f"{replica} exited with code {exit_code}: the parameter servers did not all "
+            "answer their health check within the startup timeout (spec.runPolicy."
+            "gangScheduling.startupTimeoutSeconds).",
+        )
     if policy.restart_policy == "Never":
         return RestartDecision(
             "fail", "RestartPolicyNever",

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from . import constants as c
+from . import rules
 from .cluster import environment_problem
 from .manifest_yaml import ManifestLimitError, UnreadableManifest, load_all, read_manifest_text
 from .model import TrainingJob
@@ -242,7 +243,17 @@ def check_manifest(data: Any, source: str = "") -> tuple[TrainingJob | None, lis
         errors = _strip_union_tags(exc.errors(), data)
         for err in errors[:MAX_PROBLEMS]:
             problems.append(Problem(source, _path(err["loc"]), _describe(err, data)))
-        return None, _at_most(problems, source, total=len(errors))
+        # The model stops at a replica spec's first broken rule (and checks none where
+        # a field has the wrong type); report every one.
+        seen = {p.message for p in problems}
+        extra = 0
+        for path, text in rules.manifest_problems(data):
+            message = rules.sentence(path, text)
+            if message not in seen:
+                seen.add(message)
+                problems.append(Problem(source, path, message))
+                extra += 1
+        return None, _at_most(problems, source, total=len(errors) + extra)
     too_large = environment_problem(job)
     if too_large:
         path, message = too_large

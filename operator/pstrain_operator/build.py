@@ -7,9 +7,14 @@ Invariants of every pod:
   the job's Service, so it resolves at the address the cluster spec gives;
 - labels job/role/index/is-chief/managed-by, an ownerReference (controller) to the job;
 - the cluster-spec environment in EVERY container (main, sidecars, init containers);
-- a parameter server's main container declares the gRPC port (probed for readiness) and
-  the data-plane port, and is told the latter in PSTRAIN_DATA_PORT (`data_plane_env`);
-- `command: ["pstrain", "replica"]` unless the template overrides it;
+- the runtime's main container declares the metrics port (9400, `metrics`) and is told it
+  in PSTRAIN_METRICS_PORT; a parameter server's also declares the gRPC port and the
+  data-plane port and is told the latter in PSTRAIN_DATA_PORT (`data_plane_env`); it is
+  probed for
+  readiness as its program allows (`readiness_probe`);
+- built from the role's PodTemplateSpec: its first container (named pstrain) is the
+  replica's; `command: ["pstrain", "replica"]`, the operator's runtime image and a
+  restrictive security context unless the template sets them;
 - `restartPolicy: Never` (the operator restarts replicas according to the run policy);
 - the main container's `terminationMessagePolicy: FallbackToLogsOnError`: the replica's
   last error line (or, after a crash, the tail of its log) stays in the pod's status,
@@ -30,7 +35,10 @@ from pstrain_api import constants as c
 from pstrain_api.cluster import ClusterSpec, Task
 from pstrain_api.model import ReplicaSpec, Security, TrainingJob
 from pstrain_api.names import service_name
+from pstrain_api.readiness import readiness_gate, runs_pstrain_runtime, user_probe
 
+from .gang import apply_to_pod as apply_gang
+from .gang import startup_env
 from .settings import PodSettings
 
 ANNOTATION_SPEC_HASH = f"{c.GROUP}/spec-hash"
@@ -97,14 +105,6 @@ def replica_labels(job: TrainingJob, task: Task, is_chief: bool) -> dict[str, st
     }
 
 
-def role_spec(job: TrainingJob, role: str) -> ReplicaSpec:
-    reps = job.spec.replicas
-    spec = {c.ROLE_PS: reps.ps, c.ROLE_WORKER: reps.worker, c.ROLE_CHIEF: reps.chief}[role]
-    if spec is None:
-        raise KeyError(f"job {job.name} has no {role} replicas")
-    return spec
-
-
 def _env_list(env: dict[str, str]) -> list[dict[str, Any]]:
     return [{"name": k, "value": v} for k, v in env.items()]
 
@@ -124,104 +124,79 @@ def data_plane_env(task: Task) -> dict[str, str]:
     return {c.ENV_DATA_PORT: str(c.DATA_PORT)} if task.role == c.ROLE_PS else {}
 
 
-def _resources(spec: ReplicaSpec) -> dict[str, Any]:
-    requests = dict(spec.resources.requests or {}) if spec.resources else {}
-    limits = dict(spec.resources.limits or {}) if spec.resources else {}
-    if spec.gpus:
-        limits[c.GPU_RESOURCE] = spec.gpus
-    out: dict[str, Any] = {}
-    if requests:
-        out["requests"] = requests
-    if limits:
-        out["limits"] = limits
+def _resources(spec: ReplicaSpec, container: dict[str, Any]) -> dict[str, Any]:
+    """The main container's resources: the template's, then the role's `resources`
+    (per resource name), then the `gpus` shortcut."""
+    out = copy.deepcopy(container)
+    for part in ("requests", "limits"):
+        values = dict(out.get(part) or {})
+        values.update(getattr(spec.resources, part) or {} if spec.resources else {})
+        if part == "limits" and spec.gpus:
+            values[c.GPU_RESOURCE] = spec.gpus
+        if values:
+            out[part] = values
     return out
+
+
+def metrics_env(spec: ReplicaSpec) -> dict[str, str]:
+    """Where the pstrain runtime serves /metrics (the pod declares the port `metrics`);
+    a program of the user's own gets neither."""
+    return {c.ENV_METRICS_PORT: str(c.METRICS_PORT)} if runs_pstrain_runtime(spec) else {}
+
+
+def readiness_probe(spec: ReplicaSpec, task: Task) -> dict[str, Any] | None:
+    """The main container's readinessProbe: the role's readiness gate
+    (pstrain_api.readiness) as a probe. A parameter server is probed on its replica port
+    by default (workers start once every PS is Ready); other roles only when the user
+    asks for a check by `readiness` or a probe of their own."""
+    gate = readiness_gate(spec)
+    if gate == c.GATE_PROBE:
+        return copy.deepcopy(user_probe(spec))
+    if gate == c.GATE_NONE or (task.role != c.ROLE_PS and spec.readiness == "Auto"):
+        return None
+    check: dict[str, Any] = (
+        {"grpc": {"port": c.REPLICA_PORT}} if gate == c.GATE_GRPC
+        else {"tcpSocket": {"port": c.REPLICA_PORT}})
+    return {**check, "periodSeconds": 2, "failureThreshold": 3}
 
 
 def build_pod(
     job: TrainingJob, cluster: ClusterSpec, task: Task, settings: PodSettings
 ) -> dict[str, Any]:
-    """The pod of replica `task`."""
-    spec = role_spec(job, task.role)
-    tpl = spec.template.model_copy() if spec.template else None
+    """The pod of replica `task`: the role's PodTemplateSpec, with pstrain's fields set
+    and its defaults filled in where the template leaves a field unset."""
+    spec = job.replica_spec(task.role)
+    template = copy.deepcopy(spec.template or {})
+    pod_spec: dict[str, Any] = template.get("spec") or {}
     name = cluster.replica_name(task)
     env = cluster.env(task)
     restricted = settings.pod_security == "restricted"
 
-    main: dict[str, Any] = {
-        "name": c.MAIN_CONTAINER,
-        "image": (tpl.image if tpl and tpl.image else settings.runtime_image),
-        "command": list(tpl.command) if tpl and tpl.command else list(REPLICA_COMMAND),
-        "env": _env_list({**env, **data_plane_env(task)})
-        + [e.to_api() for e in (tpl.env or [] if tpl else [])],
-        # The replica writes its last error line to /dev/termination-log; a crash that
-        # wrote none leaves the tail of its log there instead.
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-    }
-    if tpl and tpl.args:
-        main["args"] = list(tpl.args)
-    if tpl and tpl.image_pull_policy:
-        main["imagePullPolicy"] = tpl.image_pull_policy
-    if tpl and tpl.env_from:
-        main["envFrom"] = copy.deepcopy(tpl.env_from)
-    if tpl and tpl.volume_mounts:
-        main["volumeMounts"] = [m.to_api() for m in tpl.volume_mounts]
-    resources = _resources(spec)
-    if resources:
-        main["resources"] = resources
-    if task.role == c.ROLE_PS:
-        main["ports"] = [
-            {"name": c.REPLICA_PORT_NAME, "containerPort": c.REPLICA_PORT, "protocol": "TCP"},
-            {"name": c.DATA_PORT_NAME, "containerPort": c.DATA_PORT, "protocol": "TCP"},
-        ]
-        main["readinessProbe"] = {
-            "grpc": {"port": c.REPLICA_PORT},
-            "periodSeconds": 2,
-            "failureThreshold": 3,
-        }
-    if tpl and tpl.security_context is not None:
-        main["securityContext"] = copy.deepcopy(tpl.security_context)
-    elif restricted:
-        main["securityContext"] = copy.deepcopy(RESTRICTED_CONTAINER_SECURITY)
-
-    containers = [main] + [_with_cluster_env(s, env) for s in (tpl.sidecars or [] if tpl else [])]
-    pod_spec: dict[str, Any] = {
+    user_containers = pod_spec.get("containers") or [{"name": c.MAIN_CONTAINER}]
+    own_env = {**data_plane_env(task), **startup_env(job, task), **metrics_env(spec)}
+    main = _main_container(user_containers[0], spec, task, env, own_env, settings, restricted)
+    pod_spec["containers"] = [main] + [_with_cluster_env(s, env) for s in user_containers[1:]]
+    if pod_spec.get("initContainers"):
+        pod_spec["initContainers"] = [_with_cluster_env(i, env)
+                                      for i in pod_spec["initContainers"]]
+    pod_spec.update({
         "hostname": name,
         "subdomain": service_name(job.name),
         "restartPolicy": "Never",
-        "enableServiceLinks": False,
-        "containers": containers,
-    }
-    if tpl and tpl.init_containers:
-        pod_spec["initContainers"] = [_with_cluster_env(i, env) for i in tpl.init_containers]
-    if tpl and tpl.volumes:
-        pod_spec["volumes"] = copy.deepcopy(tpl.volumes)
-    if tpl and tpl.node_selector:
-        pod_spec["nodeSelector"] = dict(tpl.node_selector)
-    if tpl and tpl.tolerations:
-        pod_spec["tolerations"] = [t.to_api() for t in tpl.tolerations]
-    if tpl and tpl.affinity:
-        pod_spec["affinity"] = copy.deepcopy(tpl.affinity)
-    if tpl and tpl.service_account_name:
-        pod_spec["serviceAccountName"] = tpl.service_account_name
-    if tpl and tpl.priority_class_name:
-        pod_spec["priorityClassName"] = tpl.priority_class_name
-    if tpl and tpl.scheduler_name:
-        pod_spec["schedulerName"] = tpl.scheduler_name
-    if tpl and tpl.image_pull_secrets:
-        pod_spec["imagePullSecrets"] = [s.to_api() for s in tpl.image_pull_secrets]
-    if tpl and tpl.pod_security_context is not None:
-        pod_spec["securityContext"] = copy.deepcopy(tpl.pod_security_context)
-    elif restricted:
-        pod_spec["securityContext"] = copy.deepcopy(RESTRICTED_POD_SECURITY)
+    })
+    pod_spec.setdefault("enableServiceLinks", False)
+    if restricted:
+        pod_spec.setdefault("securityContext", copy.deepcopy(RESTRICTED_POD_SECURITY))
 
-    annotations = dict(tpl.annotations or {}) if tpl else {}
+    meta = template.get("metadata") or {}
+    annotations = dict(meta.get("annotations") or {})
     annotations[ANNOTATION_SPEC_HASH] = spec_hash(job)
     annotations[ANNOTATION_APPLIED_SPEC] = json.dumps(
         applied_spec(job), sort_keys=True, separators=(",", ":")
     )
-    labels = dict(tpl.labels or {}) if tpl else {}
+    labels = dict(meta.get("labels") or {})
     labels.update(replica_labels(job, task, cluster.is_chief(task)))
-    return {
+    return apply_gang(job, {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -232,7 +207,41 @@ def build_pod(
             "ownerReferences": [owner_reference(job)],
         },
         "spec": pod_spec,
-    }
+    })
+
+
+def _main_container(user: dict[str, Any], spec: ReplicaSpec, task: Task,
+                    env: dict[str, str], own_env: dict[str, str], settings: PodSettings,
+                    restricted: bool) -> dict[str, Any]:
+    """The replica's own container: the template's first container with the cluster-spec
+    environment first, pstrain's ports and readiness probe, the GPU limit, and the
+    defaults (runtime image, `pstrain replica`, restrictive security context)."""
+    main = copy.deepcopy(user)
+    main["name"] = c.MAIN_CONTAINER
+    main.setdefault("image", settings.runtime_image)
+    main.setdefault("command", list(REPLICA_COMMAND))
+    main["env"] = _env_list({**env, **own_env}) + list(main.get("env") or [])
+    # The replica writes its last error line to /dev/termination-log (the chief its final
+    # summary on success); a crash that wrote none leaves the tail of its log there.
+    main.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
+    resources = _resources(spec, main.get("resources") or {})
+    if resources:
+        main["resources"] = resources
+    main["ports"] = ([{"name": c.METRICS_PORT_NAME, "containerPort": c.METRICS_PORT,
+                       "protocol": "TCP"}] if metrics_env(spec) else [])
+    if task.role == c.ROLE_PS:
+        main["ports"][:0] = [
+            {"name": c.REPLICA_PORT_NAME, "containerPort": c.REPLICA_PORT, "protocol": "TCP"},
+            {"name": c.DATA_PORT_NAME, "containerPort": c.DATA_PORT, "protocol": "TCP"},
+        ]
+    if not main["ports"]:
+        del main["ports"]
+    probe = readiness_probe(spec, task)
+    if probe is not None:
+        main["readinessProbe"] = probe
+    if restricted:
+        main.setdefault("securityContext", copy.deepcopy(RESTRICTED_CONTAINER_SECURITY))
+    return main
 
 
 def build_service(job: TrainingJob) -> dict[str, Any]:

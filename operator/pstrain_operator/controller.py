@@ -25,7 +25,8 @@ from pydantic import ValidationError
 
 from pstrain_api import constants as c
 from pstrain_api.cluster import kubernetes_cluster_spec
-from pstrain_api.model import TrainingJobStatus
+from pstrain_api.model import TrainingJob, TrainingJobStatus
+from pstrain_api.readiness import runs_pstrain_runtime
 from pstrain_api.validate import check_manifest
 
 from .build import job_selector
@@ -36,10 +37,13 @@ from .progress import (
     AskCheckpoint,
     FetchStatus,
     checkpoint_from_status,
+    chief_summary,
     progress_from_status,
+    progress_interval_for,
 )
 from .reconcile import (
     REQUEUE_RUNNING_S,
+    CreateObject,
     CreatePod,
     CreateService,
     DeleteJob,
@@ -209,35 +213,51 @@ class Reconciler:
         pods = [observe_pod(p) for p in self.kube.list_pods(job.namespace, job_selector(job.name))]
         observed_pods = tuple(p for p in pods if p is not None)
         service = self.kube.service_exists(job.namespace, job.name)
-        progress = checkpoint = None
         cluster = kubernetes_cluster_spec(job)
         chief = next((p for p in observed_pods if p.name == cluster.replica_name(cluster.chief)),
                      None)
         chief_failed = chief is not None and chief.phase == "Failed"
+        chief_succeeded = chief is not None and chief.phase == "Succeeded"
+        has_status = runs_pstrain_runtime(job.spec.replicas.ps)  # else no status service
+        # The final read once the chief succeeded, before the clean-up deletes the
+        # parameter servers: the chief's own summary (its termination message) first.
+        reply = (chief_summary(chief.message)
+                 if chief is not None and chief_succeeded
+                 and old_status.phase not in c.TERMINAL_PHASES else None)
         # Progress while running; at once while a checkpoint is awaited (suspend, a
         # deadline, the final one after the chief succeeded).
-        awaited = old_status.checkpoint_request is not None or (
-            chief is not None and chief.phase == "Succeeded")
-        if (old_status.phase == "Running" and not chief_failed
-                and (awaited or self._may_ask(f"{job.namespace}/{job.name}"))):
-            address = ps0_address(job)
-            try:
-                reply = self.fetch_status(address, FETCH_TIMEOUT_S,
-                                          probe_security(self.kube, job, keys))
-            except Exception as exc:  # a status probe must never break reconciling
-                log.info("progress of %s from %s unavailable: %s", job.name, address, exc)
-                reply = None
-            log.debug("job status of %s from %s: %s", job.name, address, reply)
-            progress = progress_from_status(reply, now)
-            checkpoint = checkpoint_from_status(reply)
-        return decide(Observed(job, observed_pods, service, now, progress, checkpoint),
+        awaited = old_status.checkpoint_request is not None or chief_succeeded
+        if (reply is None and has_status and old_status.phase == "Running"
+                and not chief_failed
+                and (awaited or self._may_ask(f"{job.namespace}/{job.name}", old_status))):
+            reply = self._fetch_status(job, keys)
+        progress = progress_from_status(reply, now)
+        checkpoint = checkpoint_from_status(reply)
+        plan = decide(Observed(job, observed_pods, service, now, progress, checkpoint),
                       self.pod_settings, self.progress_interval)
+        if plan.status.phase == "Running" and has_status and plan.requeue_after is not None:
+            soon = progress_interval_for(plan.status, self.progress_interval)
+            plan = replace(plan, requeue_after=min(plan.requeue_after, soon))
+        return plan
 
-    def _may_ask(self, key: str) -> bool:
-        """At most one progress probe per job per progress interval."""
+    def _fetch_status(self, job: TrainingJob, keys: Any) -> Mapping[str, Any] | None:
+        address = ps0_address(job)
+        try:
+            reply = self.fetch_status(address, FETCH_TIMEOUT_S,
+                                      probe_security(self.kube, job, keys))
+        except Exception as exc:  # a status probe must never break reconciling
+            log.info("progress of %s from %s unavailable: %s", job.name, address, exc)
+            return None
+        log.debug("job status of %s from %s: %s", job.name, address, reply)
+        return reply
+
+    def _may_ask(self, key: str, status: TrainingJobStatus) -> bool:
+        """At most one progress probe per job per progress interval; more often while no
+        step is known yet, so that a short job shows its step too."""
         now = self.monotonic()
+        interval = progress_interval_for(status, self.progress_interval)
         with self._guard:
-            if now - self._asked.get(key, -1e9) < self.progress_interval * 0.9:
+            if now - self._asked.get(key, -1e9) < interval * 0.9:
                 return False
             self._asked[key] = now
             return True
@@ -252,7 +272,7 @@ class Reconciler:
         refused: tuple[str, KubeError] | None = None
         skipped: set[str] = set()
         for action in plan.actions:
-            if isinstance(action, CreateService | CreatePod):
+            if isinstance(action, CreateService | CreateObject | CreatePod):
                 if refused is not None:
                     skipped.add(action.name)
                     continue

@@ -72,7 +72,8 @@ def core_path(namespace: str, plural: str, name: str | None = None) -> str:
     return f"{path}/{quote(name)}" if name else path
 
 
-_PLURALS = {"Pod": "pods", "Service": "services", "Secret": "secrets"}
+_PLURALS = {"Pod": "pods", "Service": "services", "Secret": "secrets",
+            "PodGroup": "podgroups"}
 
 
 def network_policy_path(namespace: str, name: str | None = None) -> str:
@@ -80,10 +81,13 @@ def network_policy_path(namespace: str, name: str | None = None) -> str:
     return f"{path}/{quote(name)}" if name else path
 
 
-def collection_path(kind: str, namespace: str) -> str:
-    """Where objects of `kind` (one the operator creates) are POSTed."""
+def collection_path(kind: str, namespace: str, api_version: str = "v1") -> str:
+    """Where objects of `kind` (one the operator creates) are POSTed: /api/v1 for the
+    core group, else /apis/<group>/<version> (a gang's PodGroup)."""
     if kind == "NetworkPolicy":
         return network_policy_path(namespace)
+    if api_version != "v1":
+        return f"/apis/{api_version}/namespaces/{quote(namespace)}/{_PLURALS[kind]}"
     return core_path(namespace, _PLURALS[kind])
 
 
@@ -196,7 +200,7 @@ class RestKube:
     def create(self, manifest: Mapping[str, Any]) -> bool:
         kind = manifest["kind"]
         meta = manifest["metadata"]
-        path = collection_path(kind, meta["namespace"])
+        path = collection_path(kind, meta["namespace"], manifest.get("apiVersion", "v1"))
         status, data = self._call("POST", path, body=dict(manifest))
         if status == 409:
             log.debug("%s %s already exists", kind, meta["name"])

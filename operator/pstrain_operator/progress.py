@@ -7,13 +7,14 @@ lazily and a missing module means "no progress", never a crash. Tests pass a fak
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from pstrain_api.model import CheckpointStatus, Progress
+from pstrain_api.model import CheckpointStatus, Progress, TrainingJobStatus
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,9 @@ FetchStatus = Callable[[str, float, ProbeSecurity | None], Mapping[str, Any] | N
 # Ask PS 0 for a checkpoint; returns the step asked at, None when it cannot be reached.
 AskCheckpoint = Callable[[str, float, ProbeSecurity | None], int | None]
 FETCH_TIMEOUT_S = 1.0
+# While a running job has no step yet, progress is read this often (a short job would
+# otherwise end before the first regular read and never show a step).
+EARLY_PROGRESS_S = 2.0
 
 # Keys the runtime may use for each Progress field, first match wins.
 _KEYS = {
@@ -136,3 +140,21 @@ def checkpoint_from_status(data: Mapping[str, Any] | None) -> CheckpointStatus |
         )
     except (TypeError, ValueError, OverflowError):
         return None
+
+
+def progress_interval_for(status: TrainingJobStatus, interval: float) -> float:
+    """How often to read a running job's progress: `interval`, or sooner while no step
+    is known yet."""
+    if status.progress is None or status.progress.global_step == 0:
+        return min(interval, EARLY_PROGRESS_S)
+    return interval
+
+
+def chief_summary(message: str) -> dict[str, Any] | None:
+    """The final summary the chief left as its termination message
+    (pstrain_runtime.summary), or None when the message is not one."""
+    try:
+        data = json.loads(message)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) and "global_step" in data else None

@@ -22,6 +22,8 @@ Who needs what:
   ClusterRole, because Secrets are made in whichever namespace a job is.
 - networkpolicies: the operator gets and creates each job's NetworkPolicy (when
   PSTRAIN_OPERATOR_JOB_NETWORK_POLICY is true; garbage-collected with the job).
+- podgroups (Volcano, scheduler-plugins): the operator creates a gang-started job's
+  PodGroup (spec.runPolicy.gangScheduling).
 - events: kopf posts the operator's decisions (core/v1 Events).
 - customresourcedefinitions, namespaces: kopf's resource and namespace discovery.
 - kopfpeerings (namespaced, when PSTRAIN_OPERATOR_NAMESPACES is set) and
@@ -43,6 +45,8 @@ PERMISSIONS: Final[tuple[Permission, ...]] = (
     ("", "services", ("get", "create")),
     ("", "secrets", ("get", "create")),
     ("networking.k8s.io", "networkpolicies", ("get", "create")),
+    ("scheduling.volcano.sh", "podgroups", ("create",)),
+    ("scheduling.x-k8s.io", "podgroups", ("create",)),
     ("", "events", ("create",)),
     ("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),
     ("", "namespaces", ("list", "watch")),

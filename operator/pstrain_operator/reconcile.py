@@ -35,9 +35,10 @@ from pstrain_api.model import (
 )
 from pstrain_api.policy import decide_ps_exit, decide_restart, shorten
 
-from .build import build_pod, build_service, spec_hash
 from . import checkpointing, disruption, refusals, stall, suspend
+from .build import build_pod, build_service, owner_reference, spec_hash
 from .conditions import Event, condition_is, set_condition
+from .gang import build_pod_group, gang_of
 from .observe import ObservedPod
 from .security import secure_pod
 from .settings import PodSettings
@@ -94,6 +95,18 @@ class CreateService:
 
 
 @dataclass(frozen=True)
+class CreateObject:
+    """Another child object, such as a gang's PodGroup."""
+
+    kind: str
+    manifest: dict[str, Any] = field(compare=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        return str(self.manifest["metadata"]["name"])
+
+
+@dataclass(frozen=True)
 class CreatePod:
     name: str
     role: str
@@ -125,7 +138,8 @@ def ps0_address(job: TrainingJob) -> str:
     return str(kubernetes_cluster_spec(job).addresses[Task(c.ROLE_PS, 0)])
 
 
-Action = CreateService | CreatePod | DeletePod | DeleteJob | RequestCheckpoint
+Action = (CreateService | CreateObject | CreatePod | DeletePod | DeleteJob
+          | RequestCheckpoint)
 
 
 @dataclass(frozen=True)
@@ -438,7 +452,11 @@ def decide(obs: Observed, settings: PodSettings,
         return not hold and cluster.replica_name(task) not in by_name
 
     new_ps = [_create(job, cluster, t, settings) for t in cluster.ps_tasks() if absent(t)]
+    gang = gang_of(job) is not None  # every pod at once; the runtime keeps the order
     if new_ps:
+        group = build_pod_group(job, owner_reference(job))
+        if group is not None:
+            actions.append(CreateObject(group["kind"], group))
         actions.extend(new_ps)
         events.append(Event("Normal", R_CREATED_PS, f"created parameter servers {_names(new_ps)}",
                             about=tuple(p.name for p in new_ps)))
@@ -452,13 +470,14 @@ def decide(obs: Observed, settings: PodSettings,
 
     workers = [t for t in cluster.tasks() if t.role != c.ROLE_PS and not cluster.is_chief(t)]
     chief_created = False
-    if all_ps_ready:
+    if all_ps_ready or gang:
         new_workers = [_create(job, cluster, t, settings) for t in workers if absent(t)]
         if new_workers:
             actions.extend(new_workers)
+            why = ("gang start: created with the parameter servers" if gang else
+                   f"all {len(ps_pods)} parameter servers are Ready")
             events.append(Event("Normal", R_STARTED_WORKERS,
-                                f"all {len(ps_pods)} parameter servers are Ready; started "
-                                f"workers {_names(new_workers)}",
+                                f"{why}; started workers {_names(new_workers)}",
                                 about=tuple(p.name for p in new_workers)))
         if absent(cluster.chief):
             new_chief = _create(job, cluster, cluster.chief, settings)

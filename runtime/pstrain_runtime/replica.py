@@ -27,8 +27,9 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import sys
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pstrain_api import constants as c
 from pstrain_api import events, security
@@ -104,8 +105,16 @@ def run_ps(identity: ReplicaIdentity, environ: Mapping[str, str]) -> int:
         credentials, tls = _security(environ, c.ROLE_PS)
     except ValueError as exc:
         return report_failure(f"pstrain replica: {exc}", 2, environ)
+    from .store import ParameterStore
+
+    store = ParameterStore(identity.task.index)
+    registry = metrics_registry(environ)
+    if registry is not None:
+        from .metrics import MeteredStore, PSMetrics
+
+        store = MeteredStore(store, PSMetrics(registry))  # type: ignore[assignment]
     server = PSServer(bind_address(identity, environ), ps_index=identity.task.index,
-                      data_port=data_port, credentials=credentials, tls=tls)
+                      data_port=data_port, credentials=credentials, tls=tls, store=store)
     try:
         server.start()
     except (OSError, RuntimeError) as exc:
@@ -130,6 +139,7 @@ def run_trainer(identity: ReplicaIdentity, environ: Mapping[str, str], overlap: 
     from .checkpoint import CheckpointError
     from .client import connect
     from .store import PSError
+    from .summary import final_summary, write_summary
     from .trainer import Trainer, TrainingDiverged, WorkerRole
 
     raw = environ.get(c.ENV_TRAINING)
@@ -153,13 +163,24 @@ def run_trainer(identity: ReplicaIdentity, environ: Mapping[str, str], overlap: 
         credentials, tls = _security(environ, identity.task.role)
     except ValueError as exc:
         return report_failure(f"pstrain replica: {exc}", 2, environ)
+    if not startup_barrier(ps, environ):
+        return c.EXIT_STARTUP_TIMEOUT
     trainer = None
     me = f"pstrain replica: {identity.task.role} {identity.task.index}"
     try:
         transports = [connect(a, training.transport, credentials, tls) for a in ps]
         trainer = Trainer(training, role, transports, overlap=overlap)
-        trainer.run()
+        registry = metrics_registry(environ)
+        if registry is not None:
+            from .metrics import MeteredClient, WorkerMetrics
+
+            trainer.client = MeteredClient(trainer.client, WorkerMetrics(registry),
+                                           training.batch_size)
+        result = trainer.run()
         if role.is_chief:
+            write_summary(final_summary(
+                result.global_step, result.loss, result.samples_per_sec,
+                result.metrics.get("accuracy"), trainer.last_checkpoint), environ)
             trainer.shutdown_servers()
         return 0
     except ConfigurationError as exc:
@@ -170,6 +191,45 @@ def run_trainer(identity: ReplicaIdentity, environ: Mapping[str, str], overlap: 
     finally:
         if trainer is not None:
             trainer.close()
+
+
+def metrics_registry(environ: Mapping[str, str]) -> Any:
+    """A registry served at /metrics on PSTRAIN_METRICS_PORT, or None when it is unset
+    or cannot be served (the port is taken: training goes on without metrics)."""
+    raw = environ.get(c.ENV_METRICS_PORT)
+    if not raw:
+        return None
+    from prometheus_client import CollectorRegistry
+
+    from .metrics import serve_metrics
+
+    registry = CollectorRegistry()
+    try:
+        serve_metrics(int(raw), registry)
+    except (OSError, ValueError) as exc:  # metrics are worth having, not worth failing for
+        print(f"pstrain replica: no /metrics: cannot serve on {c.ENV_METRICS_PORT}={raw!r}: "
+              f"{exc}", file=sys.stderr, flush=True)
+        return None
+    return registry
+
+
+def startup_barrier(ps: Sequence[str], environ: Mapping[str, str]) -> bool:
+    """Gang start (PSTRAIN_STARTUP_TIMEOUT set): wait until every parameter server
+    answers its health check; False, after saying which did not, when the time is up."""
+    raw = environ.get(c.ENV_STARTUP_TIMEOUT)
+    if not raw:
+        return True
+    from .health import wait_all_serving
+
+    timeout = float(raw)
+    missing = wait_all_serving(ps, timeout)
+    if missing:
+        print(f"pstrain replica: parameter servers {', '.join(missing)} did not answer their "
+              f"health check within {timeout:g}s ({c.ENV_STARTUP_TIMEOUT}, "
+              "spec.runPolicy.gangScheduling.startupTimeoutSeconds)", file=sys.stderr,
+              flush=True)
+        return False
+    return True
 
 
 def replica_main(argv: Sequence[str]) -> int:

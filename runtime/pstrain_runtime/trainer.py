@@ -169,6 +169,7 @@ class Trainer:
                            if ckpt.directory else None)
         self.last_step = 0  # newest global step seen
         self.last_ckpt_step: int | None = None
+        self.last_checkpoint: tuple[int, str, float] | None = None  # step, path, time written
         self.failed_ckpt: tuple[Checkpoint, BaseException] | None = None  # the last write
         self.position = 0  # batches drawn from this worker's data since the job began
         self.lost_steps = 0
@@ -273,6 +274,7 @@ class Trainer:
             return None
         self.failed_ckpt = None
         self.last_ckpt_step = ckpt.global_step
+        self.last_checkpoint = (ckpt.global_step, str(path), ckpt.wall_time)
         self.emit("checkpoint", step=ckpt.global_step, path=str(path))
         self._report(checkpoint=(ckpt.global_step, str(path), ckpt.wall_time))
         return path

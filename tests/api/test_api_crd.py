@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from pstrain_api.crd import build_crd, openapi_schema, render_crd_yaml
+from pstrain_api.validate import check_manifest
 
 from .job_builder import job
 from .test_api_validate import BAD
@@ -40,8 +41,28 @@ def test_crd_names_subresource_and_printer_columns():
         "PS": ".status.psReady",
         "Workers": ".status.workersReady",
         "Step": ".status.progress.globalStep",
+        "Loss": ".status.progress.loss",
+        "Checkpoint": ".status.lastCheckpoint.step",
         "Age": ".metadata.creationTimestamp",
     }
+
+
+def _undescribed(node: dict[str, Any], path: str = "") -> list[str]:
+    out = []
+    for name, sub in (node.get("properties") or {}).items():
+        here = f"{path}.{name}"
+        if not sub.get("description"):
+            out.append(here)
+        out += _undescribed(sub, here)
+    for key, mark in (("items", "[]"), ("additionalProperties", "{}")):
+        if isinstance(node.get(key), dict):
+            out += _undescribed(node[key], path + mark)
+    return out
+
+
+def test_every_crd_field_has_a_description():
+    """`kubectl explain trainingjob.spec...` shows a description for every field."""
+    assert _undescribed(openapi_schema()) == []
 
 
 def _walk(node: Any, path: str = ""):
@@ -131,6 +152,8 @@ def test_examples_exist():
 # checks when the operator creates the pod (the CRD cannot: no patternProperties); and
 # the size of the cluster-spec environment, which only fails when a replica starts.
 NOT_IN_SCHEMA = {"gpu-on-ps", "gpu-limit-on-ps", "gpu-twice", "reserved-env", "bad-quantity",
+                 "pod-template-type", "service-account-not-dns", "priority-class-not-dns",
+                 "volume-name-not-dns", "label-value-space",
                  "no-metadata", "wrong-api-version", "wrong-kind", "missing-kind",
                  "namespace-not-dns", "learning-rate-inf", "momentum-nan", "steps-over-int64",
                  "args-over-int64", "quantity-float", "label-key-space",
@@ -148,10 +171,34 @@ def test_crd_schema_rejects_bad_manifests(doc, message):
 
 def test_ps_gpu_rule_is_a_cel_validation_in_the_crd():
     ps = openapi_schema()["properties"]["spec"]["properties"]["replicas"]["properties"]["ps"]
-    assert ps["x-kubernetes-validations"][0]["rule"] == "!has(self.gpus) || self.gpus == 0"
+    assert {"rule": "!has(self.gpus) || self.gpus == 0"}.items() <= (
+        ps["x-kubernetes-validations"][1].items())
 
 
 def test_pod_template_fields_survive_in_schema():
-    doc = job().template("worker", affinity={"nodeAffinity": {"x": 1}},
-                         volumes=[{"name": "v", "emptyDir": {}}]).build()
+    """Fields of a full pod template that the old hand-picked subset refused."""
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "gpu", "operator": "In", "values": ["a100"]}]}]}}}
+    doc = job().template(
+        "worker", affinity=affinity, volumes=[{"name": "v", "emptyDir": {}}],
+        runtimeClassName="nvidia", workingDir="/work",
+        livenessProbe={"exec": {"command": ["true"]}, "periodSeconds": 5},
+        spec={"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone",
+                                             "whenUnsatisfiable": "DoNotSchedule"}]},
+    ).build()
     assert list(VALIDATOR.iter_errors(doc)) == []
+    assert check_manifest(doc)[1] == []
+
+
+def test_crd_embeds_the_kubernetes_pod_template_schema():
+    worker = openapi_schema()["properties"]["spec"]["properties"]["replicas"]["properties"][
+        "worker"]["properties"]["template"]
+    pod = worker["properties"]["spec"]["properties"]
+    assert {"runtimeClassName", "topologySpreadConstraints", "containers"} <= set(pod)
+    container = pod["containers"]["items"]["properties"]
+    assert {"workingDir", "livenessProbe", "readinessProbe", "startupProbe"} <= set(container)
+    assert pod["containers"]["x-kubernetes-list-type"] == "map"
+    assert pod["containers"]["items"]["properties"]["resources"]["properties"]["limits"][
+        "additionalProperties"] == {"x-kubernetes-int-or-string": True}
+    assert "x-kubernetes-preserve-unknown-fields" not in worker

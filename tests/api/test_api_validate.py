@@ -82,7 +82,7 @@ BAD = [
                  "spec.replicas.chief.replicas is 2; it must be at most 1.", id="two-chiefs"),
     pytest.param(job().set("spec.replicas.ps.replica", 2).build(),
                  "spec.replicas.ps.replica is not a known field; known fields here are: gpus, "
-                 "replicas, resources, template.", id="unknown-field-typo"),
+                 "readiness, replicas, resources, template.", id="unknown-field-typo"),
     pytest.param(job().set("spec.foo", 1).build(),
                  "spec.foo is not a known field; known fields here are: replicas, runPolicy, "
                  "security, training.", id="unknown-spec-field"),
@@ -91,12 +91,12 @@ BAD = [
                  "state on the CPU, so a parameter server may not request GPUs.",
                  id="gpu-on-ps"),
     pytest.param(job().ps(1, resources={"limits": {"nvidia.com/gpu": 1}}).build(),
-                 "spec.replicas.ps.gpus is 1; parameter servers keep parameters and optimizer "
-                 "state on the CPU, so a parameter server may not request GPUs.",
-                 id="gpu-limit-on-ps"),
+                 "spec.replicas.ps.resources.limits.nvidia.com/gpu is 1; parameter servers "
+                 "keep parameters and optimizer state on the CPU, so a parameter server may "
+                 "not request GPUs.", id="gpu-limit-on-ps"),
     pytest.param(job().workers(2, gpus=1, resources={"limits": {"nvidia.com/gpu": 1}}).build(),
-                 "spec.replicas.worker.gpus is 1 and resources.limits also sets nvidia.com/gpu; "
-                 "set the GPU count in one place only.", id="gpu-twice"),
+                 "spec.replicas.worker.gpus is 1 and a container limit also sets "
+                 "nvidia.com/gpu; set the GPU count in one place only.", id="gpu-twice"),
     pytest.param(job().workers(2, gpus=-1).build(),
                  "spec.replicas.worker.gpus is -1; it must be at least 0.", id="negative-gpus"),
     pytest.param(job().training(entrypoint="train.py").build(),
@@ -128,15 +128,19 @@ BAD = [
                  "spec.runPolicy.backoffLimit is -1; it must be at least 0.",
                  id="negative-backoff"),
     pytest.param(job().template("worker", env=[{"name": "TF_CONFIG", "value": "{}"}]).build(),
-                 "spec.replicas.worker.template.env[0].name is 'TF_CONFIG'; names starting with "
-                 "PSTRAIN_ and TF_CONFIG are set by pstrain and may not be overridden.",
+                 "spec.replicas.worker.template.spec.containers[0].env[0].name is 'TF_CONFIG'; "
+                 "names starting with PSTRAIN_ and TF_CONFIG are set by pstrain and may not be "
+                 "overridden.",
                  id="reserved-env"),
     pytest.param(job().workers(2, resources={"requests": {"memory": "lots"}}).build(),
                  "spec.replicas.worker.resources.requests.memory is 'lots'; it must be a "
                  "non-negative Kubernetes quantity such as 500m, 2, 4Gi.", id="bad-quantity"),
-    pytest.param(job().template("ps", imagePullPolicy="Sometimes").build(),
-                 "spec.replicas.ps.template.imagePullPolicy is 'Sometimes'; it must be one of "
-                 "'Always', 'IfNotPresent' or 'Never'.", id="bad-pull-policy"),
+    pytest.param(job().template("ps", workingDirr="/w").build(),
+                 "spec.replicas.ps.template.spec.containers[0].workingDirr is not a field of "
+                 "a Kubernetes PodTemplateSpec.", id="pod-template-typo"),
+    pytest.param(job().template("ps", imagePullPolicy=5).build(),
+                 "spec.replicas.ps.template.spec.containers[0].imagePullPolicy is 5; it must "
+                 "be a string, not an integer.", id="pod-template-type"),
     pytest.param(job().set("spec.replicas.worker.replicas", "two").build(),
                  "spec.replicas.worker.replicas is 'two'; it must be an integer, not a string.",
                  id="replicas-not-int"),
@@ -163,13 +167,13 @@ BAD = [
                  "spec.runPolicy.suspend is 1; it must be true or false, not an integer.",
                  id="bool-as-int"),
     pytest.param(job().template("worker", image=5).build(),
-                 "spec.replicas.worker.template.image is 5; it must be a string, not an integer.",
+                 "spec.replicas.worker.template.spec.containers[0].image is 5; it must be a string, not an integer.",
                  id="image-int"),
     pytest.param(job().template("worker", args=["--lr", 0.1]).build(),
-                 "spec.replicas.worker.template.args[1] is 0.1; it must be a string, not a "
+                 "spec.replicas.worker.template.spec.containers[0].args[1] is 0.1; it must be a string, not a "
                  "number.", id="args-item-number"),
     pytest.param(job().template("worker", nodeSelector={"disk": True}).build(),
-                 "spec.replicas.worker.template.nodeSelector.disk is true; it must be a string, "
+                 "spec.replicas.worker.template.spec.nodeSelector.disk is true; it must be a string, "
                  "not a boolean.", id="node-selector-bool"),
     pytest.param(job().workers(2, resources={"requests": {"cpu": 0.5}}).build(),
                  "spec.replicas.worker.resources.requests.cpu is 0.5; it must be an integer or "
@@ -178,7 +182,7 @@ BAD = [
                  "spec.training is [1, 2]; it must be a mapping, not a list.",
                  id="training-a-list"),
     pytest.param(job().template("worker", command="python train.py").build(),
-                 "spec.replicas.worker.template.command is 'python train.py'; it must be a "
+                 "spec.replicas.worker.template.spec.containers[0].command is 'python train.py'; it must be a "
                  "list, not a string.", id="command-a-string"),
     pytest.param(job().set("spec.replicas.worker.replicas", None).build(),
                  "spec.replicas.worker.replicas is null; it must be an integer, not null.",
@@ -201,25 +205,25 @@ BAD = [
                  "lowercase letters, digits and '-', starting and ending with a letter or "
                  "digit.", id="namespace-not-dns"),
     pytest.param(job().template("worker", serviceAccountName="Trainer_SA").build(),
-                 "spec.replicas.worker.template.serviceAccountName is 'Trainer_SA'; it must be a "
+                 "spec.replicas.worker.template.spec.serviceAccountName is 'Trainer_SA'; it must be a "
                  "DNS-1123 subdomain: at most 253 lowercase letters, digits, '-' and '.', "
                  "starting and ending with a letter or digit.", id="service-account-not-dns"),
     pytest.param(job().template("ps", priorityClassName="high priority").build(),
-                 "spec.replicas.ps.template.priorityClassName is 'high priority'; it must be a "
+                 "spec.replicas.ps.template.spec.priorityClassName is 'high priority'; it must be a "
                  "DNS-1123 subdomain: at most 253 lowercase letters, digits, '-' and '.', "
                  "starting and ending with a letter or digit.", id="priority-class-not-dns"),
     pytest.param(job().template("worker", volumeMounts=[{"name": "Data",
                                                          "mountPath": "/d"}]).build(),
-                 "spec.replicas.worker.template.volumeMounts[0].name is 'Data'; it must be a "
+                 "spec.replicas.worker.template.spec.containers[0].volumeMounts[0].name is 'Data'; it must be a "
                  "DNS-1123 label: at most 63 lowercase letters, digits and '-', starting and "
                  "ending with a letter or digit.", id="volume-name-not-dns"),
     pytest.param(job().template("worker", labels={"team name": "ml"}).build(),
-                 "spec.replicas.worker.template.labels has the key 'team name'; it must be a "
+                 "spec.replicas.worker.template.metadata.labels has the key 'team name'; it must be a "
                  "label key: an optional DNS subdomain and '/', then at most 63 letters, "
                  "digits, '-', '_' and '.', starting and ending with a letter or digit.",
                  id="label-key-space"),
     pytest.param(job().template("worker", labels={"team": "ml ops"}).build(),
-                 "spec.replicas.worker.template.labels.team is 'ml ops'; it must be a label "
+                 "spec.replicas.worker.template.metadata.labels.team is 'ml ops'; it must be a label "
                  "value: empty, or at most 63 letters, digits, '-', '_' and '.', starting and "
                  "ending with a letter or digit.", id="label-value-space"),
     pytest.param(job().set("metadata.labels", {"Example.com/x": "y"}).build(),

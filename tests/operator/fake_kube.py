@@ -87,13 +87,13 @@ class FakeKube:
 
     # --- playing the node -------------------------------------------------------
     def set_pod(self, namespace: str, name: str, phase: str, ready: bool = False,
-                exit_code: int | None = None, reason: str = "") -> None:
+                exit_code: int | None = None, reason: str = "", message: str = "") -> None:
         pod = self.pods[(namespace, name)]
         status: dict[str, Any] = {"phase": phase, "conditions": [
             {"type": "Ready", "status": "True" if ready else "False"}]}
         if exit_code is not None:
             status["containerStatuses"] = [{"name": "pstrain", "state": {"terminated": {
-                "exitCode": exit_code, "reason": reason}}}]
+                "exitCode": exit_code, "reason": reason, "message": message}}}]
         pod["status"] = status
 
     def pod_names(self) -> list[str]:

@@ -11,6 +11,7 @@ from pstrain_api import constants as c
 from pstrain_api.model import Progress, TrainingJob, TrainingJobStatus
 from pstrain_operator.build import applied_spec, spec_hash
 from pstrain_operator.reconcile import ObservedPod
+from tests.api.job_builder import pod_template
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -48,7 +49,8 @@ class JobBuilder:
         return self
 
     def template(self, role: str, **tpl: Any) -> JobBuilder:
-        self.data["spec"]["replicas"][role]["template"] = tpl
+        """The role's PodTemplateSpec from short fields (tests/api/job_builder.py)."""
+        self.data["spec"]["replicas"][role]["template"] = pod_template(**tpl)
         return self
 
     def policy(self, **kw: Any) -> JobBuilder:

@@ -61,10 +61,12 @@ def test_ps_pod_whole_object() -> None:
                 "image": "img:1",
                 "command": ["pstrain", "replica"],
                 "env": [{"name": k, "value": v} for k, v in env.items()]
-                + [{"name": "PSTRAIN_DATA_PORT", "value": "2223"}],
+                + [{"name": "PSTRAIN_DATA_PORT", "value": "2223"},
+                   {"name": "PSTRAIN_METRICS_PORT", "value": "9400"}],
                 "terminationMessagePolicy": "FallbackToLogsOnError",
                 "ports": [{"name": "pstrain", "containerPort": 2222, "protocol": "TCP"},
-                          {"name": "pstrain-data", "containerPort": 2223, "protocol": "TCP"}],
+                          {"name": "pstrain-data", "containerPort": 2223, "protocol": "TCP"},
+                          {"name": "metrics", "containerPort": 9400, "protocol": "TCP"}],
                 "readinessProbe": {"grpc": {"port": 2222}, "periodSeconds": 2,
                                    "failureThreshold": 3},
                 "securityContext": {"allowPrivilegeEscalation": False,
@@ -82,8 +84,7 @@ def test_worker_pod_gpus_template_and_env_in_every_container() -> None:
     job = (make_job().gpus(2)
            .template("worker", image="mine:2", args=["--x"], env=[{"name": "A", "value": "1"}],
                      sidecars=[{"name": "side", "image": "s",
-                                "env": [{"name": "TF_CONFIG", "value": "stale"},
-                                        {"name": "B", "value": "2"}]}],
+                                "env": [{"name": "B", "value": "2"}]}],
                      initContainers=[{"name": "init", "image": "i"}],
                      labels={"team": "x"}, nodeSelector={"gpu": "yes"})
            .build())
@@ -99,7 +100,8 @@ def test_worker_pod_gpus_template_and_env_in_every_container() -> None:
     assert env_of(main)["A"] == "1"
     assert main["resources"] == {"limits": {c.GPU_RESOURCE: 2}}
     assert (main["image"], main["args"]) == ("mine:2", ["--x"])
-    assert "readinessProbe" not in main and "ports" not in main
+    assert "readinessProbe" not in main
+    assert main["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
     assert pod["metadata"]["labels"]["team"] == "x"
     assert pod["metadata"]["labels"][c.LABEL_IS_CHIEF] == "true"
     assert spec["nodeSelector"] == {"gpu": "yes"}
@@ -107,11 +109,13 @@ def test_worker_pod_gpus_template_and_env_in_every_container() -> None:
 
 DATA_PORT_CASES = [
     # (id, task, ports the main container declares, PSTRAIN_DATA_PORT it is told)
-    ("ps-0", Task("ps", 0), [("pstrain", 2222), ("pstrain-data", 2223)], "2223"),
-    ("ps-1", Task("ps", 1), [("pstrain", 2222), ("pstrain-data", 2223)], "2223"),
-    ("worker-0", Task("worker", 0), [], None),
-    ("worker-1", Task("worker", 1), [], None),
-    ("chief", Task("chief", 0), [], None),
+    ("ps-0", Task("ps", 0), [("pstrain", 2222), ("pstrain-data", 2223), ("metrics", 9400)],
+     "2223"),
+    ("ps-1", Task("ps", 1), [("pstrain", 2222), ("pstrain-data", 2223), ("metrics", 9400)],
+     "2223"),
+    ("worker-0", Task("worker", 0), [("metrics", 9400)], None),
+    ("worker-1", Task("worker", 1), [("metrics", 9400)], None),
+    ("chief", Task("chief", 0), [("metrics", 9400)], None),
 ]
 
 

@@ -29,6 +29,12 @@ operator/pstrain_operator/rbac.py. Do not edit by hand.
 - apiGroups: [pstrain.io]
   resources: [trainingjobs/status]
   verbs: [patch]
+- apiGroups: [scheduling.volcano.sh]
+  resources: [podgroups]
+  verbs: [create]
+- apiGroups: [scheduling.x-k8s.io]
+  resources: [podgroups]
+  verbs: [create]
 {{- end }}
 
 {{/* Rules on cluster-scoped resources: always in a ClusterRole. */}}

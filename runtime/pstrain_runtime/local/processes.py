@@ -1,5 +1,5 @@
 """Process I/O of a local run: free ports, spawning replicas, reading their output,
-probing parameter-server health, signalling process groups.
+probing parameter-server readiness, signalling process groups.
 
 Everything that happens reaches the supervisor as an observation on one queue:
 `Line` (a line of replica output), `Healthy`, `Exited`. Threads only read and post;
@@ -31,6 +31,9 @@ from pathlib import Path
 
 from pstrain_api.constants import ENV_TERMINATION_LOG
 
+from pstrain_api import constants as c
+
+from ..health import wait_serving
 from .supervisor import Exited, Healthy, normalize_exit_code
 
 DEFAULT_REPLICA_COMMAND: tuple[str, ...] = (sys.executable, "-m", "pstrain_api.cli",
@@ -145,14 +148,18 @@ class ReplicaProcess:
         except OSError:
             return ""
 
-    def probe_health(self, address: str, interval: float = 0.1) -> None:
-        """Post `Healthy` once the gRPC health service at `address` answers SERVING."""
-        self.prober = threading.Thread(target=self._probe, args=(address, interval),
+    def probe_health(self, address: str, interval: float = 0.1,
+                     check: str = c.GATE_GRPC) -> None:
+        """Post `Healthy` once the replica at `address` passes `check`: the gRPC health
+        service answers SERVING (GRPCHealth), or the port accepts a connection (TCP)."""
+        wait = wait_serving if check == c.GATE_GRPC else wait_listening
+        self.prober = threading.Thread(target=self._probe, args=(wait, address, interval),
                                        name=f"health-{self.name}", daemon=True)
         self.prober.start()
 
-    def _probe(self, address: str, interval: float) -> None:
-        if wait_serving(address, self.stop, interval):
+    def _probe(self, wait: Callable[[str, threading.Event, float], bool], address: str,
+               interval: float) -> None:
+        if wait(address, self.stop, interval):
             self._post(Healthy(self.name, self.attempt, self._now()))
 
     def signal(self, signum: int, leftovers: bool = False) -> None:
@@ -166,34 +173,30 @@ class ReplicaProcess:
             pass  # the group is gone
 
 
-def wait_serving(address: str, stop: threading.Event, interval: float = 0.1) -> bool:
-    """Poll grpc.health.v1 Check at `address` until SERVING (True) or `stop` is set."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    options = [("grpc.initial_reconnect_backoff_ms", 100),
-               ("grpc.min_reconnect_backoff_ms", 100),
-               ("grpc.max_reconnect_backoff_ms", 500)]
-    with grpc.insecure_channel(address, options=options) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        request = health_pb2.HealthCheckRequest(service="")
-        while not stop.is_set():
-            try:
-                reply = stub.Check(request, timeout=1.0, wait_for_ready=True)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return True
-            except grpc.RpcError:
-                pass
+def wait_listening(address: str, stop: threading.Event, interval: float = 0.1) -> bool:
+    """Try a TCP connection to `address` until one is accepted (True) or `stop` is set:
+    the readiness of a program that only serves on its port (`tf.distribute.Server`)."""
+    host, _, port = address.rpartition(":")
+    while not stop.is_set():
+        try:
+            with socket.create_connection((host, int(port)), timeout=1.0):
+                return True
+        except OSError:
             stop.wait(interval)
     return False
 
 
 class ProcessTable:
-    """The replicas' processes, keyed by replica name, and the observation queue."""
+    """The replicas' processes, keyed by replica name, and the observation queue.
+
+    Every replica runs `command` unless `commands` names its own (a role whose template
+    sets a command)."""
 
     def __init__(self, command: Sequence[str], environments: Mapping[str, Mapping[str, str]],
-                 now: Callable[[], float], cwd: str | None = None):
+                 now: Callable[[], float], cwd: str | None = None,
+                 commands: Mapping[str, Sequence[str]] | None = None):
         self.command = list(command)
+        self.commands = {name: list(cmd) for name, cmd in (commands or {}).items()}
         self.environments = environments
         self.now = now
         self.cwd = cwd
@@ -209,7 +212,8 @@ class ProcessTable:
 
     def start(self, name: str, attempt: int) -> ReplicaProcess:
         """Spawn replica `name`; raises OSError when the command cannot be started."""
-        if shutil.which(self.command[0]) is None:
+        command = self.command_of(name)
+        if shutil.which(command[0], path=self.environments[name].get("PATH")) is None:
             raise FileNotFoundError(
                 errno.ENOENT, "not an executable file or a program on PATH")
         log_name = self.environments[name].get(ENV_TERMINATION_LOG)
@@ -217,7 +221,7 @@ class ProcessTable:
         if log is not None:
             log.unlink(missing_ok=True)  # what an earlier attempt left explains that one
         popen = subprocess.Popen(
-            wrap_command(self.command),
+            wrap_command(command),
             env=dict(self.environments[name]),
             cwd=self.cwd,
             stdin=subprocess.DEVNULL,
@@ -231,6 +235,9 @@ class ProcessTable:
         self.procs[name] = proc
         self.history.append(proc)
         return proc
+
+    def command_of(self, name: str) -> list[str]:
+        return self.commands.get(name, self.command)
 
     def signal(self, names: Sequence[str], signum: int) -> None:
         for name in names:

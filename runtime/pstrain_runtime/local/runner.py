@@ -26,11 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from pstrain_api import constants as c
 from pstrain_api import security
-from pstrain_api.cluster import local_cluster_spec, task_count
+from pstrain_api.cluster import ClusterSpec, local_cluster_spec, task_count
 from pstrain_api.constants import ENV_TERMINATION_LOG
 from pstrain_api.events import parse_event
 from pstrain_api.model import TrainingJob
+from pstrain_api.readiness import user_command
 
 from ..checkpoint_dir import check_directory
 from ..auth import Credentials, load_credentials, write_replica_keys
@@ -42,9 +44,9 @@ from .processes import (DEFAULT_REPLICA_COMMAND, Line, ProcessTable, find_free_p
                         replica_environment)
 from .render import PlainReporter, Reporter, RichReporter, format_result
 from .supervisor import (Action, AskCheckpoint, Begin, CheckpointUnanswered, Checkpointed,
-                         Finish, Interrupt, Kill, Notify, Progressed, RunState, Settings,
-                         SpawnFailed, Start, Terminate, Tick, decide, effective_deadline,
-                         initial_state)
+                         Finish, Interrupt, Kill, Notify, Progressed, Replica, RunState,
+                         Settings, SpawnFailed, Start, Terminate, Tick, decide,
+                         effective_deadline, initial_state)
 
 TICK_SECONDS = 0.1
 ASK_TIMEOUT_S = 2.0  # RequestCheckpoint on PS 0 at the deadline
@@ -86,8 +88,19 @@ def with_checkpoint_dir(job: TrainingJob, directory: str) -> TrainingJob:
 
 
 def gpus_requested(job: TrainingJob, role: str) -> int:
-    spec = getattr(job.spec.replicas, role, None)
-    return spec.gpu_count if spec is not None else 0
+    return job.replica_spec(role).gpu_count
+
+
+def own_commands(job: TrainingJob, spec: ClusterSpec) -> dict[str, list[str]]:
+    """Replica name -> command for the replicas whose role's template sets a command of
+    its own (with its args), as the pod would run it; the others run the runner's
+    replica command (`pstrain replica`)."""
+    out: dict[str, list[str]] = {}
+    for task in spec.tasks():
+        command = user_command(job.replica_spec(task.role))
+        if command:
+            out[spec.replica_name(task)] = command
+    return out
 
 
 def exit_code_of(finish: Finish, signum: int | None) -> int:
@@ -163,20 +176,18 @@ class _Executor:
     """Carries out supervisor actions: spawns, signals, prints."""
 
     def __init__(self, table: ProcessTable, reporter: Reporter, addresses: dict[str, str],
-                 command: Sequence[str], clock: Callable[[], float],
-                 credentials: Credentials | None = None):
+                 clock: Callable[[], float], credentials: Credentials | None = None):
         self.table = table
         self.credentials = credentials  # the worker key, for control calls to PS 0
         self.reporter = reporter
         self.addresses = addresses
-        self.command = command
         self.clock = clock
         self.pids: dict[str, list[int]] = {name: [] for name in addresses}
         self.inbox: list[object] = []  # observations the executor itself makes
 
     def apply(self, action: Action, state: RunState) -> Finish | None:
         if isinstance(action, Start):
-            self._start(action, state.replica(action.name).is_ps)
+            self._start(action, state.replica(action.name))
         elif isinstance(action, Terminate):
             self.table.signal(action.names, signal.SIGTERM)
         elif isinstance(action, Kill):
@@ -196,19 +207,20 @@ class _Executor:
             return action
         return None
 
-    def _start(self, action: Start, is_ps: bool) -> None:
+    def _start(self, action: Start, replica: Replica) -> None:
         try:
             proc = self.table.start(action.name, action.attempt)
         except OSError as exc:
+            program = self.table.command_of(action.name)[0]
             self.inbox.append(SpawnFailed(action.name, action.attempt,
-                                          f"{self.command[0]}: {exc.strerror or exc}",
+                                          f"{program}: {exc.strerror or exc}",
                                           self.clock()))
             return
         self.pids[action.name].append(proc.pid)
         again = f", attempt {action.attempt}" if action.attempt > 1 else ""
         self.reporter.notice("info", f"started {action.name} (pid {proc.pid}{again})")
-        if is_ps:
-            proc.probe_health(self.addresses[action.name])
+        if replica.is_ps and replica.check != c.GATE_NONE:
+            proc.probe_health(self.addresses[action.name], check=replica.check)
 
     def line(self, item: Line, metrics: Metrics) -> Metrics:
         event = parse_event(item.text)
@@ -260,14 +272,15 @@ def _run(job: TrainingJob, options: RunOptions, out: TextIO, log_stream: TextIO,
         kill_grace=options.kill_grace,
         backoff_base=options.backoff_base,
     )
-    state = initial_state(spec, settings)
-    table = ProcessTable(options.replica_command, environments, clock)
+    state = initial_state(spec, settings, job)
+    table = ProcessTable(options.replica_command, environments, clock,
+                         commands=own_commands(job, spec))
     metrics = Metrics(total_steps=job.spec.training.steps)
     reporter = _make_reporter(options, log_stream, names, job)
     worker_key = (load_credentials({security.ENV_AUTH_DIR: str(key_dirs[security.KEY_WORKER])})
                   if key_dirs else None)
     executor = _Executor(table, reporter, {r.name: r.address for r in state.replicas},
-                         options.replica_command, clock, worker_key)
+                         clock, worker_key)
 
     checkpoint_dir = job.spec.training.checkpoint.directory
     reporter.notice("info", f"job {job.name}: " + ", ".join(

@@ -7,14 +7,17 @@ observation, so every rule can be tested with a table of whole states.
 
 Invariants:
 - Start order is the cluster spec's (`ClusterSpec.tasks()`): every parameter server,
-  then, once every parameter server reports SERVING, the non-chief workers, then the
-  chief, in one batch of `Start` actions executed in that order.
+  then, once every parameter server is ready, the non-chief workers, then the chief, in
+  one batch of `Start` actions executed in that order. "Ready" is the role's readiness
+  check (`pstrain_api.readiness.local_check`): the runtime's gRPC health service, the
+  replica port accepting TCP connections, or nothing (ready once started).
 - Restarts count job-wide, like a Kubernetes Job's backoffLimit, and are decided by
   `pstrain_api.policy.decide_restart`, the function the operator uses; a replica that
   exits with the configuration-error code fails the job at once, with the line it left
   in its termination-message file as the reason.
-- Job success is the chief exiting 0. The other replicas then get `success_grace`
-  seconds to exit by themselves before they are terminated.
+- Job success is the chief exiting 0. Replicas that never end by themselves (a user's
+  own server program, such as TensorFlow's PS) are then terminated at once; the
+  runtime's replicas get `success_grace` seconds to exit by themselves first.
 - A parameter server serves until the chief finishes. One that exits 0 while the job
   runs, and whose exit the chief's success does not follow within `ps_exit_grace`
   seconds (a PS told to stop by the chief exits just before it), failed: it is
@@ -40,7 +43,7 @@ from typing import Literal
 
 from pstrain_api import constants as c
 from pstrain_api.cluster import ClusterSpec
-from pstrain_api.model import RunPolicy
+from pstrain_api.model import RunPolicy, TrainingJob
 from pstrain_api.policy import (
     RestartDecision,
     decide_ps_exit,
@@ -48,6 +51,7 @@ from pstrain_api.policy import (
     decide_stall,
     stalled_for,
 )
+from pstrain_api.readiness import describe_check, local_check, stopped_on_success
 
 ReplicaStatus = Literal["pending", "running", "waiting_restart", "exited", "stopped"]
 Stage = Literal["starting_ps", "running", "draining", "stopping", "done"]
@@ -132,6 +136,8 @@ class Replica:
     started_at: float | None = None
     restart_at: float | None = None
     exit_code: int | None = None
+    check: str = c.GATE_GRPC  # how readiness is checked (pstrain_api.readiness)
+    stop_on_success: bool = False  # terminated at once when the chief exits 0
     exited_at: float | None = None
     stall_restart: bool = False  # stopped by the stall watchdog: its exit is expected
     kill_at: float | None = None  # SIGKILL then, if the watchdog's SIGTERM was ignored
@@ -185,19 +191,23 @@ class RunState:
         return [r for r in self.replicas if r.is_ps]
 
 
-def initial_state(spec: ClusterSpec, settings: Settings) -> RunState:
-    """Every replica pending, in the cluster spec's start order."""
-    replicas = tuple(
-        Replica(
+def initial_state(spec: ClusterSpec, settings: Settings,
+                  job: TrainingJob | None = None) -> RunState:
+    """Every replica pending, in the cluster spec's start order; with `job`, each one's
+    readiness check and success behaviour follow its role's program."""
+    replicas = []
+    for task in spec.tasks():
+        role = job.replica_spec(task.role) if job is not None else None
+        replicas.append(Replica(
             name=spec.replica_name(task),
             role=task.role,
             index=task.index,
             address=str(spec.addresses[task]),
             is_chief=spec.is_chief(task),
-        )
-        for task in spec.tasks()
-    )
-    return RunState(replicas=replicas, settings=settings)
+            check=local_check(role) if role is not None else c.GATE_GRPC,
+            stop_on_success=role is not None and stopped_on_success(role),
+        ))
+    return RunState(replicas=tuple(replicas), settings=settings)
 
 
 # --------------------------------------------------------------------------- observations
@@ -210,7 +220,7 @@ class Begin:
 
 @dataclass(frozen=True)
 class Healthy:
-    """Parameter server `name`, start `attempt`, answered its health check with SERVING."""
+    """Parameter server `name`, start `attempt`, passed its readiness check."""
 
     name: str
     attempt: int
@@ -354,8 +364,9 @@ def _start(state: RunState, names: Iterable[str], now: float) -> tuple[RunState,
     actions: list[Action] = []
     for name in names:
         rep = state.replica(name)
-        rep = replace(rep, status="running", attempt=rep.attempt + 1, healthy=False,
-                      started_at=now, restart_at=None, exit_code=None)
+        rep = replace(rep, status="running", attempt=rep.attempt + 1,
+                      healthy=rep.check == c.GATE_NONE, started_at=now, restart_at=None,
+                      exit_code=None)
         state = state.with_replica(rep)
         actions.append(Start(rep.name, rep.attempt))
     return state, actions
@@ -367,9 +378,9 @@ def _begin(state: RunState, now: float) -> tuple[RunState, list[Action]]:
     state, actions = _start(state, ps_names, now)
     notice = Notify("info", f"starting {len(ps_names)} parameter server(s): "
                             f"{', '.join(ps_names)}")
-    if not ps_names:
+    if all(r.healthy for r in state.ps):  # no PS, or none with a readiness check
         state, more = _start_workers(state, now)
-        return state, [*actions, *more]
+        return state, [notice, *actions, *more]
     return state, [notice, *actions]
 
 
@@ -380,7 +391,7 @@ def _start_workers(state: RunState, now: float) -> tuple[RunState, list[Action]]
     state = replace(state, stage="running", phase="Running", advanced_at=now)
     state, actions = _start(state, [*others, *chief], now)
     ps_count = len(state.ps)
-    text = (f"{ps_count} parameter server(s) serving; starting "
+    text = (f"{ps_count} parameter server(s) ready; starting "
             f"{len(others)} worker(s), then the chief {', '.join(chief)}")
     return state, [Notify("info", text), *actions]
 
@@ -455,10 +466,19 @@ def _chief_succeeded(state: RunState, now: float) -> tuple[RunState, list[Action
     state = _drop_pending(state)
     if not state.live():
         return _finish_if_idle(replace(state, stage="stopping"))
+    servers = tuple(r.name for r in state.replicas if r.is_live and r.stop_on_success)
+    waited = [r.name for r in state.replicas if r.is_live and not r.stop_on_success]
+    stop: list[Action] = []
+    if servers:
+        stop = [Notify("info", f"chief finished; stopping {', '.join(servers)}, which "
+                               "serve until stopped"), Terminate(servers)]
+    if not waited:
+        kill_at = now + state.settings.kill_grace
+        return replace(state, stage="stopping", drain_until=None, kill_at=kill_at), stop
     grace = state.settings.success_grace
     state = replace(state, stage="draining", drain_until=now + grace)
-    return state, [Notify("info", f"chief finished; waiting up to {grace:g}s for "
-                                  f"{', '.join(state.live())} to exit")]
+    return state, [*stop, Notify("info", f"chief finished; waiting up to {grace:g}s for "
+                                         f"{', '.join(waited)} to exit")]
 
 
 def _drop_pending(state: RunState) -> RunState:
@@ -518,8 +538,8 @@ def _tick(state: RunState, now: float) -> tuple[RunState, list[Action]]:
                         and now - rep.started_at >= s.health_timeout):
                     return _fail(
                         state, now, REASON_HEALTH_TIMEOUT,
-                        f"{rep.name} did not report SERVING on {rep.address} within "
-                        f"{s.health_timeout:g}s.", rep.name)
+                        f"{rep.name} did not {describe_check(rep.check)} on "
+                        f"{rep.address} within {s.health_timeout:g}s.", rep.name)
         if state.stage == "running":
             for rep in state.ps:
                 if (rep.status == "exited" and rep.exit_code == 0

@@ -1,0 +1,190 @@
+"""A role's pod template: a full Kubernetes core/v1 PodTemplateSpec (`metadata` with
+labels and annotations, `spec` a PodSpec), checked against Kubernetes' own schema
+(pstrain_api.podschema) and against the fields pstrain owns.
+
+What pstrain owns, and so refuses in a template (each refusal names the field):
+- the main container's name: the first container is the replica's main container and
+  must be named `pstrain` (other containers are sidecars);
+- the main container's `ports`: pstrain declares the replica port (2222) and, on a
+  parameter server, the data port (2223);
+- the injected environment: names starting with PSTRAIN_, and TF_CONFIG, in any
+  container or init container;
+- the pod's `hostname` and `subdomain` (the replica's DNS name) and a `restartPolicy`
+  other than Never (pstrain restarts replicas by its run policy).
+
+What is unset gets today's defaults when the pod is built (operator/build.py): the
+operator's runtime image, `pstrain replica`, a restrictive security context.
+
+Pure: plain data in, (path, sentence) pairs out.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from . import constants as c
+from .quote import quote
+from . import names
+from .podschema import pod_template_schema
+
+Found = list[tuple[str, str]]
+KIND = "PodTemplateSpec"
+
+OWNED_POD_FIELDS = ("hostname", "subdomain")
+MAIN_NAME_RULE = (f"the first container is the replica's main container, which pstrain "
+                  f"names {c.MAIN_CONTAINER!r}")
+PORTS_RULE = (f"is set; pstrain declares the main container's ports ({c.REPLICA_PORT} and "
+              f"{c.DATA_PORT} on a parameter server, {c.METRICS_PORT} for metrics)")
+DNS_NAME_RULE = "pstrain sets it so that each replica has the DNS name its cluster spec gives"
+RESTART_RULE = "it must be 'Never' (pstrain restarts replicas by spec.runPolicy)"
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def pod_spec(template: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return _map(_map(template).get("spec"))
+
+
+def main_container(template: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """The first container of the template (the replica's own), or {} when none."""
+    containers = _list(pod_spec(template).get("containers"))
+    return _map(containers[0]) if containers else {}
+
+
+def containers(template: Mapping[str, Any] | None) -> Iterable[tuple[str, Mapping[str, Any]]]:
+    """(path, container) of every container and init container."""
+    spec = pod_spec(template)
+    for kind in ("containers", "initContainers"):
+        for i, container in enumerate(_list(spec.get(kind))):
+            yield f"spec.{kind}[{i}]", _map(container)
+
+
+def owned_field_problems(template: Mapping[str, Any]) -> Found:
+    """Every pstrain-owned field the template sets (paths relative to the template)."""
+    found: Found = []
+    spec = pod_spec(template)
+    main = main_container(template)
+    if main and main.get("name") != c.MAIN_CONTAINER:
+        found.append(("spec.containers[0].name", f"is {quote(main.get('name'))}; {MAIN_NAME_RULE}"))
+    if "ports" in main:
+        found.append(("spec.containers[0].ports", PORTS_RULE))
+    for field in OWNED_POD_FIELDS:
+        if field in spec:
+            found.append((f"spec.{field}", f"is {quote(spec[field])}; {DNS_NAME_RULE}"))
+    if spec.get("restartPolicy", "Never") != "Never":
+        found.append(("spec.restartPolicy", f"is {quote(spec['restartPolicy'])}; {RESTART_RULE}"))
+    for path, container in containers(template):
+        for i, var in enumerate(_list(container.get("env"))):
+            name = _map(var).get("name")
+            if isinstance(name, str) and is_reserved_env(name):
+                found.append((f"{path}.env[{i}].name", f"is {quote(name)}; {RESERVED_ENV_RULE}"))
+    return found
+
+
+RESERVED_ENV_RULE = (f"names starting with {c.RESERVED_ENV_PREFIX} and "
+                     f"{', '.join(sorted(c.RESERVED_ENV_NAMES))} are set by pstrain and may "
+                     "not be overridden")
+
+
+def is_reserved_env(name: str) -> bool:
+    return name.startswith(c.RESERVED_ENV_PREFIX) or name in c.RESERVED_ENV_NAMES
+
+
+# --------------------------------------------------------------------------- schema
+
+
+def _closed(node: Any) -> Any:
+    """The schema with every object that lists its properties closed to others, as
+    `kubectl apply` (strict field validation) treats unknown fields."""
+    if isinstance(node, list):
+        return [_closed(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _closed(v) for k, v in node.items()}
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+@functools.cache
+def _validator() -> Any:
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(_closed(pod_template_schema()))
+
+
+def _where(parts: Iterable[Any]) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+_TYPE_WORDS = {"string": "a string", "array": "a list", "object": "a mapping",
+               "integer": "an integer", "number": "a number", "boolean": "a boolean"}
+
+
+def _kind_of(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "a list", dict: "a mapping"}.get(type(value), type(value).__name__)
+
+
+def name_problems(template: Mapping[str, Any]) -> Found:
+    """Kubernetes names the pod schema cannot check: service account, priority class,
+    volume and volume-mount names, label keys and values."""
+    found: Found = []
+    spec = pod_spec(template)
+    for field in ("serviceAccountName", "priorityClassName"):
+        value = spec.get(field)
+        if isinstance(value, str) and (why := names.dns_subdomain_problem(value)):
+            found.append((f"spec.{field}", f"is {quote(value)}; {why}"))
+    for i, volume in enumerate(_list(spec.get("volumes"))):
+        value = _map(volume).get("name")
+        if isinstance(value, str) and (why := names.dns_label_problem(value)):
+            found.append((f"spec.volumes[{i}].name", f"is {quote(value)}; {why}"))
+    for path, container in containers(template):
+        for i, mount in enumerate(_list(container.get("volumeMounts"))):
+            value = _map(mount).get("name")
+            if isinstance(value, str) and (why := names.dns_label_problem(value)):
+                found.append((f"{path}.volumeMounts[{i}].name", f"is {quote(value)}; {why}"))
+    for key, value in _map(_map(_map(template).get("metadata")).get("labels")).items():
+        if isinstance(key, str) and (why := names.label_key_problem(key)):
+            found.append(("metadata.labels", f"has the key {quote(key)}; {why}"))
+        elif isinstance(value, str) and (why := names.label_value_problem(value)):
+            found.append((f"metadata.labels.{key}", f"is {quote(value)}; {why}"))
+    return found
+
+
+def schema_problems(template: Any) -> Found:
+    """Where the template departs from Kubernetes' PodTemplateSpec schema."""
+    found: Found = []
+    for err in sorted(_validator().iter_errors(template), key=lambda e: list(e.absolute_path)):
+        path = _where(err.absolute_path)
+        if err.validator == "additionalProperties":
+            known = set(_map(err.schema).get("properties", {}))
+            for extra in sorted(set(_map(err.instance)) - known):
+                found.append((_where([*err.absolute_path, extra]),
+                              f"is not a field of a Kubernetes {KIND}"))
+        elif err.validator == "required":
+            for name in err.validator_value:
+                if name not in _map(err.instance):
+                    found.append((_where([*err.absolute_path, name]), "is required but missing"))
+        elif err.validator == "type":
+            want = _TYPE_WORDS.get(str(err.validator_value), str(err.validator_value))
+            found.append((path, f"is {quote(err.instance)}; it must be {want}, not "
+                                f"{_kind_of(err.instance)}"))
+        elif err.validator == "enum":
+            found.append((path, f"is {quote(err.instance)}; it must be one of {err.validator_value}"))
+        else:
+            found.append((path, f"is {quote(err.instance)}; {err.message}"))
+    return found

@@ -129,8 +129,25 @@ def openapi_schema() -> dict[str, Any]:
             "message": "parameter servers keep parameters on the CPU and may not request GPUs",
         }
     ]
+    worker = spec["properties"]["replicas"]["properties"]["worker"]
+    worker["x-kubernetes-validations"] = [
+        {"rule": "!has(self.minReplicas) || !has(self.maxReplicas) "
+                 "|| self.minReplicas <= self.maxReplicas",
+         "message": "minReplicas must be at most maxReplicas"},
+        {"rule": "!has(self.minReplicas) || self.replicas >= self.minReplicas",
+         "message": "replicas must be at least minReplicas"},
+        {"rule": "!has(self.maxReplicas) || self.replicas <= self.maxReplicas",
+         "message": "replicas must be at most maxReplicas"},
+    ]
     return schema
 
+
+# `kubectl scale trainingjob/NAME --replicas=N` sets the worker count.
+SCALE_SUBRESOURCE = {
+    "specReplicasPath": ".spec.replicas.worker.replicas",
+    "statusReplicasPath": ".status.workers.live",
+    "labelSelectorPath": ".status.workers.selector",
+}
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase",
@@ -139,6 +156,8 @@ PRINTER_COLUMNS = [
      "description": "Ready/total parameter servers."},
     {"name": "Workers", "type": "string", "jsonPath": ".status.workersReady",
      "description": "Ready/total workers, the chief included."},
+    {"name": "Live", "type": "integer", "jsonPath": ".status.workers.live",
+     "description": "Live workers (elastic scaling)."},
     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.globalStep",
      "description": "Global training step."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
@@ -171,7 +190,7 @@ def build_crd() -> dict[str, Any]:
                     "served": True,
                     "storage": True,
                     "schema": {"openAPIV3Schema": openapi_schema()},
-                    "subresources": {"status": {}},
+                    "subresources": {"status": {}, "scale": SCALE_SUBRESOURCE},
                     "additionalPrinterColumns": PRINTER_COLUMNS,
                 }
             ],

@@ -33,12 +33,17 @@ def test_crd_names_subresource_and_printer_columns():
     assert spec["names"]["shortNames"] == ["tj"]
     assert "pstrain" in spec["names"]["categories"]
     (version,) = spec["versions"]
-    assert version["subresources"] == {"status": {}}
+    assert version["subresources"] == {"status": {}, "scale": {
+        "specReplicasPath": ".spec.replicas.worker.replicas",
+        "statusReplicasPath": ".status.workers.live",
+        "labelSelectorPath": ".status.workers.selector",
+    }}
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert columns == {
         "Phase": ".status.phase",
         "PS": ".status.psReady",
         "Workers": ".status.workersReady",
+        "Live": ".status.workers.live",
         "Step": ".status.progress.globalStep",
         "Age": ".metadata.creationTimestamp",
     }
@@ -135,7 +140,8 @@ NOT_IN_SCHEMA = {"gpu-on-ps", "gpu-limit-on-ps", "gpu-twice", "reserved-env", "b
                  "namespace-not-dns", "learning-rate-inf", "momentum-nan", "steps-over-int64",
                  "args-over-int64", "quantity-float", "label-key-space",
                  "label-key-bad-prefix", "training-args-200kb", "workers-4000",
-                 "workers-a-billion"}
+                 "workers-a-billion", "workers-over-max", "workers-under-min",
+                 "worker-bounds-crossed"}
 
 
 @pytest.mark.parametrize(
@@ -155,3 +161,17 @@ def test_pod_template_fields_survive_in_schema():
     doc = job().template("worker", affinity={"nodeAffinity": {"x": 1}},
                          volumes=[{"name": "v", "emptyDir": {}}]).build()
     assert list(VALIDATOR.iter_errors(doc)) == []
+
+
+def test_worker_bounds_are_cel_validations_in_the_crd():
+    """The scale subresource writes spec.replicas.worker.replicas without pydantic: the API
+    server itself must refuse a count outside minReplicas..maxReplicas."""
+    worker = (openapi_schema()["properties"]["spec"]["properties"]["replicas"]
+              ["properties"]["worker"])
+    rules = [rule["rule"] for rule in worker["x-kubernetes-validations"]]
+    assert rules == [
+        "!has(self.minReplicas) || !has(self.maxReplicas) "
+        "|| self.minReplicas <= self.maxReplicas",
+        "!has(self.minReplicas) || self.replicas >= self.minReplicas",
+        "!has(self.maxReplicas) || self.replicas <= self.maxReplicas",
+    ]

@@ -814,6 +814,7 @@ class ParameterStore:
                            if w in members), default=0)
             for worker in members.live - ns.members.live:
                 ns.worker_pushes[worker] = slowest
+                ns.positions.pop(worker, None)  # a newcomer reads a new partition from 0
             ns.members = members
             self._apply_ready_buckets(ns)
             ns.cond.notify_all()

@@ -180,3 +180,12 @@ def test_init_again_resets_the_worker_set() -> None:
     client.init(params(), SGD, mode="async", num_workers=2, staleness_bound=None,
                 fingerprint=FP)
     assert store.namespace("ns").members.live == {0, 1}
+
+
+def test_a_returning_worker_starts_its_new_partition_from_the_beginning() -> None:
+    store, _ = ready_store(mode="async", num_workers=2)
+    store.push(iter(push_frames(grads_of(1), worker=1, step=6)), timeout=0.01)
+    assert store.info("ns", 1).position == 7
+    store.set_workers("ns", {0})
+    store.set_workers("ns", {0, 1})
+    assert store.info("ns", 1).position == 0

@@ -226,6 +226,27 @@ CASES = [
                pod(J().build(), "worker", 1, ready=True)],
          actions=[], phase="Running", events=["SpecChangeNotApplicable"], requeue=10.0,
          status={"psReady": "1/1"}),
+    # Elastic workers: pods built for 2 workers, the spec now asks for another count.
+    Case("scale 2 -> 4: two worker pods added, PS and chief untouched, no restart",
+         J().workers(4).status(phase="Running", workers={"desired": 2, "live": 2}),
+         pods=running(J()), actions=create("worker-2", "worker-3"), phase="Running",
+         events=["WorkersScaledUp", "StartedWorkers"], requeue=10.0,
+         status={"workers": {"desired": 4, "live": 4,
+                             "selector": "pstrain.io/job-name=j,"
+                                         "pstrain.io/replica-role=worker"},
+                 "workersReady": "2/4"}),
+    Case("scale 4 -> 1: workers 3, 2, 1 removed, worker 0 (the chief) kept",
+         J().workers(1).status(phase="Running", workers={"desired": 4, "live": 4}),
+         pods=running(J().workers(4), workers=4),
+         actions=delete("worker-3", "worker-2", "worker-1"), phase="Running",
+         events=["WorkersScaledDown"], requeue=10.0,
+         status={"workers": {"desired": 1, "live": 1,
+                             "selector": "pstrain.io/job-name=j,"
+                                         "pstrain.io/replica-role=worker"}}),
+    Case("scale seen before: no second event",
+         J().workers(4).status(phase="Running", workers={"desired": 4, "live": 4}),
+         pods=running(J()) + running(J().workers(4), ps=0, workers=4)[2:],
+         phase="Running", requeue=10.0),
     Case("terminal: TTL not yet passed, requeue for the rest",
          J().policy(ttlSecondsAfterFinished=100).status(
              phase="Succeeded", completionTime="2026-01-01T12:00:00Z"),

@@ -554,6 +554,11 @@ class WorkerMembership(ApiModel):
     selector: str = Field(
         default="", description="Label selector of the job's worker pods (scale subresource)."
     )
+    members: list[int] | None = Field(
+        default=None,
+        description="Trainer indices last set as the worker set on the parameter servers "
+        "after a scale (unset: the set the chief initialised them with).",
+    )
 
 
 class TrainingJobStatus(ApiModel):

@@ -125,7 +125,8 @@ def ps0_address(job: TrainingJob) -> str:
     return str(kubernetes_cluster_spec(job).addresses[Task(c.ROLE_PS, 0)])
 
 
-Action = CreateService | CreatePod | DeletePod | DeleteJob | RequestCheckpoint
+SetWorkers = scaling.SetWorkers
+Action = CreateService | CreatePod | DeletePod | DeleteJob | RequestCheckpoint | SetWorkers
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,7 @@ def _with_counts(job: TrainingJob, st: TrainingJobStatus, pods: Sequence[Observe
         counts[c.ROLE_CHIEF].ready if c.ROLE_CHIEF in counts else 0
     )
     return st.model_copy(update={
-        "workers": scaling.membership(job, _after(pods, actions)),
+        "workers": scaling.membership(job, _after(pods, actions), st.workers),
         "replica_statuses": counts,
         "ps_ready": f"{counts[c.ROLE_PS].ready}/{reps.ps.replicas}",
         "workers_ready": f"{workers_ready}/{workers_total}",
@@ -496,6 +497,13 @@ def decide(obs: Observed, settings: PodSettings,
                        else progress.model_copy(update={"advanced_at": now}))
         if obs.checkpoint is not None:
             st.last_checkpoint = obs.checkpoint
+        # Elastic workers: the parameter servers learn the worker set after a scale.
+        ps_addresses = [str(cluster.addresses[t]) for t in cluster.ps_tasks()]
+        set_workers = scaling.decide_worker_set(job, old, live, ps_addresses)
+        if set_workers is not None:
+            actions.append(set_workers)
+            st.workers = scaling.membership(job, live, st.workers).model_copy(
+                update={"members": list(set_workers.workers)})
         st, settled = checkpointing.settle(st, now)
         events.extend(settled)
         requeue = REQUEUE_STARTING_S if ps_finished else progress_interval

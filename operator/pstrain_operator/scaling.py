@@ -52,11 +52,58 @@ def worker_pods(pods: Sequence[ObservedPod]) -> list[ObservedPod]:
     return [p for p in pods if p.role == c.ROLE_WORKER and not p.deleting]
 
 
-def membership(job: TrainingJob, pods: Sequence[ObservedPod]) -> WorkerMembership:
-    """status.workers: desired from the spec, live = worker pods not finished."""
+def membership(job: TrainingJob, pods: Sequence[ObservedPod],
+               old: WorkerMembership | None = None) -> WorkerMembership:
+    """status.workers: desired from the spec, live = worker pods not finished; the
+    members last set on the parameter servers are kept."""
     return WorkerMembership(desired=job.spec.replicas.worker.replicas,
                             live=sum(1 for p in worker_pods(pods) if p.active),
-                            selector=worker_selector(job))
+                            selector=worker_selector(job),
+                            members=old.members if old is not None else None)
+
+
+@dataclass(frozen=True)
+class SetWorkers:
+    """Make `workers` (trainer indices) the worker set on every parameter server at
+    `addresses` (the SetWorkers call, with the chief's key)."""
+
+    addresses: tuple[str, ...]
+    workers: tuple[int, ...]
+
+
+def _initialised_trainers(job: TrainingJob, pods: Sequence[ObservedPod]) -> int | None:
+    """How many trainers the chief initialised the servers for: the worker count (plus
+    a separate chief) of the spec its pod was built from; None without a chief pod."""
+    role, index = (c.ROLE_CHIEF, 0) if job.has_separate_chief else (c.ROLE_WORKER, 0)
+    chief = next((p for p in pods if p.role == role and p.index == index and not p.deleting),
+                 None)
+    if chief is None:
+        return None
+    try:
+        replicas = json.loads(chief.applied_spec)["replicas"]
+        return int(replicas["worker"].get("replicas", 2)) + (1 if "chief" in replicas else 0)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def decide_worker_set(job: TrainingJob, old: TrainingJobStatus,
+                      pods: Sequence[ObservedPod],
+                      addresses: Sequence[str]) -> SetWorkers | None:
+    """The SetWorkers call a running job needs now, or None. The servers' set is: the
+    trainers the chief initialised them for, less those a scale-down removed, plus the
+    newcomers whose pods are Ready (so no step waits for a pod still starting, and a
+    worker of the initial set is never dropped for a readiness blip). Sent when it
+    differs from the last one sent (status.workers.members), or from Init's default."""
+    initial = _initialised_trainers(job, pods)
+    if initial is None:
+        return None
+    desired = job.spec.replicas.worker.replicas + (1 if job.has_separate_chief else 0)
+    kept = set(range(min(initial, desired)))
+    target = sorted(kept | {i for i in trainer_indices(job, pods) if i >= initial})
+    last = old.workers.members if old.workers is not None else None
+    if target == (last if last is not None else list(range(initial))):
+        return None
+    return SetWorkers(tuple(addresses), tuple(target))
 
 
 @dataclass(frozen=True)

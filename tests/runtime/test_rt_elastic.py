@@ -189,3 +189,76 @@ def test_a_returning_worker_starts_its_new_partition_from_the_beginning() -> Non
     store.set_workers("ns", {0})
     store.set_workers("ns", {0, 1})
     assert store.info("ns", 1).position == 0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("mode", "steps", "grown"), [("async", 600, 3), ("sync", 400, 4)])
+def test_digits_scaled_up_mid_run_finishes_at_the_usual_accuracy(
+        mode: str, steps: int, grown: int) -> None:
+    """Real trainers (threads) against one store: two workers start, more join at step
+    100 (`set_workers`, then their trainers start); the job ends at exactly the target
+    with the accuracy of a fixed-size job (test_rt_trainer: >= 95 %). async grows to 3:
+    digits' async settings (momentum 0.9) diverge with 4 fixed workers too."""
+    from pstrain_runtime.client import LocalTransport
+    from pstrain_runtime.examples.digits import make_task
+    from pstrain_runtime.trainer import Trainer, WorkerRole
+
+    from .builders import Events, digits_training
+
+    events = Events()
+    training = digits_training(steps=steps, mode=mode, evalIntervalSteps=200)
+    store = ParameterStore(max_wait=10)
+    transports = [LocalTransport(store)]
+    errors: list[BaseException] = []
+
+    def trainer(worker: int, count: int) -> Trainer:
+        return Trainer(training, WorkerRole("ns", worker, count), transports,
+                       emit=events if worker == 0 else (lambda *a, **k: None),
+                       progress_interval=0.05, task=make_task())
+
+    def start(t: Trainer) -> threading.Thread:
+        def go() -> None:
+            try:
+                t.run()
+            except BaseException as exc:  # re-raised below
+                errors.append(exc)
+        thread = threading.Thread(target=go, daemon=True)
+        thread.start()
+        return thread
+
+    trainers = [trainer(0, 2), trainer(1, 2)]
+    threads = [start(t) for t in reversed(trainers)]
+    try:
+        deadline = 60.0
+        ns = None
+        while ns is None and deadline > 0:  # the chief creates the namespace
+            try:
+                ns = store.namespace("ns")
+            except PSError:
+                threading.Event().wait(0.05)
+                deadline -= 0.05
+        assert ns is not None
+        with ns.cond:
+            assert ns.cond.wait_for(lambda: ns.global_step >= 100 or ns.done, timeout=60)
+            assert not ns.done
+        store.set_workers("ns", set(range(grown)))
+        with ns.cond:
+            joined = dict(ns.worker_pushes)
+        newcomers = [trainer(w, grown) for w in range(2, grown)]
+        trainers += newcomers
+        threads += [start(t) for t in newcomers]
+        for thread in threads:
+            thread.join(90)
+        assert not any(thread.is_alive() for thread in threads), "a trainer did not finish"
+    finally:
+        store.stop()
+        for t in trainers:
+            t.close()
+    if errors:
+        raise errors[0]
+    done = events.of("done")[0]
+    assert done["step"] == steps and ns.global_step == steps
+    assert done["accuracy"] >= 0.95
+    assert ns.members.live == set(range(grown))
+    if mode == "async":  # the newcomers' pushes were applied
+        assert all(ns.worker_pushes[w] > joined[w] for w in range(2, grown))

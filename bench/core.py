@@ -149,3 +149,19 @@ def latency_samples(fn: Callable[[], object], samples: int, warmup: int = SMALL_
     secs = time_repeated(fn, warmup, calls)
     k = calls // samples
     return [statistics.median(secs[i * k:(i + 1) * k]) for i in range(samples)]
+
+
+def run_parts(item: str, parts: Sequence[tuple[str, Callable[[], Sequence[Figure]]]]
+              ) -> list[Figure]:
+    """Run an item's parts in order; a part whose process group fails (GroupError, a
+    RuntimeError) leaves a missing figure `<item>.failed.<part>` with the error's last
+    line, and the other parts still run."""
+    figs: list[Figure] = []
+    for name, part in parts:
+        try:
+            figs += part()
+        except RuntimeError as exc:
+            last = str(exc).strip().splitlines()[-1][:300]
+            figs.append(Figure.missing(f"{item}.failed.{name.replace(' ', '_')}",
+                                       f"{name}: failed", "", last))
+    return figs

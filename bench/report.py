@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from . import ctr
 from .core import MIN_REPEATS, Figure, ratio
 
 Status = Literal["met", "missed", "not measured"]
@@ -21,6 +22,7 @@ ITEM_TITLES = {
     "overlap": "4b. Overlapping communication with backward (2 PS)",
     "operator": "5. Operator (against the Kubernetes emulator)",
     "gpu": "6. GPU",
+    "ctr": "7. CTR model with sparse embedding tables (2 PS + 2 workers)",
 }
 
 
@@ -82,6 +84,7 @@ def derive(figures: Iterable[Figure]) -> list[Figure]:
     if on is not None:
         out.append(ratio("overlap.wide.on_vs_off", "wide: overlap on / off samples/s", on,
                          figs.get("overlap.wide.off")))
+    out += ctr.derive(figs)
     for mode in ("async", "async_pipeline"):
         tta_ps = figs.get(f"training.digits.tta.{mode}")
         if tta_ps is not None:
@@ -160,6 +163,8 @@ def evaluate_targets(figures: Iterable[Figure]) -> list[Target]:
                                   f"{_fmt(f.median, 'x')} ({_fmt(ps.median if ps else None)}"
                                   f" vs {_fmt(ddp.median if ddp else None)} samples/s)"))
 
+    targets += _ctr_targets(figs)
+
     for key, name, limit, unit in (
         ("operator.one_job.pods_after_ps_ready",
          "operator: all pods of a 1 PS + 8 worker job within 1 s of PS Ready", 1.0, "s"),
@@ -178,6 +183,46 @@ def evaluate_targets(figures: Iterable[Figure]) -> list[Target]:
                 detail += f" (the worst of {f.n} runs was over the bound)"
             targets.append(Target(name, _status(f.median, f.median < limit), detail))
     return targets
+
+
+def _ctr_targets(figs: Mapping[str, Figure]) -> list[Target]:
+    """The CTR item's targets: pstrain against DDP with the table dense (at the largest
+    size DDP ran), samples/s across sizes, worker RSS against the table."""
+    if not any(k.startswith("ctr.") for k in figs):
+        return []
+    out: list[Target] = []
+    name = "CTR: pstrain samples/s >= 3x DDP over gloo with the table dense (2 PS + 2 workers)"
+    vs = sorted(((ctr.size_rows(k.split(".")[2]), f) for k, f in figs.items()
+                 if k.startswith("ctr.ps.") and k.endswith(".vs_ddp_dense")
+                 and f.median is not None), key=lambda x: x[0])
+    if vs:
+        rows, f = vs[-1]
+        sparse = figs.get(f.key.replace("vs_ddp_dense", "vs_ddp_sparse"))
+        extra = f"; against DDP sparse=True: {_fmt(sparse.median, 'x')}" if sparse else ""
+        out.append(Target(name, _status(f.median, f.median >= 3.0),  # type: ignore[operator]
+                          f"{_fmt(f.median, 'x')} at {ctr.size_name(rows)} rows{extra}"))
+    else:
+        out.append(Target(name, "not measured", "no DDP dense figure"))
+    spread = figs.get("ctr.ps.spread")
+    name = "CTR: pstrain samples/s at 1 M, 10 M, 50 M rows within 20% of each other"
+    if spread is None or spread.median is None:
+        out.append(Target(name, "not measured", "fewer than two sizes measured"))
+    else:
+        out.append(Target(name, _status(spread.median, spread.median <= 0.2),
+                          f"fastest / slowest - 1 = {spread.median:.2f} ({spread.note})"))
+    rss = [(k.split(".")[2], f) for k, f in figs.items()
+           if k.startswith("ctr.ps.") and k.endswith(".worker_rss") and f.median is not None
+           and ctr.size_rows(k.split(".")[2]) >= 10_000_000]
+    name = "CTR: worker RSS below 25% of the table at >= 10 M rows"
+    if rss:
+        shares = {size: f.median / (ctr.table_bytes(ctr.size_rows(size)) / 1e6)  # type: ignore[operator]
+                  for size, f in rss}
+        worst = max(shares.values())
+        out.append(Target(name, _status(worst, worst < 0.25),
+                          ", ".join(f"{size}: {100 * v:.1f}%" for size, v in shares.items())))
+    else:
+        out.append(Target(name, "not measured", "no worker RSS at >= 10 M rows"))
+    return out
 
 
 def render_markdown(result: Mapping[str, Any]) -> str:

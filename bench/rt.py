@@ -176,3 +176,24 @@ def shutdown_servers(ports: Sequence[int], grace: float = 5.0) -> None:
             t.shutdown(grace)
         finally:
             t.close()
+
+
+# --------------------------------------------------------------------------- sparse
+
+
+def sparse_table(ports: Sequence[int], namespace: str, dim: int):  # noqa: ANN201
+    """A sparse client over the servers on `ports` and the spec of one dynamic table
+    of `dim` float32 values per row (Adagrad), defined on them and initialised."""
+    import torch
+    from pstrain_runtime.client import connect as connect_one
+    from pstrain_runtime.optim import OptimizerConfig
+    from pstrain_runtime.sparse.client import SparseClient
+    from pstrain_runtime.sparse.spec import TableSpec
+
+    dense = connect(ports, {"w": (4,)}, namespace)
+    spec = TableSpec(name="bench", num_embeddings=None, embedding_dim=dim, init_std=0.01,
+                     optimizer=OptimizerConfig(name="adagrad", learning_rate=0.05))
+    client = SparseClient([connect_one(f"{LOOPBACK}:{p}", "tcp") for p in ports], namespace)
+    client.configure([spec], reset=True)
+    init(dense, {"w": torch.zeros(4)}, num_workers=1)
+    return client, spec, dense

@@ -37,6 +37,7 @@ ITEMS: dict[str, str] = {
     "overlap": "bench.training:overlap_throughput",
     "operator": "bench.operator_bench:run",
     "gpu": "bench.gpu:run",
+    "ctr": "bench.ctr:run",
     "elastic": "bench.elastic:run",
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "out"

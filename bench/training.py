@@ -32,7 +32,7 @@ from datetime import timedelta
 from typing import Any
 
 from . import rt
-from .core import Config, Figure
+from .core import Config, Figure, run_parts
 from .procs import LOOPBACK, cpu_seconds, find_free_ports, free_port, run_group
 
 WORKERS = 2
@@ -176,10 +176,17 @@ def _ps_job_peer(rank: int, ports: list[int], jobs: list[dict[str, Any]], timeou
         if worker == 0:
             if job["kind"] == "throughput":
                 enough = enough_windows(job["window_s"], job["skip"], job["count"])
+                memory = job.get("sample_memory", False)
 
-                def stop(events: list, enough: Callable[[list], bool] = enough) -> bool:
+                def stop(events: list, enough: Callable[[list], bool] = enough,
+                         memory: bool = memory) -> bool:
                     if events[-1][1] == "progress":
                         events[-1][2]["cpu"] = [cpu_seconds(p) for p in pids[:]]
+                        if memory:  # the CTR item: RSS of all, TCP bytes of the workers
+                            from .ctr import rss_bytes, wire_bytes
+
+                            events[-1][2]["rss"] = [rss_bytes(p) for p in pids[:]]
+                            events[-1][2]["wire"] = wire_bytes(pids[num_ps:])
                     return enough(events)
             elif job["kind"] == "accuracy":
                 stop = reached_accuracy(job["target"])
@@ -507,11 +514,4 @@ def run(cfg: Config) -> list[Figure]:
                                                     ps_time_to_accuracy(cfg, "async_pipeline")]),
               ("single time to accuracy", lambda: [single_time_to_accuracy(cfg)]),
               ("wire dtype accuracy", lambda: wire_dtype_accuracy(cfg))]
-    for name, part in parts:
-        try:
-            figs += part()
-        except RuntimeError as exc:  # GroupError: keep the other parts' figures
-            last = str(exc).strip().splitlines()[-1][:300]
-            figs.append(Figure.missing(f"training.failed.{name.replace(' ', '_')}",
-                                       f"{name}: failed", "", last))
-    return figs
+    return figs + run_parts("training", parts)

@@ -506,6 +506,10 @@ class Progress(ApiModel):
     loss: float | None = Field(default=None, description="Latest training loss.")
     samples_per_second: float | None = Field(default=None, description="Throughput.")
     eval_accuracy: float | None = Field(default=None, description="Latest eval accuracy.")
+    auc: float | None = Field(default=None, description="Latest eval ROC AUC (tasks that "
+                              "report one, e.g. click-through-rate models).")
+    logloss: float | None = Field(default=None, description="Latest eval log loss (tasks "
+                                  "that report one).")
     updated_at: Timestamp | None = Field(default=None, description="When last refreshed.")
     advanced_at: Timestamp | None = Field(
         default=None, description="When the global step was last seen to advance."

@@ -41,6 +41,8 @@ _KEYS = {
     "loss": ("loss",),
     "samples_per_second": ("samples_per_second", "samplesPerSecond", "samples_per_sec"),
     "eval_accuracy": ("eval_accuracy", "evalAccuracy", "accuracy"),
+    "auc": ("auc",),
+    "logloss": ("logloss",),
 }
 
 
@@ -126,6 +128,8 @@ def progress_from_status(data: Mapping[str, Any] | None, now: datetime) -> Progr
                                 if "samples_per_second" in values else None),
             eval_accuracy=(float(values["eval_accuracy"])
                            if "eval_accuracy" in values else None),
+            auc=float(values["auc"]) if "auc" in values else None,
+            logloss=float(values["logloss"]) if "logloss" in values else None,
             updated_at=now,
         )
     except (TypeError, ValueError):

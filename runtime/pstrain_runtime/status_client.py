@@ -2,7 +2,8 @@
 
     fetch_job_status("digits-ps-0.digits.default.svc:2222", timeout=2.0)
     -> {"namespace": "default/digits", "global_step": 420, "loss": 0.08,
-        "samples_per_sec": 15000.0, "eval_accuracy": 0.97, "checkpoint_step": 400,
+        "samples_per_sec": 15000.0, "eval_accuracy": 0.97, "auc": None, "logloss": None,
+        "eval_metrics": {"accuracy": 0.97, "loss": 0.1}, "checkpoint_step": 400,
         "checkpoint_path": "/ckpt/ckpt-000000000400.pt", "checkpoint_time": 1.7e9,
         "done": False, "target_steps": 600, "initialized": True, "updated_time": 1.7e9}
 
@@ -25,6 +26,12 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _metric(status: ps_pb2.JobStatus, key: str) -> float | None:
+    """One metric of the latest evaluation, None when it has none or it is not finite."""
+    value = status.eval_metrics.get(key)
+    return _finite(value) if value is not None else None
+
+
 def status_to_dict(status: ps_pb2.JobStatus) -> dict[str, Any]:
     return {
         "namespace": status.namespace,
@@ -32,6 +39,10 @@ def status_to_dict(status: ps_pb2.JobStatus) -> dict[str, Any]:
         "loss": _finite(status.loss),
         "samples_per_sec": status.samples_per_sec or None,
         "eval_accuracy": _finite(status.eval_accuracy) if status.has_eval else None,
+        "auc": _metric(status, "auc"),
+        "logloss": _metric(status, "logloss"),
+        "eval_metrics": {k: v for k, v in sorted(status.eval_metrics.items())
+                         if math.isfinite(v)},
         "checkpoint_step": int(status.checkpoint_step) if status.has_checkpoint else None,
         "checkpoint_path": status.checkpoint_path if status.has_checkpoint else None,
         "checkpoint_time": status.checkpoint_time if status.has_checkpoint else None,

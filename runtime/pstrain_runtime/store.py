@@ -119,6 +119,7 @@ class JobReport:
     loss: float | None = None
     samples_per_sec: float | None = None
     eval_accuracy: float | None = None
+    eval_metrics: dict[str, float] = field(default_factory=dict)
     checkpoint_step: int | None = None
     checkpoint_path: str = ""
     checkpoint_time: float = 0.0
@@ -835,7 +836,9 @@ class ParameterStore:
             r.loss = report.loss if math.isfinite(report.loss) else r.loss
             r.samples_per_sec = report.samples_per_sec
             if report.has_eval:
-                r.eval_accuracy = report.eval_accuracy
+                r.eval_accuracy = (report.eval_accuracy if math.isfinite(report.eval_accuracy)
+                                   else None)
+                r.eval_metrics = dict(report.eval_metrics)
             if report.has_checkpoint:
                 if 0 <= ns.checkpoint_wanted <= report.checkpoint_step:
                     ns.checkpoint_wanted = -1  # the requested checkpoint is written
@@ -876,13 +879,13 @@ class ParameterStore:
                 loss=r.loss if r.loss is not None else float("nan"),
                 samples_per_sec=r.samples_per_sec or 0.0,
                 eval_accuracy=r.eval_accuracy if r.eval_accuracy is not None else float("nan"),
-                has_eval=r.eval_accuracy is not None,
+                has_eval=r.eval_accuracy is not None or bool(r.eval_metrics),
                 checkpoint_step=r.checkpoint_step if r.checkpoint_step is not None else -1,
                 checkpoint_path=r.checkpoint_path, checkpoint_time=r.checkpoint_time,
                 has_checkpoint=r.checkpoint_step is not None, done=ns.done,
                 target_steps=r.target_steps, initialized=ns.initialized,
-                updated_time=r.updated_time, sparse_rows=r.sparse_rows,
-                sparse_bytes=r.sparse_bytes,
+                updated_time=r.updated_time, eval_metrics=r.eval_metrics,
+                sparse_rows=r.sparse_rows, sparse_bytes=r.sparse_bytes,
             )
 
     def workers_informed(self) -> bool:

@@ -18,7 +18,9 @@ arguments. The function returns a `Task` (or any object with the same attributes
 - `loss(outputs, targets)`: a scalar tensor; it should be a mean over the batch (sync
   mode averages gradients over workers).
 - `evaluate(model)`: returns a dict of metrics, with `accuracy` (0..1) when the task
-  has one and optionally `loss`. Only the chief calls it.
+  has one and optionally `loss`; a ranking task returns `auc` and `logloss` instead
+  (see examples/ctr.py). Only the chief calls it; every metric reaches the job's status,
+  and `accuracy`, `auc` and `logloss` the progress and `pstrain run --json`.
 """
 
 from __future__ import annotations

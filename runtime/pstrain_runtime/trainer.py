@@ -423,14 +423,17 @@ class Trainer:
                   "pulled parameters and fresh optimizer state")
 
     def _report(self, *, loss: float | None = None, samples_per_sec: float = 0.0,
-                accuracy: float | None = None,
+                metrics: Mapping[str, float] | None = None,
                 checkpoint: tuple[int, str, float] | None = None,
                 tables: Mapping[str, Any] | None = None) -> None:
+        """Status for parameter server 0; `metrics` are an evaluation's (all of them,
+        e.g. accuracy or auc and logloss)."""
+        accuracy = metrics.get("accuracy") if metrics else None
         report = pb.StatusReport(
             loss=loss if loss is not None else math.nan, samples_per_sec=samples_per_sec,
             eval_accuracy=accuracy if accuracy is not None else math.nan,
-            has_eval=accuracy is not None, has_checkpoint=checkpoint is not None,
-            target_steps=self.training.steps)
+            has_eval=bool(metrics), has_checkpoint=checkpoint is not None,
+            target_steps=self.training.steps, eval_metrics=metrics or {})
         if checkpoint is not None:
             report.checkpoint_step, report.checkpoint_path, report.checkpoint_time = checkpoint
         if tables:
@@ -723,7 +726,7 @@ class Trainer:
                 if eval_every and next_eval is not None and next_eval <= gstep < training.steps:
                     metrics = self._evaluate()
                     self.emit("eval", step=gstep, **metrics)
-                    self._report(accuracy=metrics.get("accuracy"))
+                    self._report(metrics=metrics)
                     next_eval = (gstep // eval_every + 1) * eval_every
                 if reached:
                     break
@@ -758,7 +761,7 @@ class Trainer:
                 self._save_fallback()
         tables = self._table_fields()
         self._report(loss=result.loss, samples_per_sec=result.samples_per_sec,
-                     accuracy=result.metrics.get("accuracy"), tables=tables)
+                     metrics=result.metrics, tables=tables)
         self.emit("done", step=gstep, loss=result.loss,
                   accuracy=result.metrics.get("accuracy"),
                   samples_per_sec=round(result.samples_per_sec, 1),

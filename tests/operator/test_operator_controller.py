@@ -167,6 +167,10 @@ def test_progress_from_status() -> None:
     got = progress_from_status({"step": 5, "loss": "0.5", "accuracy": 0.9}, now)
     assert got is not None
     assert (got.global_step, got.loss, got.eval_accuracy, got.updated_at) == (5, 0.5, 0.9, now)
+    got = progress_from_status({"global_step": 7, "eval_accuracy": None, "auc": 0.85,
+                                "logloss": 0.47}, now)
+    assert got is not None
+    assert (got.eval_accuracy, got.auc, got.logloss) == (None, 0.85, 0.47)
     assert progress_from_status({"loss": 1.0}, now) is None
     assert progress_from_status(None, now) is None
     assert progress_from_status({"global_step": "x"}, now) is None

@@ -112,10 +112,18 @@ def test_job_status_for_the_operator(servers: list[PSServer]) -> None:
     status.pop("updated_time")
     assert status == {
         "namespace": "default/digits", "global_step": 1, "loss": 0.5,
-        "samples_per_sec": 100.0, "eval_accuracy": 0.9, "checkpoint_step": 1,
+        "samples_per_sec": 100.0, "eval_accuracy": 0.9, "auc": None, "logloss": None,
+        "eval_metrics": {}, "checkpoint_step": 1,
         "checkpoint_path": "/c/ckpt-1.pt", "checkpoint_time": 123.0, "done": False,
         "target_steps": 10, "initialized": True, "sparse_rows": None, "sparse_bytes": None,
     }
+    # A task without accuracy (the CTR example) reports AUC and log loss.
+    client.report(pb.StatusReport(eval_accuracy=float("nan"), has_eval=True,
+                                  eval_metrics={"auc": 0.85, "logloss": 0.47}))
+    status = fetch_job_status(address, timeout=5)
+    assert status is not None
+    assert (status["eval_accuracy"], status["auc"], status["logloss"],
+            status["eval_metrics"]) == (None, 0.85, 0.47, {"auc": 0.85, "logloss": 0.47})
     assert fetch_job_status("127.0.0.1:1", timeout=0.5) is None
 
 

@@ -33,6 +33,8 @@ class Metrics:
     samples_per_sec: float | None = None
     accuracy: float | None = None
     eval_loss: float | None = None
+    auc: float | None = None  # tasks that report them (the CTR example): ROC AUC and
+    logloss: float | None = None  # log loss on held-out data
     checkpoint_step: int | None = None
     checkpoint_path: str | None = None
     restores: tuple[Restore, ...] = ()
@@ -76,6 +78,8 @@ def fold(metrics: Metrics, replica: str, event: Mapping[str, Any]) -> Metrics:
             metrics,
             accuracy=_num(event, "accuracy"),
             eval_loss=_num(event, "loss"),
+            auc=_num(event, "auc"),
+            logloss=_num(event, "logloss"),
         )
     if kind == "checkpoint":
         return replace(metrics, checkpoint_step=step,
@@ -124,9 +128,9 @@ def describe_restore(restore: Restore) -> str:
 
 def build_summary(state: RunState, metrics: Metrics, wall_seconds: float,
                   job_name: str, checkpoint_dir: str | None) -> dict[str, Any]:
-    """The `--json` line: phase, steps, loss, accuracy, timing, restarts, lost steps,
-    and how every replica ended (exit code, restarts); for a model with sparse tables,
-    their live rows and server memory."""
+    """The `--json` line: phase, steps, loss, accuracy (auc and logloss), timing,
+    restarts, lost steps, and how every replica ended (exit code, restarts); for a model
+    with sparse tables, their live rows and server memory."""
     replicas = {
         r.name: {"role": r.role, "index": r.index, "exit_code": r.exit_code,
                  "restarts": max(r.attempt - 1, 0)}
@@ -156,6 +160,9 @@ def build_summary(state: RunState, metrics: Metrics, wall_seconds: float,
         "failed_replica": state.culprit,
         "replicas": replicas,
     }
+    for name in ("auc", "logloss"):  # only a model whose evaluation reports them
+        if getattr(metrics, name) is not None:
+            summary[name] = getattr(metrics, name)
     if metrics.sparse_rows is not None:  # only a model with sparse tables has these
         summary["sparse_rows"] = metrics.sparse_rows
         summary["sparse_bytes"] = metrics.sparse_bytes

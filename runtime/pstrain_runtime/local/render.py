@@ -33,9 +33,18 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def format_quality(accuracy: float | None, auc: float | None) -> str:
+    """"accuracy 0.9700", or "auc 0.8500" for a task that reports AUC and no accuracy."""
+    if accuracy is None and auc is not None:
+        return f"auc {auc:.4f}"
+    return f"accuracy {_fmt(accuracy, '.4f')}"
+
+
 def format_progress(metrics: Metrics) -> str:
     line = (f"step {metrics.step}/{metrics.total_steps}  loss {_fmt(metrics.loss, '.4f')}  "
             f"{_fmt(metrics.samples_per_sec, '.0f')} samples/s")
+    if metrics.auc is not None:
+        line += f"  auc {metrics.auc:.4f}"
     if metrics.sparse_rows is not None:
         line += (f"  {metrics.sparse_rows} table rows "
                  f"({(metrics.sparse_bytes or 0) / 2**20:.1f} MiB on the ps)")
@@ -46,8 +55,9 @@ def format_event(replica: str, event: Mapping[str, Any], metrics: Metrics) -> st
     """A line for an event worth a line of its own (not progress, which drives the bar)."""
     kind = event.get("event")
     if kind == "eval":
-        return (f"{replica}: eval at step {event.get('step', '?')}: accuracy "
-                f"{_fmt(metrics.accuracy, '.4f')}, loss {_fmt(metrics.eval_loss, '.4f')}")
+        return (f"{replica}: eval at step {event.get('step', '?')}: "
+                f"{format_quality(metrics.accuracy, metrics.auc)}, "
+                f"loss {_fmt(metrics.eval_loss, '.4f')}")
     if kind == "checkpoint":
         return (f"{replica}: checkpoint at step {event.get('step', '?')}"
                 f" -> {event.get('path', '?')}")
@@ -56,7 +66,8 @@ def format_event(replica: str, event: Mapping[str, Any], metrics: Metrics) -> st
         return describe_restore(metrics.restores[-1]) + warning
     if kind == "done":
         return (f"{replica}: training done at step {metrics.step}: loss "
-                f"{_fmt(metrics.loss, '.4f')}, accuracy {_fmt(metrics.accuracy, '.4f')}, "
+                f"{_fmt(metrics.loss, '.4f')}, "
+                f"{format_quality(metrics.accuracy, metrics.auc)}, "
                 f"{_fmt(metrics.samples_per_sec, '.0f')} samples/s")
     if kind == "ready":
         return f"{replica}: serving on {event.get('address', '?')}"
@@ -68,7 +79,8 @@ def format_result(summary: Mapping[str, Any]) -> list[str]:
     lines = [
         f"job {summary['job']} {summary['phase']} ({summary['reason']}) after "
         f"{summary['wall_seconds']:.1f}s: {summary['steps']}/{summary['total_steps']} steps, "
-        f"loss {_fmt(summary['loss'], '.4f')}, accuracy {_fmt(summary['accuracy'], '.4f')}, "
+        f"loss {_fmt(summary['loss'], '.4f')}, "
+        f"{format_quality(summary['accuracy'], summary.get('auc'))}, "
         f"{_fmt(summary['samples_per_sec'], '.0f')} samples/s",
         f"restarts: {summary['restarts']}, steps lost to restores: {summary['lost_steps']}",
     ]
@@ -149,13 +161,14 @@ class RichReporter:
             MofNCompleteColumn(),
             TextColumn("loss {task.fields[loss]}"),
             TextColumn("{task.fields[sps]} samples/s"),
+            TextColumn("{task.fields[auc]}"),
             TimeElapsedColumn(),
             TextColumn("{task.fields[stage]}"),
             console=self.console,
             transient=False,
         )
         self.task = self.progress.add_task(job_name, total=total_steps, loss="-", sps="-",
-                                           stage="starting")
+                                           stage="starting", auc="")
         self.training = False
         self.progress.start()
 
@@ -184,7 +197,8 @@ class RichReporter:
     def event(self, name: str, event: Mapping[str, Any], metrics: Metrics) -> None:
         self.progress.update(self.task, completed=metrics.step,
                              loss=_fmt(metrics.loss, ".4f"),
-                             sps=_fmt(metrics.samples_per_sec, ".0f"))
+                             sps=_fmt(metrics.samples_per_sec, ".0f"),
+                             auc=f"auc {metrics.auc:.4f}" if metrics.auc is not None else "")
         if metrics.step > 0 and not self.training:
             self.progress.update(self.task, stage="training")
             self.training = True

@@ -34,6 +34,8 @@ M0 = Metrics(total_steps=600)
                       ev("eval", step=10, accuracy=0.5, loss=1.5)],
                      Metrics(600, step=10, loss=2.0, samples_per_sec=900.0, accuracy=0.5,
                              eval_loss=1.5), id="eval-keeps-training-loss"),
+        pytest.param([ev("eval", step=10, auc=0.8, logloss=0.45, loss=0.45)],
+                     Metrics(600, eval_loss=0.45, auc=0.8, logloss=0.45), id="eval-auc"),
         pytest.param([ev("checkpoint", step=100, path="/c/100")],
                      Metrics(600, checkpoint_step=100, checkpoint_path="/c/100"),
                      id="checkpoint"),
@@ -88,9 +90,22 @@ def test_summary_has_the_contract_fields():
     }
 
 
+def test_summary_carries_auc_and_logloss():
+    state, _ = play(state_of(make_job("j").model()), [Begin(0.0)])
+    metrics = fold(M0, "j-worker-0", ev("eval", step=600, auc=0.85, logloss=0.47, loss=0.47))
+    summary = build_summary(state, metrics, 1.0, "j", None)
+    assert (summary["auc"], summary["logloss"], summary["accuracy"]) == (0.85, 0.47, None)
+    assert "auc 0.8500" in format_result(summary)[0]
+
+
 @pytest.mark.parametrize(
     ("replica", "event", "expected"),
     [
+        pytest.param("j-worker-0", ev("eval", step=300, auc=0.8512, logloss=0.5, loss=0.5),
+                     "j-worker-0: eval at step 300: auc 0.8512, loss 0.5000", id="eval-auc"),
+        pytest.param("j-worker-0", ev("eval", step=300, accuracy=0.97, loss=0.1),
+                     "j-worker-0: eval at step 300: accuracy 0.9700, loss 0.1000",
+                     id="eval-accuracy"),
         pytest.param("j-worker-0", ev("restored", step=200, lost_steps=13, servers=[0]),
                      "j-worker-0: restored ps shard 0 from step 200; 13 steps lost",
                      id="ps-restore"),
@@ -113,6 +128,8 @@ def test_progress_and_prefix_formats():
     assert format_progress(Metrics(600, step=12, loss=0.5, samples_per_sec=1234.4)) == (
         "step 12/600  loss 0.5000  1234 samples/s")
     assert format_progress(M0) == "step 0/600  loss -  - samples/s"
+    assert format_progress(Metrics(600, step=12, auc=0.81234)) == (
+        "step 12/600  loss -  - samples/s  auc 0.8123")
     assert format_replica_line("j-ps-0", "hello", width=10) == "[j-ps-0]     hello"
     assert format_notice("warning", "x") == "pstrain: warning: x"
 
@@ -156,12 +173,28 @@ def test_rich_reporter_prints_prefixed_lines_and_notices():
     restored = ev("restored", step=3, lost_steps=2, servers=[0])
     rep.event("j-worker-0", restored, fold(M0, "j-worker-0", restored))
     rep.notice("error", "boom", ["tb line"])
+    evaluated = ev("eval", step=5, auc=0.8123, logloss=0.5)
+    rep.event("j-worker-0", evaluated, fold(M0, "j-worker-0", evaluated))
     rep.close()
     text = out.getvalue()
-    for expected in ("[j-ps-0]     [not markup] serving",
+    for expected in ("[j-ps-0]     [not markup] serving", "auc 0.8123",
                      "pstrain: warning: j-worker-0: restored ps shard 0 from step 3; 2 steps "
                      "lost", "pstrain: error: boom", "    tb line"):
         assert expected in text
+
+
+def test_sparse_table_sizes_from_progress_reach_the_line_and_the_summary():
+    metrics = fold(M0, "j-worker-0", ev("progress", step=5, loss=1.0, sparse_rows=1500,
+                                        sparse_bytes=3 * 2**20,
+                                        sparse_tables={"t": {"rows": 1500,
+                                                             "bytes": 3 * 2**20}}))
+    assert format_progress(metrics).endswith("  1500 table rows (3.0 MiB on the ps)")
+    metrics = fold(metrics, "j-worker-0", ev("eval", step=5, accuracy=0.5))
+    assert (metrics.sparse_rows, metrics.sparse_bytes) == (1500, 3 * 2**20)
+    job = make_job("j").model()
+    state, _ = play(state_of(job), [Begin(0.0)])
+    summary = build_summary(state, metrics, 1.0, "j", None)
+    assert (summary["sparse_rows"], summary["sparse_bytes"]) == (1500, 3 * 2**20)
 
 
 def test_rich_progress_bar_follows_start_up_until_the_first_step():
@@ -186,17 +219,3 @@ def test_rich_progress_bar_follows_start_up_until_the_first_step():
                       "j-ps-0: serving on 127.0.0.1:4000",
                       "1 parameter server(s) serving; starting 0 wor...",
                       "training", "training"]
-
-
-def test_sparse_table_sizes_from_progress_reach_the_line_and_the_summary():
-    metrics = fold(M0, "j-worker-0", ev("progress", step=5, loss=1.0, sparse_rows=1500,
-                                        sparse_bytes=3 * 2**20,
-                                        sparse_tables={"t": {"rows": 1500,
-                                                             "bytes": 3 * 2**20}}))
-    assert format_progress(metrics).endswith("  1500 table rows (3.0 MiB on the ps)")
-    metrics = fold(metrics, "j-worker-0", ev("eval", step=5, accuracy=0.5))
-    assert (metrics.sparse_rows, metrics.sparse_bytes) == (1500, 3 * 2**20)
-    job = make_job("j").model()
-    state, _ = play(state_of(job), [Begin(0.0)])
-    summary = build_summary(state, metrics, 1.0, "j", None)
-    assert (summary["sparse_rows"], summary["sparse_bytes"]) == (1500, 3 * 2**20)

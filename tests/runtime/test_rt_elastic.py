@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -210,11 +211,20 @@ def test_digits_scaled_up_mid_run_finishes_at_the_usual_accuracy(
     store = ParameterStore(max_wait=10)
     transports = [LocalTransport(store)]
     errors: list[BaseException] = []
+    opened: set[tuple[int, int]] = set()  # (worker, num_workers) of every batches() call
 
     def trainer(worker: int, count: int) -> Trainer:
+        task = make_task()
+        batches = task.batches
+
+        def recorded(w: int, n: int, *args: Any, **kwargs: Any) -> Any:
+            opened.add((w, n))
+            return batches(w, n, *args, **kwargs)
+
+        task.batches = recorded
         return Trainer(training, WorkerRole("ns", worker, count), transports,
                        emit=events if worker == 0 else (lambda *a, **k: None),
-                       progress_interval=0.05, task=make_task())
+                       progress_interval=0.05, task=task)
 
     def start(t: Trainer) -> threading.Thread:
         def go() -> None:
@@ -260,5 +270,7 @@ def test_digits_scaled_up_mid_run_finishes_at_the_usual_accuracy(
     assert done["step"] == steps and ns.global_step == steps
     assert done["accuracy"] >= 0.95
     assert ns.members.live == set(range(grown))
+    # the running workers re-partitioned: they re-opened their data for the new count
+    assert {(0, grown), (1, grown)} <= opened
     if mode == "async":  # the newcomers' pushes were applied
         assert all(ns.worker_pushes[w] > joined[w] for w in range(2, grown))

@@ -38,6 +38,7 @@ ITEMS: dict[str, str] = {
     "operator": "bench.operator_bench:run",
     "gpu": "bench.gpu:run",
     "ctr": "bench.ctr:run",
+    "elastic": "bench.elastic:run",
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "out"
 

@@ -135,6 +135,10 @@ def openapi_schema() -> dict[str, Any]:
     for path, rule in rules.CRD_RULES:
         schema_at(schema, path).setdefault("x-kubernetes-validations", []).append(
             rule.to_crd())
+    # Elastic workers: the scale subresource writes spec.replicas.worker.replicas without
+    # pydantic, so the API server itself keeps it within minReplicas..maxReplicas.
+    worker = spec["properties"]["replicas"]["properties"]["worker"]
+    worker.setdefault("x-kubernetes-validations", []).extend(WORKER_BOUNDS)
     return schema
 
 
@@ -148,6 +152,23 @@ def schema_at(schema: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
     return node
 
 
+WORKER_BOUNDS = [
+    {"rule": "!has(self.minReplicas) || !has(self.maxReplicas) "
+             "|| self.minReplicas <= self.maxReplicas",
+     "message": "minReplicas must be at most maxReplicas"},
+    {"rule": "!has(self.minReplicas) || self.replicas >= self.minReplicas",
+     "message": "replicas must be at least minReplicas"},
+    {"rule": "!has(self.maxReplicas) || self.replicas <= self.maxReplicas",
+     "message": "replicas must be at most maxReplicas"},
+]
+
+# `kubectl scale trainingjob/NAME --replicas=N` sets the worker count.
+SCALE_SUBRESOURCE = {
+    "specReplicasPath": ".spec.replicas.worker.replicas",
+    "statusReplicasPath": ".status.workers.live",
+    "labelSelectorPath": ".status.workers.selector",
+}
+
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase",
      "description": "Lifecycle phase."},
@@ -155,6 +176,8 @@ PRINTER_COLUMNS = [
      "description": "Ready/total parameter servers."},
     {"name": "Workers", "type": "string", "jsonPath": ".status.workersReady",
      "description": "Ready/total workers, the chief included."},
+    {"name": "Live", "type": "integer", "jsonPath": ".status.workers.live",
+     "description": "Live workers (elastic scaling)."},
     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.globalStep",
      "description": "Global training step."},
     {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss",
@@ -191,7 +214,7 @@ def build_crd() -> dict[str, Any]:
                     "served": True,
                     "storage": True,
                     "schema": {"openAPIV3Schema": openapi_schema()},
-                    "subresources": {"status": {}},
+                    "subresources": {"status": {}, "scale": SCALE_SUBRESOURCE},
                     "additionalPrinterColumns": PRINTER_COLUMNS,
                 }
             ],

@@ -23,6 +23,7 @@ from pydantic_core import PydanticCustomError
 
 from . import constants as c
 from . import names, rules
+from .membership import bounds_problem
 from .names import check_job_name
 from .template import schema_problems as template_schema_problems
 
@@ -182,7 +183,23 @@ class PSReplicaSpec(ReplicaSpec):
 
 
 class WorkerReplicaSpec(ReplicaSpec):
-    replicas: int = Field(default=2, ge=1, description="Number of workers.")
+    replicas: int = Field(
+        default=2, ge=1,
+        description="Number of workers, the chief included when there is no separate "
+        "chief. May change while the job runs (`kubectl scale`), within "
+        "minReplicas..maxReplicas: worker pods are added or removed, nothing restarts.",
+    )
+    min_replicas: int | None = Field(
+        default=None, ge=1, description="Fewest workers a scale may leave (unset: 1).")
+    max_replicas: int | None = Field(
+        default=None, ge=1, description="Most workers a scale may ask for (unset: no bound).")
+
+    @model_validator(mode="after")
+    def _within_bounds(self) -> WorkerReplicaSpec:
+        problem = bounds_problem(self.replicas, self.min_replicas, self.max_replicas)
+        if problem:  # the path is added by the caller: keep only "FIELD is VALUE; RULE"
+            raise ValueError(problem.removeprefix("spec.replicas.worker."))
+        return self
 
 
 class ChiefReplicaSpec(ReplicaSpec):
@@ -482,6 +499,21 @@ class FailureCause(ApiModel):
     message: str = Field(default="", description="Details.")
 
 
+class WorkerMembership(ApiModel):
+    """The elastic worker set, for `kubectl scale` and `kubectl get`."""
+
+    desired: int = Field(default=0, ge=0, description="Workers the spec asks for.")
+    live: int = Field(default=0, ge=0, description="Worker pods running now.")
+    selector: str = Field(
+        default="", description="Label selector of the job's worker pods (scale subresource)."
+    )
+    members: list[int] | None = Field(
+        default=None,
+        description="Trainer indices last set as the worker set on the parameter servers "
+        "after a scale (unset: the set the chief initialised them with).",
+    )
+
+
 class TrainingJobStatus(ApiModel):
     phase: c.Phase = Field(default="Pending", description="Lifecycle phase.")
     conditions: list[Condition] = Field(default_factory=list, description="Conditions.")
@@ -495,6 +527,9 @@ class TrainingJobStatus(ApiModel):
     start_time: Timestamp | None = Field(default=None, description="When pods were started.")
     completion_time: Timestamp | None = Field(default=None, description="When it finished.")
     restarts: int = Field(default=0, ge=0, description="Replica restarts, all roles.")
+    workers: WorkerMembership | None = Field(
+        default=None, description="Desired and live workers (elastic scaling)."
+    )
     progress: Progress | None = Field(default=None, description="Training progress.")
     last_checkpoint: CheckpointStatus | None = Field(
         default=None, description="Most recent checkpoint."

@@ -36,6 +36,7 @@ from .progress import (
     FETCH_TIMEOUT_S,
     AskCheckpoint,
     FetchStatus,
+    SetWorkersCall,
     checkpoint_from_status,
     chief_summary,
     progress_from_status,
@@ -52,6 +53,7 @@ from .reconcile import (
     Observed,
     Plan,
     RequestCheckpoint,
+    SetWorkers,
     decide,
     decide_invalid,
     ps0_address,
@@ -107,6 +109,8 @@ class Reconciler:
     emit: EventSink
     fetch_status: FetchStatus
     ask_checkpoint: AskCheckpoint = field(default=lambda address, timeout, security: None)
+    set_workers: SetWorkersCall = field(
+        default=lambda address, timeout, namespace, workers, security: None)
     metrics: Metrics = field(default_factory=Metrics)
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     progress_interval: float = REQUEUE_RUNNING_S
@@ -298,6 +302,8 @@ class Reconciler:
                 self.kube.delete_job(namespace, name)
             elif isinstance(action, RequestCheckpoint):
                 plan = self._ask_checkpoint(body, plan, action)
+            elif isinstance(action, SetWorkers):
+                plan = self._set_workers(body, plan, action)
         if refused is not None:
             obj, exc = refused
             plan = unapplied(plan, skipped)
@@ -336,6 +342,35 @@ class Reconciler:
             return plan
         return replace(plan, status=plan.status.model_copy(update={
             "checkpoint_request": req.model_copy(update={"step": step})}))
+
+    def _set_workers(self, body: Mapping[str, Any], plan: Plan, action: SetWorkers) -> Plan:
+        """SetWorkers on every parameter server, with the chief's key. When any call
+        fails, status.workers.members goes back to what it was, so the next reconcile
+        sends the set again (the call is idempotent)."""
+        meta = body.get("metadata") or {}
+        namespace = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+        try:
+            job, _ = check_manifest({k: v for k, v in body.items() if k != "status"},
+                                    source="")
+            security = None if job is None else probe_security(
+                self.kube, job, stored_worker_keys(self.kube, job, "chief"))
+            steps = [self.set_workers(address, FETCH_TIMEOUT_S, namespace,
+                                      list(action.workers), security)
+                     for address in action.addresses]
+        except Exception as exc:  # a control call must never break reconciling
+            log.info("SetWorkers for %s failed: %s", namespace, exc)
+            steps = [None]
+        log.info("%s: worker set %s on %d parameter servers: %s", namespace,
+                 list(action.workers), len(action.addresses),
+                 "set" if None not in steps else "not set everywhere; retried")
+        if None not in steps:
+            return plan
+        before = (body.get("status") or {}).get("workers") or {}
+        workers = plan.status.workers
+        if workers is None:
+            return plan
+        return replace(plan, status=plan.status.model_copy(update={
+            "workers": workers.model_copy(update={"members": before.get("members")})}))
 
 
 class NamespaceTerminating(Exception):

@@ -35,12 +35,13 @@ def run(settings: OperatorSettings) -> None:
     from .handlers import RequeueIsNotAnError, install, kopf_settings, post_event
     from .kube import RestKube
     from .metrics import Metrics
-    from .progress import default_asker, default_fetcher
+    from .progress import default_asker, default_fetcher, default_worker_setter
 
     metrics = Metrics()
     install(Reconciler(kube=RestKube.from_environment(), pod_settings=settings.pods,
                        emit=post_event, fetch_status=default_fetcher(),
-                       ask_checkpoint=default_asker(), metrics=metrics,
+                       ask_checkpoint=default_asker(), set_workers=default_worker_setter(),
+                       metrics=metrics,
                        progress_interval=settings.progress_interval,
                        network_policy=settings.job_network_policy,
                        operator_namespace=settings.operator_namespace))

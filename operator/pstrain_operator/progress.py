@@ -32,6 +32,8 @@ class ProbeSecurity:
 FetchStatus = Callable[[str, float, ProbeSecurity | None], Mapping[str, Any] | None]
 # Ask PS 0 for a checkpoint; returns the step asked at, None when it cannot be reached.
 AskCheckpoint = Callable[[str, float, ProbeSecurity | None], int | None]
+# SetWorkers on one parameter server; returns the global step, None when refused/unreachable.
+SetWorkersCall = Callable[[str, float, str, list[int], ProbeSecurity | None], int | None]
 FETCH_TIMEOUT_S = 1.0
 # While a running job has no step yet, progress is read this often (a short job would
 # otherwise end before the first regular read and never show a step).
@@ -81,6 +83,21 @@ def _secured(security: ProbeSecurity | None) -> dict[str, Any]:
     security = security or ProbeSecurity()
     return {"credentials": Credentials(security.keys) if security.keys else None,
             "tls": TrustedCa(security.ca) if security.ca else None}
+
+
+def default_worker_setter() -> SetWorkersCall:
+    """The runtime's SetWorkers client when installed, else one that reaches no one (the
+    operator then retries at its next reconcile)."""
+    try:
+        from pstrain_runtime.status_client import set_workers
+    except ImportError:
+        return lambda address, timeout, namespace, workers, security: None
+
+    def call(address: str, timeout: float, namespace: str, workers: list[int],
+             security: ProbeSecurity | None) -> int | None:
+        return set_workers(address, timeout, namespace, workers, **_secured(security))
+
+    return call
 
 
 def default_asker() -> AskCheckpoint:

@@ -35,8 +35,8 @@ from pstrain_api.model import (
 )
 from pstrain_api.policy import decide_ps_exit, decide_restart, shorten
 
-from . import checkpointing, disruption, refusals, stall, suspend
-from .build import build_pod, build_service, owner_reference, spec_hash
+from . import checkpointing, disruption, refusals, scaling, stall, suspend
+from .build import applied_spec, build_pod, build_service, owner_reference, spec_hash
 from .conditions import Event, condition_is, set_condition
 from .gang import build_pod_group, gang_of
 from .observe import ObservedPod
@@ -138,8 +138,9 @@ def ps0_address(job: TrainingJob) -> str:
     return str(kubernetes_cluster_spec(job).addresses[Task(c.ROLE_PS, 0)])
 
 
+SetWorkers = scaling.SetWorkers
 Action = (CreateService | CreateObject | CreatePod | DeletePod | DeleteJob
-          | RequestCheckpoint)
+          | RequestCheckpoint | SetWorkers)
 
 
 @dataclass(frozen=True)
@@ -209,6 +210,7 @@ def _with_counts(job: TrainingJob, st: TrainingJobStatus, pods: Sequence[Observe
         counts[c.ROLE_CHIEF].ready if c.ROLE_CHIEF in counts else 0
     )
     return st.model_copy(update={
+        "workers": scaling.membership(job, _after(pods, actions), st.workers),
         "replica_statuses": counts,
         "ps_ready": f"{counts[c.ROLE_PS].ready}/{reps.ps.replicas}",
         "workers_ready": f"{workers_ready}/{workers_total}",
@@ -238,9 +240,10 @@ def _effective_job(
     """The job as its existing pods were built (None when that cannot be read back), and
     why it differs from the spec ("" when it does not). Replicas, training and security
     cannot change under running pods (pods with and without the job's keys cannot talk);
-    the run policy can."""
-    want = spec_hash(job)
-    stale = [p for p in pods if not p.deleting and p.spec_hash and p.spec_hash != want]
+    the run policy and the worker count within its bounds (a scale) can."""
+    want, current = spec_hash(job), applied_spec(job)
+    stale = [p for p in pods if not p.deleting and p.spec_hash and p.spec_hash != want
+             and not scaling.is_scale_only(p.applied_spec, current)]
     if not stale:
         return job, ""
     old: TrainingJob | None
@@ -356,9 +359,14 @@ def decide(obs: Observed, settings: PodSettings,
         return _finish(job, st, obs, "Failed", refusals.R_CREATE_REJECTED, given_up,
                        _refusal_cause(cluster, old.create_refusal), events)
 
-    # 6. Pods that are not part of the job (left from another spec) go.
+    # 6. A scale removes worker pods (highest index first); other pods that are not part
+    # of the job (left from another spec) go too.
+    scale = scaling.decide_scale(job, old, live) if not hold else scaling.Scale()
+    actions.extend(DeletePod(name, uid, why) for name, uid, why in scale.remove)
+    events.extend(scale.events)
+    scaled_away = {name for name, _, _ in scale.remove}
     for p in live:
-        if p.name not in wanted:
+        if p.name not in wanted and p.name not in scaled_away:
             actions.append(DeletePod(p.name, p.uid, "not a replica of the current spec"))
             events.append(Event("Normal", R_UNEXPECTED_POD,
                                 f"deleting pod {p.name}: it is not a replica of the spec"))
@@ -508,6 +516,13 @@ def decide(obs: Observed, settings: PodSettings,
                        else progress.model_copy(update={"advanced_at": now}))
         if obs.checkpoint is not None:
             st.last_checkpoint = obs.checkpoint
+        # Elastic workers: the parameter servers learn the worker set after a scale.
+        ps_addresses = [str(cluster.addresses[t]) for t in cluster.ps_tasks()]
+        set_workers = scaling.decide_worker_set(job, old, live, ps_addresses)
+        if set_workers is not None:
+            actions.append(set_workers)
+            st.workers = scaling.membership(job, live, st.workers).model_copy(
+                update={"members": list(set_workers.workers)})
         st, settled = checkpointing.settle(st, now)
         events.extend(settled)
         requeue = REQUEUE_STARTING_S if ps_finished else progress_interval
@@ -664,6 +679,11 @@ def unapplied(plan: Plan, names: set[str]) -> Plan:
             labels = (a.manifest.get("metadata") or {}).get("labels") or {}
             chief_missing |= labels.get(c.LABEL_IS_CHIEF) == "true"
     update: dict[str, Any] = {"replica_statuses": counts}
+    refused_workers = sum(1 for a in plan.actions if isinstance(a, CreatePod)
+                          and a.name in names and a.role == c.ROLE_WORKER)
+    if st.workers is not None and refused_workers:
+        update["workers"] = st.workers.model_copy(
+            update={"live": max(0, st.workers.live - refused_workers)})
     if chief_missing and st.phase == "Running":
         update["phase"] = "Starting"
     return replace(

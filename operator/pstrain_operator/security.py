@@ -55,27 +55,31 @@ def build_auth_secret(job: TrainingJob, token: bytes) -> dict[str, Any]:
     }
 
 
-def worker_keys(secret: Mapping[str, Any]) -> dict[str, bytes]:
+def worker_keys(secret: Mapping[str, Any],
+                role: str = security.KEY_WORKER) -> dict[str, bytes]:
     """The worker key in a credentials Secret (what the operator proves to read a job's
-    status); {} when the Secret does not hold one."""
-    raw = (secret.get("data") or {}).get(security.KEY_WORKER)
+    status), or the key of `role` (the chief's: SetWorkers after a scale); {} when the
+    Secret does not hold one."""
+    raw = (secret.get("data") or {}).get(role)
     if not raw:
         return {}
     try:
         text = base64.b64decode(raw).decode()
-        return {security.KEY_WORKER: security.decode_key(text, "the Secret's worker key")}
+        return {role: security.decode_key(text, f"the Secret's {role} key")}
     except ValueError as exc:
         log.warning("job credentials Secret %s: %s",
                     (secret.get("metadata") or {}).get("name"), exc)
         return {}
 
 
-def stored_worker_keys(kube: Kube, job: TrainingJob) -> dict[str, bytes]:
-    """The worker key of the job's credentials Secret as it is ({} when the job has no
-    authentication or no Secret yet); never creates one."""
+def stored_worker_keys(kube: Kube, job: TrainingJob,
+                       role: str = security.KEY_WORKER) -> dict[str, bytes]:
+    """The worker key (or `role`'s) of the job's credentials Secret as it is ({} when the
+    job has no authentication or no Secret yet); never creates one."""
     if not job.spec.security.authentication:
         return {}
-    return worker_keys(kube.get_secret(job.namespace, security.secret_name(job.name)) or {})
+    return worker_keys(kube.get_secret(job.namespace, security.secret_name(job.name)) or {},
+                       role)
 
 
 def ensure_auth_secret(kube: Kube, job: TrainingJob) -> dict[str, bytes]:

@@ -59,8 +59,8 @@ OPEN_PREFIXES = ("/grpc.health.v1.Health/",)  # probes need no credentials
 # Calls only the chief key may make: installing parameters (Init, also a restore),
 # marking the job done, reporting its status and stopping the servers; for sparse
 # tables, defining them and installing rows (a restore): `Sparse.<op>`.
-CHIEF_ONLY = frozenset({"Init", "Finish", "ReportStatus", "Shutdown", "Sparse.configure",
-                        "Sparse.import"})
+CHIEF_ONLY = frozenset({"Init", "Finish", "ReportStatus", "Shutdown", "SetWorkers",
+                        "Sparse.configure", "Sparse.import"})
 METADATA_KEY = "pstrain-auth"
 GRPC_WINDOW_S = 300.0  # a proof's time may differ this much from the server's clock
 REPLAY_CACHE_MAX = 1 << 16

@@ -308,6 +308,8 @@ class ShardedClient:
                                           thread_name_prefix="ps-client")
         self._wire_buffers: dict[str, torch.Tensor] = {}
         self.last_pull_steps: list[int] = [0] * placement.num_ps  # per server, last pull
+        # Server 0's worker-set size at the last pull (elastic workers; 0: not pulled yet)
+        self.last_pull_workers = 0
         # Per server, the generation of the parameters last pulled: pushes carry it, and
         # a server initialised again since refuses them (ABORTED).
         self.generations: list[int] = [0] * placement.num_ps
@@ -346,6 +348,8 @@ class ShardedClient:
             targets = [wire.byte_view(_piece_view(params[p.param], p)) for p in shard]
             header = self._read(self.transports[ps].pull(request), shard, targets)
             self.generations[ps] = header.generation
+            if ps == 0:
+                self.last_pull_workers = header.num_workers
             return header.global_step
 
         steps = [int(x) for x in self._all(one)]
@@ -420,6 +424,8 @@ class ShardedClient:
             raise PSError("INTERNAL", "the server answered a PushPull without the push's "
                           "reply")
         self.generations[ps] = header.generation
+        if ps == 0:
+            self.last_pull_workers = header.num_workers
         return header.push_reply, int(header.global_step)
 
     def push_pull(self, grads: Mapping[str, torch.Tensor], params: Mapping[str, torch.Tensor],

@@ -184,6 +184,14 @@ class ParameterServerService:
             _abort(context, exc)
             raise
 
+    def set_workers(self, request: pb.WorkersRequest,
+                    context: grpc.ServicerContext) -> pb.StepInfo:
+        try:
+            return self.store.set_workers(request.namespace, request.workers)
+        except PSError as exc:
+            _abort(context, exc)
+            raise
+
 
 def build_handler(service: ParameterServerService) -> grpc.GenericRpcHandler:
     unary = grpc.unary_unary_rpc_method_handler
@@ -214,6 +222,8 @@ def build_handler(service: ParameterServerService) -> grpc.GenericRpcHandler:
                               pb.JobStatus.SerializeToString),
         "RequestCheckpoint": unary(service.request_checkpoint, pb.NamespaceRequest.FromString,
                                    pb.StepInfo.SerializeToString),
+        "SetWorkers": unary(service.set_workers, pb.WorkersRequest.FromString,
+                            pb.StepInfo.SerializeToString),
     }
     return grpc.method_handlers_generic_handler(SERVICE, handlers)
 

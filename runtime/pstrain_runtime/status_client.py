@@ -88,6 +88,23 @@ def fetch_job_status(address: str, timeout: float, namespace: str = "",
     return status_to_dict(reply) if reply is not None else None
 
 
+def set_workers(address: str, timeout: float, namespace: str, workers: list[int],
+                credentials: Credentials | None = None,
+                tls: TlsFiles | TrustedCa | None = None) -> int | None:
+    """Elastic workers: make `workers` the live worker set of `namespace` on the server at
+    `address` (call it on every parameter server of the job; it needs the chief's key).
+    Returns the global step at the change, or None when the server cannot be reached,
+    refuses, or holds no such job."""
+    try:
+        with client_channel(address, credentials, tls=tls) as channel:
+            stub = ps_pb2_grpc.ParameterServerStub(channel)
+            reply = stub.SetWorkers(ps_pb2.WorkersRequest(namespace=namespace,
+                                                          workers=workers), timeout=timeout)
+    except grpc.RpcError:
+        return None
+    return int(reply.global_step)
+
+
 def request_checkpoint(address: str, timeout: float, namespace: str = "",
                        credentials: Credentials | None = None,
                        tls: TlsFiles | TrustedCa | None = None) -> int | None:

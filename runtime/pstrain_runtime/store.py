@@ -17,6 +17,11 @@ Invariants:
   optimizer, no lock spans servers). sync mode adds one gradient per worker into the
   bucket of its step and applies the mean when every worker has contributed, in step
   order. `staleness_bound` N lets a worker run at most N steps ahead.
+- The workers are a `WorkerSet` (Init: 0..num_workers-1) that `set_workers` changes
+  while the job runs (elastic workers; rules in `pstrain_api.membership`). A push of a
+  worker outside the set is refused; one whose worker is removed while it is in flight
+  is applied whole or dropped whole (under the namespace lock). Sync steps wait for the
+  live set from the next step boundary; the staleness bound counts live workers only.
 - Every wait ends: at the caller's deadline, when the caller is gone (cancelled or
   disconnected), when the job is done, the server stops or the namespace is
   initialised again, and in any case after `max_wait` seconds.
@@ -33,12 +38,13 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import torch
+from pstrain_api.membership import WorkerSet
 
 from . import wire
 from .optim import SLOT_NAMES, OptimizerConfig, OptimizerState, apply_gradients
@@ -153,7 +159,7 @@ class Namespace:
         self.states: dict[str, OptimizerState] = {}
         self.config = OptimizerConfig()
         self.mode = "async"
-        self.num_workers = 1
+        self.members = WorkerSet.initial(1)
         self.staleness: int | None = None
         self.fingerprint = b""
         self.global_step = 0
@@ -187,6 +193,11 @@ class Namespace:
         if snap is not None:  # with where each worker's data stood at that step
             self.snapshot = replace(snap, positions=tuple(
                 self.position_of(w) for w in range(self.num_workers)))
+
+    @property
+    def num_workers(self) -> int:
+        """The size of per-worker tables: one more than the highest live worker."""
+        return self.members.span
 
     # Scratch buffers: reused across pushes so that a steady state allocates nothing.
     def take(self, key: str, dtype: torch.dtype) -> torch.Tensor:
@@ -299,6 +310,16 @@ def physical_memory() -> int:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):  # pragma: no cover - a platform without sysconf names
         return 1 << 40
+
+
+def _listed(workers: frozenset[int]) -> str:
+    return ", ".join(map(str, sorted(workers)))
+
+
+def _removed(ns: Namespace, worker: int) -> pb.PushReply:
+    return pb.PushReply(info=ns.info(worker), applied=False,
+                        note=f"worker {worker} was removed from the job while its push was "
+                        "in flight; the push was dropped whole")
 
 
 def _at_target(ns: Namespace, worker: int) -> pb.PushReply:
@@ -475,7 +496,7 @@ class ParameterStore:
             ns.metas = {key: wire.meta_of(key, tensor) for key, tensor in params.items()}
             ns.optimizer_pb = optimizer_to_pb(config)
             ns.mode = header.mode
-            ns.num_workers = header.num_workers
+            ns.members = WorkerSet.initial(header.num_workers)
             ns.staleness = header.staleness_bound if header.staleness_bound >= 0 else None
             ns.fingerprint = header.fingerprint
             ns.global_step = header.global_step
@@ -532,9 +553,9 @@ class ParameterStore:
     def _push(self, header: pb.StreamHeader, messages: Iterator[bytes],
               timeout: float | None, gone: Gone | None) -> pb.PushReply:
         ns = self._ready(header.namespace)
-        if not 0 <= header.worker < ns.num_workers:
-            raise _invalid(f"push: worker is {header.worker}; this job has workers "
-                           f"0..{ns.num_workers - 1}")
+        if header.worker not in ns.members:
+            raise _invalid(f"push: worker is {header.worker}; this job's workers are "
+                           f"{_listed(ns.members.live)}")
         if ns.done:
             for _ in messages:  # drain, so the client sees the reply rather than a reset
                 pass
@@ -616,9 +637,11 @@ class ParameterStore:
             if ns.target_steps and ns.global_step >= ns.target_steps:
                 return _at_target(ns, worker)
             if ns.staleness is not None:
-                def allowed() -> bool:
+                def allowed() -> bool:  # over the live workers; a removed one goes on
+                    if worker not in ns.members:
+                        return True
                     mine = ns.worker_pushes.get(worker, 0)
-                    slowest = min(ns.worker_pushes.get(w, 0) for w in range(ns.num_workers))
+                    slowest = min(ns.worker_pushes.get(w, 0) for w in ns.members.live)
                     return mine - slowest <= ns.staleness  # type: ignore[operator]
 
                 if not self._wait(ns, allowed, timeout, gone):
@@ -627,6 +650,8 @@ class ParameterStore:
                                         "for slower workers timed out")
             if ns.target_steps and ns.global_step >= ns.target_steps:
                 return _at_target(ns, worker)
+            if worker not in ns.members:
+                return _removed(ns, worker)
             started = time.perf_counter()
             # Reduced-precision gradients are widened into pooled float32 buffers.
             widened = {key: ns.take(key, torch.float32).copy_(grad)
@@ -661,6 +686,8 @@ class ParameterStore:
             if not self._wait(ns, lambda: step <= ns.global_step + bound, timeout, gone):
                 return pb.PushReply(info=ns.info(worker), applied=False,
                                     note=f"step {step} is more than {bound} ahead")
+            if worker not in ns.members:
+                return _removed(ns, worker)
             bucket = ns.buckets.setdefault(step, Bucket())
             duplicate = worker in bucket.contributors
             if not duplicate:
@@ -699,7 +726,8 @@ class ParameterStore:
         started = time.perf_counter()
         while True:
             bucket = ns.buckets.get(ns.global_step)
-            if bucket is None or len(bucket.contributors) < ns.num_workers:
+            if bucket is None or not ns.members.is_complete(ns.global_step,
+                                                            bucket.contributors):
                 return time.perf_counter() - started
             del ns.buckets[ns.global_step]
             totals = list(bucket.sums.values())
@@ -770,6 +798,28 @@ class ParameterStore:
             return pb.StepInfo(initialized=False)
         with ns.cond:
             return ns.info(worker)
+
+    def set_workers(self, namespace: str, workers: Iterable[int]) -> pb.StepInfo:
+        """Elastic workers: make `workers` the namespace's live set (the chief's or the
+        operator's control call). A newcomer starts level with the slowest live worker
+        (the staleness bound never makes the others wait for it to catch up) and is
+        waited for by sync steps from the next boundary; a removed worker is waited for
+        by no step from now on, so the open steps it held back are applied here."""
+        ns = self._ready(namespace)
+        with ns.cond:
+            try:
+                members = ns.members.changed(workers, ns.global_step)
+            except ValueError as exc:
+                raise _invalid(f"set_workers: {exc}") from exc
+            slowest = min((ns.worker_pushes.get(w, 0) for w in ns.members.live
+                           if w in members), default=0)
+            for worker in members.live - ns.members.live:
+                ns.worker_pushes[worker] = slowest
+                ns.positions.pop(worker, None)  # a newcomer reads a new partition from 0
+            ns.members = members
+            self._apply_ready_buckets(ns)
+            ns.cond.notify_all()
+            return ns.info()
 
     def finish(self, namespace: str) -> pb.StepInfo:
         ns = self._ready(namespace)
@@ -842,7 +892,7 @@ class ParameterStore:
         """Every worker of every finished namespace has been told the job is done."""
         for ns in self.namespaces():
             with ns.cond:
-                if ns.done and not set(range(ns.num_workers)) <= ns.told_done:
+                if ns.done and not ns.members.live <= ns.told_done:
                     return False
         return True
 

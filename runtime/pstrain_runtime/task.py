@@ -15,6 +15,9 @@ arguments. The function returns a `Task` (or any object with the same attributes
   count of drawn batches in every checkpoint and on the parameter servers, so after a
   restore or a restart a worker continues where it left off. A `batches` without a
   `start` parameter still works: pstrain draws and drops the first `start` batches.
+  When the worker set changes size while the job runs (elastic workers), the trainer
+  calls `batches` again with the new `num_workers` and `start=0`: its shard of the new
+  partition, from the beginning.
 - `loss(outputs, targets)`: a scalar tensor; it should be a mean over the batch (sync
   mode averages gradients over workers).
 - `evaluate(model)`: returns a dict of metrics, with `accuracy` (0..1) when the task

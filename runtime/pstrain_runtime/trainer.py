@@ -620,7 +620,8 @@ class Trainer:
         # or from this worker's pushes before it restarted).
         info = self._retry(lambda: self.client.info(0, role.worker))
         self.position = int(info.position)
-        batches = open_batches(self.task, role.worker, role.num_workers,
+        opened_for = role.num_workers
+        batches = open_batches(self.task, role.worker, opened_for,
                                training.batch_size, training.seed, start=self.position)
         result = TrainResult()
         ckpt_every = training.checkpoint.interval_steps
@@ -663,6 +664,13 @@ class Trainer:
                     # data; server 0 keeps it, and so every checkpoint has it.
                     local_steps = [self.position] * self.placement.num_ps
                 self._copy_in()
+                if 0 < self.client.last_pull_workers != opened_for:
+                    # Elastic workers: the set changed size; read this worker's shard of
+                    # the new partition from its beginning (docs/runtime.md).
+                    opened_for = self.client.last_pull_workers
+                    self.position = 0
+                    batches = open_batches(self.task, role.worker, opened_for,
+                                           training.batch_size, training.seed)
                 try:
                     batch = next(batches)
                 except StopIteration:

@@ -34,12 +34,17 @@ def test_crd_names_subresource_and_printer_columns():
     assert spec["names"]["shortNames"] == ["tj"]
     assert "pstrain" in spec["names"]["categories"]
     (version,) = spec["versions"]
-    assert version["subresources"] == {"status": {}}
+    assert version["subresources"] == {"status": {}, "scale": {
+        "specReplicasPath": ".spec.replicas.worker.replicas",
+        "statusReplicasPath": ".status.workers.live",
+        "labelSelectorPath": ".status.workers.selector",
+    }}
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert columns == {
         "Phase": ".status.phase",
         "PS": ".status.psReady",
         "Workers": ".status.workersReady",
+        "Live": ".status.workers.live",
         "Step": ".status.progress.globalStep",
         "Loss": ".status.progress.loss",
         "Checkpoint": ".status.lastCheckpoint.step",
@@ -158,7 +163,8 @@ NOT_IN_SCHEMA = {"gpu-on-ps", "gpu-limit-on-ps", "gpu-twice", "reserved-env", "b
                  "namespace-not-dns", "learning-rate-inf", "momentum-nan", "steps-over-int64",
                  "args-over-int64", "quantity-float", "label-key-space",
                  "label-key-bad-prefix", "training-args-200kb", "workers-4000",
-                 "workers-a-billion"}
+                 "workers-a-billion", "workers-over-max", "workers-under-min",
+                 "worker-bounds-crossed"}
 
 
 @pytest.mark.parametrize(
@@ -202,3 +208,17 @@ def test_crd_embeds_the_kubernetes_pod_template_schema():
     assert pod["containers"]["items"]["properties"]["resources"]["properties"]["limits"][
         "additionalProperties"] == {"x-kubernetes-int-or-string": True}
     assert "x-kubernetes-preserve-unknown-fields" not in worker
+
+
+def test_worker_bounds_are_cel_validations_in_the_crd():
+    """The scale subresource writes spec.replicas.worker.replicas without pydantic: the API
+    server itself must refuse a count outside minReplicas..maxReplicas."""
+    worker = (openapi_schema()["properties"]["spec"]["properties"]["replicas"]
+              ["properties"]["worker"])
+    rules = [rule["rule"] for rule in worker["x-kubernetes-validations"]]
+    assert rules[-3:] == [
+        "!has(self.minReplicas) || !has(self.maxReplicas) "
+        "|| self.minReplicas <= self.maxReplicas",
+        "!has(self.minReplicas) || self.replicas >= self.minReplicas",
+        "!has(self.maxReplicas) || self.replicas <= self.maxReplicas",
+    ]

@@ -503,3 +503,37 @@ def test_a_stalled_job_restarts_its_trainers_then_fails_with_reason_stalled() ->
     assert st["phase"] == "Failed"
     assert conditions(kube)["Failed"]["reason"] == "Stalled"
     assert kube.pod_names() == []
+
+
+def test_kubectl_scale_adds_a_worker_and_tells_every_parameter_server() -> None:
+    """2 -> 3 workers while running: one pod created, PS and chief untouched, an event,
+    and SetWorkers on the servers once the newcomer is Ready; a failed call is retried."""
+    kube, events, _, _, op = started(make_job().ps(2).body())
+    bring_up(op, kube)
+    before = {name: kube.pods[("ns", name)]["metadata"].get("uid") for name in kube.pod_names()}
+    calls: list[tuple[str, list[int]]] = []
+    answers = iter([None, 7, 7, 7])  # the first call fails: the set is sent again
+
+    def setter(address: str, timeout: float, namespace: str, workers: list[int],
+               security: Any) -> int | None:
+        assert namespace == "ns/j"
+        calls.append((address, workers))
+        return next(answers)
+
+    op.set_workers = setter
+    events.reasons()
+    kube.jobs[("ns", "j")]["spec"]["replicas"]["worker"]["replicas"] = 3
+    op.reconcile("ns", "j")
+    assert "j-worker-2" in kube.pod_names()
+    assert all(kube.pods[("ns", n)]["metadata"].get("uid") == uid for n, uid in before.items())
+    assert "WorkersScaledUp" in events.reasons()
+    assert calls == []  # the newcomer is not Ready yet: no step may wait for it
+    kube.set_pod("ns", "j-worker-2", "Running", ready=True)
+    op.reconcile("ns", "j")
+    assert calls == [("j-ps-0.j.ns.svc:2222", [0, 1, 2]), ("j-ps-1.j.ns.svc:2222", [0, 1, 2])]
+    assert kube.jobs[("ns", "j")]["status"]["workers"].get("members") is None  # PS 0 refused
+    op.reconcile("ns", "j")
+    assert len(calls) == 4
+    assert kube.jobs[("ns", "j")]["status"]["workers"]["members"] == [0, 1, 2]
+    op.reconcile("ns", "j")
+    assert len(calls) == 4  # sent: not again

@@ -76,7 +76,7 @@ def sharded(ps: PSServer, credentials: auth.Credentials | None,
     return ShardedClient([transport(ps.address, credentials)], placement, NS)
 
 
-def state_of(ps: PSServer) -> tuple[int, list[float], bool, bool, bool, str]:
+def state_of(ps: PSServer) -> tuple[int, list[float], bool, bool, bool, str, list[int]]:
     """(global step, w, serving, done, checkpoint asked for, reported loss), read with A's
     chief key."""
     client = sharded(ps, CHIEF_A)
@@ -86,7 +86,7 @@ def state_of(ps: PSServer) -> tuple[int, list[float], bool, bool, bool, str]:
         info = ps.store.info(NS, 0)
         loss = repr(ps.store.job_status(NS).loss)  # nan when none yet: compare as text
         return (step, out["w"].tolist(), not ps.wait(0), info.done,
-                info.checkpoint_requested, loss)
+                info.checkpoint_requested, loss, sorted(ps.store.namespace(NS).members.live))
     finally:
         client.close()
 
@@ -132,6 +132,9 @@ CALLS: dict[str, Callable[[GrpcTransport], object]] = {
         f"/{SERVICE}/RequestCheckpoint", pb.NamespaceRequest.SerializeToString,
         pb.StepInfo.FromString)(pb.NamespaceRequest(namespace=NS), timeout=5),
     "Sparse": lambda t: t.sparse(sparse_frames()),
+    "SetWorkers": lambda t: t.channel.unary_unary(
+        f"/{SERVICE}/SetWorkers", pb.WorkersRequest.SerializeToString,
+        pb.StepInfo.FromString)(pb.WorkersRequest(namespace=NS, workers=[0]), timeout=5),
 }
 DATA_CALLS = ("Push", "Init", "Pull", "PushPull", "PushPullSmall", "Sparse")
 
@@ -232,7 +235,7 @@ def test_a_worker_key_trains_but_cannot_init_finish_report_or_shut_down(
         assert replies[0].applied and replies[0].info.global_step == step + 1
         before = state_of(server)
         t = worker.transports[0]
-        for call in ("Init", "Finish", "ReportStatus", "Shutdown"):
+        for call in ("Init", "Finish", "ReportStatus", "Shutdown", "SetWorkers"):
             refusal = _refusal(lambda call=call: CALLS[call](t))  # type: ignore[misc]
             assert refusal.code == "PERMISSION_DENIED", (call, refusal.message)
             assert f"{call} needs the chief's credentials" in refusal.message
@@ -399,3 +402,14 @@ def test_a_parameter_server_without_both_keys_does_not_start(
     assert run_ps(ps_identity(), {security.ENV_AUTH_DIR: str(directory)}) == 2
     err = capsys.readouterr().err
     assert "a parameter server needs every role key (chief, worker) in PSTRAIN_AUTH_DIR" in err
+
+
+def test_the_chief_key_sets_the_worker_set(server: PSServer) -> None:
+    """Elastic workers over gRPC (status_client.set_workers): the chief's key changes the
+    live set; a worker's key may not (test above)."""
+    from pstrain_runtime.status_client import set_workers
+
+    assert set_workers(server.address, 5, NS, [0, 1, 2], credentials=CHIEF_A) == 1
+    assert server.store.namespace(NS).members.live == {0, 1, 2}
+    assert set_workers(server.address, 5, NS, [], credentials=CHIEF_A) is None  # refused
+    assert server.store.namespace(NS).members.live == {0, 1, 2}

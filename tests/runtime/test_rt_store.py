@@ -87,7 +87,7 @@ BAD_PUSHES: dict[str, tuple[Callable[[], list[bytes]], str, str]] = {
     "truncated": (lambda: push_frames(good_grads())[:-1], "INVALID_ARGUMENT",
                   "was truncated"),
     "bad-worker": (lambda: push_frames(good_grads(), worker=5), "INVALID_ARGUMENT",
-                   "worker is 5; this job has workers 0..0"),
+                   "worker is 5; this job's workers are 0"),
     "duplicate-tensor": (lambda: push_frames(good_grads())[:1] and [
         wire.encode_header(pb.StreamHeader(kind=pb.STREAM_KIND_PUSH, namespace="ns",
                                            tensors=[wire.meta_of("b", torch.zeros(4))] * 2))],

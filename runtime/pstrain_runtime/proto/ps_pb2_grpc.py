@@ -89,6 +89,11 @@ class ParameterServerStub:
                 request_serializer=pstrain__runtime_dot_proto_dot_ps__pb2.NamespaceRequest.SerializeToString,
                 response_deserializer=pstrain__runtime_dot_proto_dot_ps__pb2.StepInfo.FromString,
                 _registered_method=True)
+        self.SetWorkers = channel.unary_unary(
+                '/pstrain.v1.ParameterServer/SetWorkers',
+                request_serializer=pstrain__runtime_dot_proto_dot_ps__pb2.WorkersRequest.SerializeToString,
+                response_deserializer=pstrain__runtime_dot_proto_dot_ps__pb2.StepInfo.FromString,
+                _registered_method=True)
 
 
 class ParameterServerServicer:
@@ -177,6 +182,15 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetWorkers(self, request, context):
+        """Elastic workers (the chief's key): the namespace's live worker set from now on. Sync
+        steps wait for it from the next step boundary; a removed worker's pushes are refused
+        (one in flight is dropped whole). Send it to every parameter server of the job.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -233,6 +247,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
             'RequestCheckpoint': grpc.unary_unary_rpc_method_handler(
                     servicer.RequestCheckpoint,
                     request_deserializer=pstrain__runtime_dot_proto_dot_ps__pb2.NamespaceRequest.FromString,
+                    response_serializer=pstrain__runtime_dot_proto_dot_ps__pb2.StepInfo.SerializeToString,
+            ),
+            'SetWorkers': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetWorkers,
+                    request_deserializer=pstrain__runtime_dot_proto_dot_ps__pb2.WorkersRequest.FromString,
                     response_serializer=pstrain__runtime_dot_proto_dot_ps__pb2.StepInfo.SerializeToString,
             ),
     }
@@ -532,6 +551,33 @@ class ParameterServer:
             target,
             '/pstrain.v1.ParameterServer/RequestCheckpoint',
             pstrain__runtime_dot_proto_dot_ps__pb2.NamespaceRequest.SerializeToString,
+            pstrain__runtime_dot_proto_dot_ps__pb2.StepInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetWorkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pstrain.v1.ParameterServer/SetWorkers',
+            pstrain__runtime_dot_proto_dot_ps__pb2.WorkersRequest.SerializeToString,
             pstrain__runtime_dot_proto_dot_ps__pb2.StepInfo.FromString,
             options,
             channel_credentials,

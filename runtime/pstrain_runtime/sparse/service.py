@@ -141,9 +141,9 @@ def _push(store: ParameterStore, namespace: str, header: dict[str, Any],
     step = field(header, "step", int, "push")
     part = header.get("part", 0)
     items = field(header, "tables", list, "push")
-    if not 0 <= worker < ns.num_workers:
-        raise PSError("INVALID_ARGUMENT", f"sparse push: worker is {worker}; this job has "
-                      f"workers 0..{ns.num_workers - 1}")
+    if worker not in ns.members:
+        raise PSError("INVALID_ARGUMENT", f"sparse push: worker is {worker}; this job's "
+                      f"workers are {', '.join(map(str, sorted(ns.members.live)))}")
     if len(body) != 2 * len(items):
         raise PSError("INVALID_ARGUMENT", f"sparse push: {len(items)} tables need "
                       f"{2 * len(items)} frames (ids, rows), got {len(body)}")

@@ -1,0 +1,126 @@
+"""Elastic workers: which workers belong to a running job, and what a scale changes.
+
+Pure, shared by the operator (which worker pods to add or remove), the local runner
+(which worker processes to start or stop) and the parameter server (which workers a
+sync step waits for, and whose pushes it takes). Nothing here does I/O.
+
+Workers are numbered. A scale keeps the lowest indices: a scale-up adds the lowest free
+indices, a scale-down removes the highest ones. Worker 0 is never removed: without a
+separate chief it is the chief, and the minimum worker count is 1.
+
+Step boundaries (sync mode): a worker removed while global step `g` is open is waited
+for by no step from `g` on (no step waits for a worker that is gone); a contribution it
+already made to an open step stays and is applied whole with that step. A worker added
+while step `g` is open is waited for from step `g + 1`, the next boundary; a gradient it
+pushes for step `g` is taken if the step is still open.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+REASON_SCALED_UP: Final = "WorkersScaledUp"
+REASON_SCALED_DOWN: Final = "WorkersScaledDown"
+REASON_SCALE_REFUSED: Final = "ScaleRefused"
+WORKER_REPLICAS_PATH: Final = "spec.replicas.worker.replicas"
+
+
+def bounds_problem(replicas: int, min_replicas: int | None,
+                   max_replicas: int | None) -> str | None:
+    """Why `replicas` workers break the bounds, as "PATH is VALUE; RULE", or None."""
+    if min_replicas is not None and max_replicas is not None and min_replicas > max_replicas:
+        return (f"spec.replicas.worker.minReplicas is {min_replicas}; it must be at most "
+                f"maxReplicas ({max_replicas})")
+    if min_replicas is not None and replicas < min_replicas:
+        return (f"{WORKER_REPLICAS_PATH} is {replicas}; it must be at least minReplicas "
+                f"({min_replicas})")
+    if max_replicas is not None and replicas > max_replicas:
+        return (f"{WORKER_REPLICAS_PATH} is {replicas}; it must be at most maxReplicas "
+                f"({max_replicas})")
+    return None
+
+
+@dataclass(frozen=True)
+class ScalePlan:
+    """What a scale does to the live worker indices: start `add`, stop `remove`."""
+
+    add: tuple[int, ...] = ()
+    remove: tuple[int, ...] = ()
+
+    @property
+    def is_noop(self) -> bool:
+        return not self.add and not self.remove
+
+    @property
+    def reason(self) -> str:
+        return REASON_SCALED_UP if self.add else REASON_SCALED_DOWN
+
+    def message(self, before: int, after: int) -> str:
+        """One line for the Event that records the change."""
+        parts = []
+        if self.add:
+            parts.append(f"adds worker {', '.join(map(str, self.add))}")
+        if self.remove:
+            parts.append(f"removes worker {', '.join(map(str, self.remove))}")
+        return f"workers {before} -> {after}: " + " and ".join(parts)
+
+
+def plan_scale(live: Iterable[int], desired: int) -> ScalePlan:
+    """The workers to add and remove so that exactly indices 0..desired-1 run.
+
+    `live` are the indices running now (any order, gaps allowed: a lost worker is
+    replaced under the restart policy, which is not a scale and not planned here)."""
+    if desired < 1:
+        raise ValueError(f"{WORKER_REPLICAS_PATH} is {desired}; it must be at least 1")
+    running = set(live)
+    wanted = set(range(desired))
+    return ScalePlan(add=tuple(sorted(wanted - running)),
+                     remove=tuple(sorted(running - wanted, reverse=True)))
+
+
+@dataclass(frozen=True)
+class WorkerSet:
+    """The live workers of one job and, per worker, the first step it is waited for.
+
+    Immutable: a change returns a new set (`changed`), so a reader holding one sees a
+    consistent membership."""
+
+    since: Mapping[int, int] = field(default_factory=dict)  # worker -> first step
+
+    @classmethod
+    def initial(cls, num_workers: int) -> WorkerSet:
+        """Init's default: workers 0..num_workers-1, all waited for from step 0."""
+        return cls({w: 0 for w in range(num_workers)})
+
+    @property
+    def live(self) -> frozenset[int]:
+        return frozenset(self.since)
+
+    @property
+    def span(self) -> int:
+        """One more than the highest live index: the size of per-worker tables."""
+        return max(self.since, default=-1) + 1
+
+    def __contains__(self, worker: object) -> bool:
+        return worker in self.since
+
+    def changed(self, workers: Iterable[int], open_step: int) -> WorkerSet:
+        """The set after a change to `workers` while `open_step` is the open step: kept
+        workers keep their `since`, new ones are waited for from `open_step + 1`."""
+        wanted = set(workers)
+        if not wanted:
+            raise ValueError("the worker set is empty; a job keeps at least one worker")
+        if any(w < 0 for w in wanted):
+            raise ValueError(f"worker indices are {sorted(wanted)}; they must be >= 0")
+        return WorkerSet({w: self.since.get(w, open_step + 1) for w in sorted(wanted)})
+
+    def expected(self, step: int) -> frozenset[int]:
+        """The workers sync step `step` waits for."""
+        return frozenset(w for w, first in self.since.items() if first <= step)
+
+    def is_complete(self, step: int, contributors: set[int]) -> bool:
+        """Sync: step `step` may be applied with these contributors. At least one
+        contribution is needed: a step of only newcomers is never applied empty."""
+        return bool(contributors) and self.expected(step) <= contributors

@@ -1,0 +1,276 @@
+"""Elastic workers on the parameter server, without sockets: the worker set changes
+while a namespace runs (`ParameterStore.set_workers`). Steps are counted exactly once,
+no step waits for a removed worker, and a removed worker's in-flight push is applied
+whole or dropped whole."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from pstrain_runtime.proto import ps_pb2 as pb
+from pstrain_runtime.store import ParameterStore, PSError
+
+from .test_rt_store import params, push_frames, ready_store
+
+LR = 0.5  # SGD in ready_store
+pytestmark = pytest.mark.timeout(30)
+
+
+def grads_of(worker: int) -> dict[str, torch.Tensor]:
+    """Worker w pushes gradient w + 1 everywhere: the applied mean names the contributors."""
+    return {"b": torch.full((4,), worker + 1.0), "w": torch.full((3, 4), worker + 1.0)}
+
+
+def push(store: ParameterStore, worker: int, step: int = 0,
+         timeout: float = 0.01) -> pb.PushReply:
+    return store.push(iter(push_frames(grads_of(worker), worker=worker, step=step)),
+                      timeout=timeout)
+
+
+def bias(store: ParameterStore) -> float:
+    return float(store.namespace("ns").params["b"][0])
+
+
+def test_async_scale_2_4_1_3_counts_every_push_once() -> None:
+    store, _ = ready_store(mode="async", num_workers=2, staleness=2)
+    expected_b, applied = 1.0, 0
+    for live in ({0, 1}, {0, 1, 2, 3}, {0}, {0, 1, 2}):
+        store.set_workers("ns", live)
+        for _ in range(3):
+            for worker in sorted(live):
+                reply = push(store, worker)
+                assert reply.applied, reply.note
+                applied += 1
+                expected_b -= LR * (worker + 1)
+        for gone in {0, 1, 2, 3} - live:
+            with pytest.raises(PSError, match=f"worker is {gone}; this job's workers are"):
+                push(store, gone)
+    ns = store.namespace("ns")
+    assert ns.global_step == applied == 3 * (2 + 4 + 1 + 3)
+    assert bias(store) == pytest.approx(expected_b)
+    assert ns.members.live == {0, 1, 2} and ns.num_workers == 3
+
+
+def test_async_newcomer_starts_level_with_the_slowest_so_no_one_waits_for_it() -> None:
+    store, _ = ready_store(mode="async", num_workers=2, staleness=1)
+    for _ in range(3):
+        push(store, 0)
+        push(store, 1)
+    store.set_workers("ns", {0, 1, 2})
+    assert push(store, 0).applied  # started at 3 done vs the newcomer's 3
+    assert push(store, 0).applied  # started at 4 done vs 3: within the bound of 1
+    blocked = push(store, 0, timeout=0.05)  # 5 vs 3: waits for the slowest live worker
+    assert not blocked.applied
+    assert push(store, 2).applied and push(store, 1).applied
+    assert push(store, 0).applied
+
+
+def test_async_staleness_ignores_a_removed_worker() -> None:
+    store, _ = ready_store(mode="async", num_workers=2, staleness=0)
+    push(store, 0)
+    assert not push(store, 0, timeout=0.05).applied  # waits for worker 1
+    store.set_workers("ns", {0})
+    assert push(store, 0).applied
+
+
+def test_sync_scale_2_4_1_3_waits_for_the_live_set_from_the_next_boundary() -> None:
+    store, _ = ready_store(mode="sync", num_workers=2)
+    ns = store.namespace("ns")
+    expected_b = 1.0
+
+    def step(contributors: list[int]) -> None:
+        nonlocal expected_b
+        before = ns.global_step
+        for worker in contributors:
+            assert ns.global_step == before, "the step was applied before all expected pushed"
+            push(store, worker, step=before)
+        assert ns.global_step == before + 1
+        expected_b -= LR * sum(w + 1 for w in contributors) / len(contributors)
+        assert bias(store) == pytest.approx(expected_b)
+
+    step([0, 1])
+    store.set_workers("ns", {0, 1, 2, 3})  # step 1 is open: it still waits for 0, 1 only
+    step([0, 1])
+    step([0, 1, 2, 3])  # step 2 onwards waits for all four
+    push(store, 3, step=3)
+    push(store, 1, step=3)
+    store.set_workers("ns", {0})  # 1 and 3 contributed to the open step 3: applied whole
+    assert ns.global_step == 3
+    push(store, 0, step=3)
+    assert ns.global_step == 4
+    expected_b -= LR * (4 + 2 + 1) / 3
+    assert bias(store) == pytest.approx(expected_b)
+    step([0])
+    store.set_workers("ns", {0, 1, 2})
+    step([0])  # step 5 is open at the change: the newcomers join at step 6
+    step([0, 1, 2])
+    assert ns.global_step == 7
+    with pytest.raises(PSError, match="worker is 3"):
+        push(store, 3, step=7)
+
+
+def test_sync_removing_the_missing_worker_applies_the_open_step() -> None:
+    """No step waits for a worker that is gone: the removal itself applies the step."""
+    store, _ = ready_store(mode="sync", num_workers=3)
+    push(store, 0)
+    push(store, 1)
+    assert store.namespace("ns").global_step == 0
+    info = store.set_workers("ns", {0, 1})
+    assert info.global_step == 1
+    assert bias(store) == pytest.approx(1.0 - LR * (1 + 2) / 2)
+
+
+def test_sync_a_waiting_push_ends_when_the_worker_it_waits_for_is_removed() -> None:
+    store, _ = ready_store(mode="sync", num_workers=2)
+    replies: list[pb.PushReply] = []
+    waiting = threading.Thread(target=lambda: replies.append(push(store, 0, timeout=10)))
+    waiting.start()
+    store.set_workers("ns", {0})
+    waiting.join(10)
+    assert not waiting.is_alive()
+    assert replies[0].applied and replies[0].info.global_step == 1
+
+
+def held_push(worker: int, reading: threading.Event, released: threading.Event,
+              step: int = 0) -> Iterator[bytes]:
+    """A push whose body stops after its first chunk until `released`: in flight, past
+    the store's checks of its header (`reading` tells when)."""
+    frames = push_frames(grads_of(worker), worker=worker, step=step)
+    yield from frames[:2]
+    reading.set()  # asked for the second chunk: the body is being read
+    assert released.wait(10)
+    yield from frames[2:]
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_push_in_flight_when_its_worker_is_removed_is_dropped_whole(mode) -> None:
+    store, _ = ready_store(mode=mode, num_workers=2)
+    reading, released = threading.Event(), threading.Event()
+    replies: list[pb.PushReply] = []
+
+    flight = threading.Thread(target=lambda: replies.append(
+        store.push(held_push(1, reading, released), timeout=0.05)))
+    flight.start()
+    assert reading.wait(10)
+    store.set_workers("ns", {0})
+    released.set()
+    flight.join(10)
+    assert not flight.is_alive()
+    assert not replies[0].applied and "dropped whole" in replies[0].note
+    ns = store.namespace("ns")
+    assert ns.global_step == 0 and torch.equal(ns.params["b"], params()["b"])
+    assert 0 not in ns.buckets or 1 not in ns.buckets[0].contributors
+
+
+def test_set_workers_refuses_an_empty_set_and_changes_nothing() -> None:
+    store, _ = ready_store(mode="async", num_workers=2)
+    with pytest.raises(PSError, match="set_workers: the worker set is empty"):
+        store.set_workers("ns", set())
+    assert store.namespace("ns").members.live == {0, 1}
+
+
+def test_init_again_resets_the_worker_set() -> None:
+    store, client = ready_store(mode="async", num_workers=2)
+    store.set_workers("ns", {0, 1, 2, 3})
+    from .test_rt_store import FP, SGD
+    client.init(params(), SGD, mode="async", num_workers=2, staleness_bound=None,
+                fingerprint=FP)
+    assert store.namespace("ns").members.live == {0, 1}
+
+
+def test_a_returning_worker_starts_its_new_partition_from_the_beginning() -> None:
+    store, _ = ready_store(mode="async", num_workers=2)
+    store.push(iter(push_frames(grads_of(1), worker=1, step=6)), timeout=0.01)
+    assert store.info("ns", 1).position == 7
+    store.set_workers("ns", {0})
+    store.set_workers("ns", {0, 1})
+    assert store.info("ns", 1).position == 0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("mode", "steps", "grown"), [("async", 600, 3), ("sync", 400, 4)])
+def test_digits_scaled_up_mid_run_finishes_at_the_usual_accuracy(
+        mode: str, steps: int, grown: int) -> None:
+    """Real trainers (threads) against one store: two workers start, more join at step
+    100 (`set_workers`, then their trainers start); the job ends at exactly the target
+    with the accuracy of a fixed-size job (test_rt_trainer: >= 95 %). async grows to 3:
+    digits' async settings (momentum 0.9) diverge with 4 fixed workers too."""
+    from pstrain_runtime.client import LocalTransport
+    from pstrain_runtime.examples.digits import make_task
+    from pstrain_runtime.trainer import Trainer, WorkerRole
+
+    from .builders import Events, digits_training
+
+    events = Events()
+    training = digits_training(steps=steps, mode=mode, evalIntervalSteps=200)
+    store = ParameterStore(max_wait=10)
+    transports = [LocalTransport(store)]
+    errors: list[BaseException] = []
+    opened: set[tuple[int, int]] = set()  # (worker, num_workers) of every batches() call
+
+    def trainer(worker: int, count: int) -> Trainer:
+        task = make_task()
+        batches = task.batches
+
+        def recorded(w: int, n: int, *args: Any, **kwargs: Any) -> Any:
+            opened.add((w, n))
+            return batches(w, n, *args, **kwargs)
+
+        task.batches = recorded
+        return Trainer(training, WorkerRole("ns", worker, count), transports,
+                       emit=events if worker == 0 else (lambda *a, **k: None),
+                       progress_interval=0.05, task=task)
+
+    def start(t: Trainer) -> threading.Thread:
+        def go() -> None:
+            try:
+                t.run()
+            except BaseException as exc:  # re-raised below
+                errors.append(exc)
+        thread = threading.Thread(target=go, daemon=True)
+        thread.start()
+        return thread
+
+    trainers = [trainer(0, 2), trainer(1, 2)]
+    threads = [start(t) for t in reversed(trainers)]
+    try:
+        deadline = 60.0
+        ns = None
+        while ns is None and deadline > 0:  # the chief creates the namespace
+            try:
+                ns = store.namespace("ns")
+            except PSError:
+                threading.Event().wait(0.05)
+                deadline -= 0.05
+        assert ns is not None
+        with ns.cond:
+            assert ns.cond.wait_for(lambda: ns.global_step >= 100 or ns.done, timeout=60)
+            assert not ns.done
+        store.set_workers("ns", set(range(grown)))
+        with ns.cond:
+            joined = dict(ns.worker_pushes)
+        newcomers = [trainer(w, grown) for w in range(2, grown)]
+        trainers += newcomers
+        threads += [start(t) for t in newcomers]
+        for thread in threads:
+            thread.join(90)
+        assert not any(thread.is_alive() for thread in threads), "a trainer did not finish"
+    finally:
+        store.stop()
+        for t in trainers:
+            t.close()
+    if errors:
+        raise errors[0]
+    done = events.of("done")[0]
+    assert done["step"] == steps and ns.global_step == steps
+    assert done["accuracy"] >= 0.95
+    assert ns.members.live == set(range(grown))
+    # the running workers re-partitioned: they re-opened their data for the new count
+    assert {(0, grown), (1, grown)} <= opened
+    if mode == "async":  # the newcomers' pushes were applied
+        assert all(ns.worker_pushes[w] > joined[w] for w in range(2, grown))

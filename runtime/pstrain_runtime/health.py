@@ -9,17 +9,26 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .tls import TlsFiles
 
 
-def wait_serving(address: str, stop: threading.Event, interval: float = 0.1) -> bool:
-    """Poll grpc.health.v1 Check at `address` until SERVING (True) or `stop` is set."""
+def wait_serving(address: str, stop: threading.Event, interval: float = 0.1,
+                 tls: TlsFiles | None = None) -> bool:
+    """Poll grpc.health.v1 Check at `address` until SERVING (True) or `stop` is set; over
+    TLS with `tls` (a job with spec.security.tls serves only TLS). The health service
+    needs no credentials."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     options = [("grpc.initial_reconnect_backoff_ms", 100),
                ("grpc.min_reconnect_backoff_ms", 100),
                ("grpc.max_reconnect_backoff_ms", 500)]
-    with grpc.insecure_channel(address, options=options) as channel:
+    channel = (grpc.insecure_channel(address, options=options) if tls is None else
+               grpc.secure_channel(address, tls.grpc_channel_credentials(), options=options))
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         request = health_pb2.HealthCheckRequest(service="")
         while not stop.is_set():

@@ -25,6 +25,7 @@ crash keeps its traceback and also leaves its last line in that file.
 from __future__ import annotations
 
 import argparse
+import functools
 import ipaddress
 import os
 import sys
@@ -163,7 +164,7 @@ def run_trainer(identity: ReplicaIdentity, environ: Mapping[str, str], overlap: 
         credentials, tls = _security(environ, identity.task.role)
     except ValueError as exc:
         return report_failure(f"pstrain replica: {exc}", 2, environ)
-    if not startup_barrier(ps, environ):
+    if not startup_barrier(ps, environ, tls):
         return c.EXIT_STARTUP_TIMEOUT
     trainer = None
     me = f"pstrain replica: {identity.task.role} {identity.task.index}"
@@ -213,16 +214,17 @@ def metrics_registry(environ: Mapping[str, str]) -> Any:
     return registry
 
 
-def startup_barrier(ps: Sequence[str], environ: Mapping[str, str]) -> bool:
+def startup_barrier(ps: Sequence[str], environ: Mapping[str, str],
+                    tls: TlsFiles | None = None) -> bool:
     """Gang start (PSTRAIN_STARTUP_TIMEOUT set): wait until every parameter server
     answers its health check; False, after saying which did not, when the time is up."""
     raw = environ.get(c.ENV_STARTUP_TIMEOUT)
     if not raw:
         return True
-    from .health import wait_all_serving
+    from .health import wait_all_serving, wait_serving
 
     timeout = float(raw)
-    missing = wait_all_serving(ps, timeout)
+    missing = wait_all_serving(ps, timeout, functools.partial(wait_serving, tls=tls))
     if missing:
         print(f"pstrain replica: parameter servers {', '.join(missing)} did not answer their "
               f"health check within {timeout:g}s ({c.ENV_STARTUP_TIMEOUT}, "

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from pstrain_api import constants as c
 from pstrain_api import security
 from pstrain_runtime import auth
 from pstrain_runtime.client import GrpcTransport, ShardedClient, TcpTransport
@@ -124,3 +125,16 @@ def test_the_operators_probe_reads_status_with_the_worker_key_and_the_ca(
     assert status is not None and status["loss"] == 0.25
     assert fetch(server.address, 2.0, ProbeSecurity(keys=worker)) is None  # no TLS: refused
     assert fetch(server.address, 2.0, ProbeSecurity(ca=tls_files.ca.read_bytes())) is None
+
+
+def test_the_gang_startup_barrier_reaches_a_tls_only_server(server: PSServer,
+                                                           tls_files: TlsFiles) -> None:
+    """A gang-started trainer waits for every PS's health check before it trains; with
+    spec.security.tls the PS serves only TLS, so the barrier must speak it (it used a
+    plaintext channel and timed out: StartupTimeout)."""
+    from pstrain_runtime.replica import startup_barrier
+
+    environ = {c.ENV_STARTUP_TIMEOUT: "5"}
+    assert startup_barrier([server.address], environ, tls_files)
+    environ = {c.ENV_STARTUP_TIMEOUT: "0.5"}
+    assert not startup_barrier([server.address], environ, None)

@@ -65,7 +65,9 @@ def test_sync_with_one_worker_equals_a_plain_pytorch_loop(optimizer, num_ps) -> 
         torch.testing.assert_close(chief.mirror[name], value, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize(("mode", "steps"), [("async", 600), ("sync", 400)])
+# async: 900 steps, as examples/digits.yaml (600 reached 0.949 once: two threads' pushes
+# interleave differently from run to run, and 600 steps left no margin over the bar).
+@pytest.mark.parametrize(("mode", "steps"), [("async", 900), ("sync", 400)])
 def test_digits_reaches_95_percent_with_two_workers(mode: str, steps: int) -> None:
     events = Events()
     training = digits_training(steps=steps, mode=mode, evalIntervalSteps=200)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any
 
@@ -41,6 +41,15 @@ CONTROL_THREADS = 16  # handler threads that tensor calls may never take
 def _abort(context: grpc.ServicerContext, exc: PSError) -> None:
     code = getattr(grpc.StatusCode, exc.code, grpc.StatusCode.UNKNOWN)
     context.abort(code, exc.message)
+
+
+def _answer(context: grpc.ServicerContext, call: Callable[[], Any]) -> Any:
+    """`call()`'s reply; a PSError it raises aborts the RPC with its code and message."""
+    try:
+        return call()
+    except PSError as exc:
+        _abort(context, exc)
+        raise
 
 
 def _caller(context: grpc.ServicerContext) -> dict[str, Any]:
@@ -139,11 +148,7 @@ class ParameterServerService:
         return reply
 
     def finish(self, request: pb.FinishRequest, context: grpc.ServicerContext) -> pb.StepInfo:
-        try:
-            return self.store.finish(request.namespace)
-        except PSError as exc:
-            _abort(context, exc)
-            raise
+        return _answer(context, lambda: self.store.finish(request.namespace))
 
     def shutdown(self, request: pb.ShutdownRequest,
                  context: grpc.ServicerContext) -> pb.ShutdownReply:
@@ -170,27 +175,15 @@ class ParameterServerService:
 
     def get_job_status(self, request: pb.NamespaceRequest,
                        context: grpc.ServicerContext) -> pb.JobStatus:
-        try:
-            return self.store.job_status(request.namespace)
-        except PSError as exc:
-            _abort(context, exc)
-            raise
+        return _answer(context, lambda: self.store.job_status(request.namespace))
 
     def request_checkpoint(self, request: pb.NamespaceRequest,
                            context: grpc.ServicerContext) -> pb.StepInfo:
-        try:
-            return self.store.request_checkpoint(request.namespace)
-        except PSError as exc:
-            _abort(context, exc)
-            raise
+        return _answer(context, lambda: self.store.request_checkpoint(request.namespace))
 
     def set_workers(self, request: pb.WorkersRequest,
                     context: grpc.ServicerContext) -> pb.StepInfo:
-        try:
-            return self.store.set_workers(request.namespace, request.workers)
-        except PSError as exc:
-            _abort(context, exc)
-            raise
+        return _answer(context, lambda: self.store.set_workers(request.namespace, request.workers))
 
 
 def build_handler(service: ParameterServerService) -> grpc.GenericRpcHandler:

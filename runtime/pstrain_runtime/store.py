@@ -240,7 +240,8 @@ class Namespace:
                            initialized=self.initialized,
                            skipped_nonfinite=self.skipped_nonfinite,
                            checkpoint_requested=self.checkpoint_wanted >= 0,
-                           position=self.position_of(worker) if worker is not None else 0)
+                           position=self.position_of(worker) if worker is not None else 0,
+                           member=worker is not None and worker in self.members)
 
 
 def optimizer_from_pb(spec: pb.OptimizerSpec) -> OptimizerConfig:

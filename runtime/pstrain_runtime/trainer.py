@@ -62,6 +62,7 @@ from pstrain_api.model import Training
 from .checkpoint import Checkpoint, CheckpointError, CheckpointStore, model_fingerprint
 from .checkpoint_dir import check_directory, fallback_directories
 from .client import ShardedClient, Transport, retry_unavailable
+from .elastic import AppliedSamples, admitted, not_a_member
 from .failure import ConfigurationError, one_line
 from .optim import SLOT_NAMES, OptimizerConfig, OptimizerState
 from .placement import build_placement, param_specs
@@ -191,7 +192,7 @@ class Trainer:
 
     def _infos(self) -> list[pb.StepInfo]:
         def all_reachable() -> list[pb.StepInfo]:
-            infos = self.client.info_all()
+            infos = self.client.info_all(self.role.worker)
             for item in infos:
                 if isinstance(item, PSError):
                     raise item
@@ -228,16 +229,27 @@ class Trainer:
         return buf
 
     def _wait_initialised(self) -> None:
+        """A worker waits for the chief to initialise every server and to be in the
+        live worker set of each (elastic workers: SetWorkers admits a newcomer; a worker
+        a scale-down removed waits here until it is stopped)."""
         deadline = self.clock() + self.init_timeout
         delay = 0.05
         while True:
             infos = self._infos()
-            if all(i.initialized for i in infos):
+            if all(i.initialized for i in infos) and (admitted(infos)
+                                                      or any(i.done for i in infos)):
                 self.last_step = max(self.last_step, infos[0].global_step)
                 return
             if self.clock() > deadline:
+                uninitialised = [i for i, x in enumerate(infos) if not x.initialized]
+                if not uninitialised:
+                    raise TimeoutError(
+                        f"worker {self.role.worker} was not in the job's worker set within "
+                        f"{self.init_timeout:.0f} s; a worker started by a scale-up is "
+                        "admitted by the operator or `pstrain run`, one removed by a "
+                        "scale-down is stopped by them")
                 raise TimeoutError(
-                    f"parameter servers {[i for i, x in enumerate(infos) if not x.initialized]}"
+                    f"parameter servers {uninitialised}"
                     f" were not initialised within {self.init_timeout:.0f} s; the chief "
                     "initialises them")
             time.sleep(delay)  # backoff between polls of a remote flag
@@ -325,14 +337,15 @@ class Trainer:
     def _install(self, params: Mapping[str, torch.Tensor],
                  states: Mapping[str, OptimizerState] | None, global_step: int,
                  only: Sequence[int] | None = None, positions: Sequence[int] = (),
-                 sparse_rows: dict[str, Any] | None = None) -> None:
+                 sparse_rows: dict[str, Any] | None = None,
+                 num_workers: int | None = None) -> None:
         if self.sparse is not None:  # tables (and their rows) first: init lets workers in
             sparse = self.sparse
             directory = self.ckpt_store.directory if self.ckpt_store is not None else None
             self._retry(lambda: sparse.install(sparse_rows, directory, only))
         self._retry(lambda: self.client.init(
             params, self.optimizer, mode=self.training.mode,
-            num_workers=self.role.num_workers,
+            num_workers=num_workers or self._live_workers,
             staleness_bound=self.training.staleness_bound,
             fingerprint=self.fingerprint, global_step=global_step,
             target_steps=self.training.steps, states=states, only=only,
@@ -350,14 +363,20 @@ class Trainer:
                 slots[slot] = full[piece.row_start:piece.row_end] if piece.partitioned else full
             states[piece.key] = OptimizerState(step=ckpt.slot_steps.get(piece.param, 0),
                                                slots=slots)
+        # The checkpoint's positions are one per trainer of the worker set it was saved
+        # with (elastic workers: not necessarily the set this chief started with).
+        # A chief that has pulled knows the live set; a chief that has just started
+        # takes the set the checkpoint was saved with.
+        live = (self.client.last_pull_workers or len(ckpt.positions)
+                or self.role.num_workers)
         positions = ckpt.positions
-        if positions and len(positions) != self.role.num_workers:
+        if positions and len(positions) != live:
             print(f"pstrain: {path} holds the data positions of {len(positions)} workers and "
-                  f"this job has {self.role.num_workers}; every worker reads its data from "
-                  "the beginning", flush=True)
+                  f"this job has {live}; every worker reads its data from the beginning",
+                  flush=True)
             positions = []
         self._install(ckpt.params, states, ckpt.global_step, positions=positions,
-                      sparse_rows=ckpt.sparse)
+                      sparse_rows=ckpt.sparse, num_workers=live)
         self.last_ckpt_step = ckpt.global_step
 
     def _latest_checkpoint(self) -> tuple[Checkpoint, Path] | None:
@@ -473,6 +492,10 @@ class Trainer:
             return
         if exc.code == "ABORTED":  # a push computed on a server's previous state: the
             return                 # loop pulls the current parameters and goes on
+        if (exc.code == "INVALID_ARGUMENT" and not self.role.is_chief
+                and not admitted(self._infos())):
+            self._wait_initialised()  # elastic: not in the worker set (see `elastic`)
+            return
         if exc.code in ("UNAVAILABLE", "FAILED_PRECONDITION", "DEADLINE_EXCEEDED",
                         "CANCELLED"):
             if self.role.is_chief:
@@ -603,10 +626,16 @@ class Trainer:
                 pass
 
     @property
+    def _live_workers(self) -> int:
+        """Trainers in the servers' worker set as the last pull saw it (elastic workers
+        change it while the job runs), else as this trainer was started with."""
+        return self.client.last_pull_workers or self.role.num_workers
+
+    @property
     def _workers_per_step(self) -> int:
         """Workers whose gradients one global step applies: all of them in sync mode, one
         push in async mode."""
-        return self.role.num_workers if self.training.mode == "sync" else 1
+        return self._live_workers if self.training.mode == "sync" else 1
 
     def run(self) -> TrainResult:
         training, role = self.training, self.role
@@ -615,7 +644,7 @@ class Trainer:
             self._start_chief()
         else:
             self._wait_initialised()
-        start_step = self.last_step
+        applied = AppliedSamples(step=self.last_step)  # the rate's examples, from here
         # Where this worker's data resumes: kept by server 0 (restored from a checkpoint,
         # or from this worker's pushes before it restarted).
         info = self._retry(lambda: self.client.info(0, role.worker))
@@ -698,6 +727,13 @@ class Trainer:
                 if any(r.info.done for r in replies):
                     finished_by_peer = True
                     break
+                if not role.is_chief and not_a_member(replies):
+                    # Elastic workers: removed by a scale-down (the push was dropped
+                    # whole), or a server re-initialised with an older set: wait.
+                    self._fresh = False
+                    self._drain()
+                    self._wait_initialised()
+                    continue
                 # Every server must reach the target: one that lags (restarted without
                 # a checkpoint) still needs this worker's gradients for its last steps.
                 reached = min(r.info.global_step for r in replies) >= training.steps
@@ -708,8 +744,8 @@ class Trainer:
                 # chief duties
                 now = self.clock()
                 elapsed = max(now - started, 1e-9)
-                rate = ((gstep - start_step) * result.samples_per_step(self._workers_per_step)
-                        / elapsed)
+                applied.advance(gstep, result.samples_per_step(self._workers_per_step))
+                rate = applied.total / elapsed
                 if now - last_progress >= self.progress_interval:
                     avg = sum(window_loss) / len(window_loss)
                     tables = self._table_fields()
@@ -751,20 +787,19 @@ class Trainer:
                 self.client.info_all(role.worker)  # goodbye: every server may stop now
                 return result
             try:
-                return self._finish(result, start_step)
+                return self._finish(result, applied)
             except PSError as exc:  # a server failed while finishing: recover, then go on
                 self._handle(exc)
                 continue
 
-    def _finish(self, result: TrainResult, start_step: int) -> TrainResult:
+    def _finish(self, result: TrainResult, applied: AppliedSamples) -> TrainResult:
         """The chief's end: final pull, eval, checkpoint, report, done, Finish, Shutdown."""
         gstep = self._retry(lambda: self.client.pull(self.mirror, worker=0))
         self._copy_in()
         result.global_step = gstep
         result.metrics = self._evaluate()
-        result.samples_per_sec = ((gstep - start_step)
-                                  * result.samples_per_step(self._workers_per_step)
-                                  / max(result.wall_seconds, 1e-9))
+        applied.advance(gstep, result.samples_per_step(self._workers_per_step))
+        result.samples_per_sec = applied.total / max(result.wall_seconds, 1e-9)
         self.emit("eval", step=gstep, **result.metrics)
         if self.ckpt_store is not None and self.last_ckpt_step != gstep:
             if self._save_checkpoint() is None:

@@ -192,14 +192,49 @@ def test_a_returning_worker_starts_its_new_partition_from_the_beginning() -> Non
     assert store.info("ns", 1).position == 0
 
 
+def _running_at(store: ParameterStore, step: int) -> Any:
+    """The namespace once the chief created it and it applied `step` steps."""
+    ns = None
+    for _ in range(1200):  # the chief creates the namespace
+        try:
+            ns = store.namespace("ns")
+            break
+        except PSError:
+            threading.Event().wait(0.05)
+    assert ns is not None
+    with ns.cond:
+        assert ns.cond.wait_for(lambda: ns.global_step >= step or ns.done, timeout=60)
+        assert not ns.done
+    return ns
+
+
+def _finish(store: ParameterStore, threads: list[threading.Thread], trainers: list[Any],
+            errors: list[BaseException]) -> None:
+    """Wait for every trainer (bounded), stop the store, raise a trainer's error."""
+    try:
+        for thread in threads:
+            thread.join(90)
+        assert not any(thread.is_alive() for thread in threads), "a trainer did not finish"
+    finally:
+        store.stop()
+        for t in trainers:
+            t.close()
+    if errors:
+        raise errors[0]
+
+
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("mode", "steps", "grown"), [("async", 600, 3), ("sync", 400, 4)])
+@pytest.mark.parametrize(("mode", "steps", "grown", "admitted_first"),
+                         [("async", 600, 3, True), ("sync", 400, 4, True),
+                          ("async", 600, 3, False), ("sync", 400, 4, False)])
 def test_digits_scaled_up_mid_run_finishes_at_the_usual_accuracy(
-        mode: str, steps: int, grown: int) -> None:
+        mode: str, steps: int, grown: int, admitted_first: bool) -> None:
     """Real trainers (threads) against one store: two workers start, more join at step
-    100 (`set_workers`, then their trainers start); the job ends at exactly the target
-    with the accuracy of a fixed-size job (test_rt_trainer: >= 95 %). async grows to 3:
-    digits' async settings (momentum 0.9) diverge with 4 fixed workers too."""
+    100; the job ends at exactly the target with the accuracy of a fixed-size job
+    (test_rt_trainer: >= 95 %). The newcomers are admitted (`set_workers`) before their
+    trainers start, or after (as the operator does once their pods are Ready): then they
+    wait to be admitted and never push before. async grows to 3: digits' async settings
+    (momentum 0.9) diverge with 4 fixed workers too."""
     from pstrain_runtime.client import LocalTransport
     from pstrain_runtime.examples.digits import make_task
     from pstrain_runtime.trainer import Trainer, WorkerRole
@@ -213,6 +248,14 @@ def test_digits_scaled_up_mid_run_finishes_at_the_usual_accuracy(
     errors: list[BaseException] = []
     opened: set[tuple[int, int]] = set()  # (worker, num_workers) of every batches() call
 
+    asked = threading.Event()  # a newcomer asked a server whether it is a member
+
+    class Watched(LocalTransport):
+        def info(self, namespace: str, worker: int = 0) -> pb.StepInfo:
+            if worker >= 2:
+                asked.set()
+            return super().info(namespace, worker)
+
     def trainer(worker: int, count: int) -> Trainer:
         task = make_task()
         batches = task.batches
@@ -222,7 +265,8 @@ def test_digits_scaled_up_mid_run_finishes_at_the_usual_accuracy(
             return batches(w, n, *args, **kwargs)
 
         task.batches = recorded
-        return Trainer(training, WorkerRole("ns", worker, count), transports,
+        return Trainer(training, WorkerRole("ns", worker, count),
+                       [Watched(store)] if worker >= 2 else transports,
                        emit=events if worker == 0 else (lambda *a, **k: None),
                        progress_interval=0.05, task=task)
 
@@ -239,33 +283,23 @@ def test_digits_scaled_up_mid_run_finishes_at_the_usual_accuracy(
     trainers = [trainer(0, 2), trainer(1, 2)]
     threads = [start(t) for t in reversed(trainers)]
     try:
-        deadline = 60.0
-        ns = None
-        while ns is None and deadline > 0:  # the chief creates the namespace
-            try:
-                ns = store.namespace("ns")
-            except PSError:
-                threading.Event().wait(0.05)
-                deadline -= 0.05
-        assert ns is not None
-        with ns.cond:
-            assert ns.cond.wait_for(lambda: ns.global_step >= 100 or ns.done, timeout=60)
-            assert not ns.done
-        store.set_workers("ns", set(range(grown)))
-        with ns.cond:
-            joined = dict(ns.worker_pushes)
+        ns = _running_at(store, 100)
         newcomers = [trainer(w, grown) for w in range(2, grown)]
         trainers += newcomers
+        if admitted_first:
+            store.set_workers("ns", set(range(grown)))
         threads += [start(t) for t in newcomers]
-        for thread in threads:
-            thread.join(90)
-        assert not any(thread.is_alive() for thread in threads), "a trainer did not finish"
+        if not admitted_first:  # the newcomers ask to be admitted, and are not yet
+            assert asked.wait(30)
+            assert not errors
+            with ns.cond:
+                assert not ns.done
+                assert not any(w in ns.worker_pushes for w in range(2, grown))
+            store.set_workers("ns", set(range(grown)))
+        with ns.cond:
+            joined = dict(ns.worker_pushes)
     finally:
-        store.stop()
-        for t in trainers:
-            t.close()
-    if errors:
-        raise errors[0]
+        _finish(store, threads, trainers, errors)
     done = events.of("done")[0]
     assert done["step"] == steps and ns.global_step == steps
     assert done["accuracy"] >= 0.95
@@ -274,3 +308,75 @@ def test_digits_scaled_up_mid_run_finishes_at_the_usual_accuracy(
     assert {(0, grown), (1, grown)} <= opened
     if mode == "async":  # the newcomers' pushes were applied
         assert all(ns.worker_pushes[w] > joined[w] for w in range(2, grown))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_removed_worker_pushes_no_more_and_waits_without_failing(mode: str) -> None:
+    """A scale-down removes worker 2 at step 100 while its trainer runs (nobody stops
+    it): its pushes stop counting, the others finish the job at exactly the target,
+    and its trainer waits to be admitted again rather than failing, and ends with the
+    job."""
+    from pstrain_runtime.client import LocalTransport
+    from pstrain_runtime.examples.digits import make_task
+    from pstrain_runtime.trainer import Trainer, WorkerRole
+
+    from .builders import Events, digits_training
+
+    events = Events()
+    training = digits_training(steps=400, mode=mode)
+    store = ParameterStore(max_wait=10)
+    errors: list[BaseException] = []
+    trainers = [Trainer(training, WorkerRole("ns", w, 3), [LocalTransport(store)],
+                        emit=events if w == 0 else (lambda *a, **k: None),
+                        progress_interval=0.05, task=make_task()) for w in range(3)]
+
+    def go(t: Trainer) -> None:
+        try:
+            t.run()
+        except BaseException as exc:  # re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=go, args=(t,), daemon=True) for t in trainers]
+    for thread in threads:
+        thread.start()
+    try:
+        ns = _running_at(store, 100)
+        store.set_workers("ns", {0, 1})
+        with ns.cond:
+            removed_at = ns.worker_pushes.get(2, 0)
+    finally:
+        _finish(store, threads, trainers, errors)
+    assert events.of("done")[0]["step"] == 400 == ns.global_step
+    assert ns.worker_pushes.get(2, 0) == removed_at
+    assert ns.members.live == {0, 1}
+
+
+def test_applied_samples_count_each_step_with_the_workers_it_applied() -> None:
+    """The chief's samples/s after a scale: 10 sync steps of 2 workers x 64, then 10
+    of 4 x 64; a restore takes the step back and counting goes on from there."""
+    from pstrain_runtime.elastic import AppliedSamples
+
+    applied = AppliedSamples(step=5)
+    applied.advance(15, 2 * 64)
+    assert applied.total == 10 * 128
+    applied.advance(25, 4 * 64)
+    assert applied.total == 10 * 128 + 10 * 256
+    applied.advance(20, 4 * 64)  # restored from a checkpoint at step 20
+    applied.advance(21, 4 * 64)
+    assert applied.total == 10 * 128 + 11 * 256
+
+
+def test_a_push_refused_for_membership_is_told_apart_from_other_refusals() -> None:
+    from pstrain_runtime.elastic import admitted, not_a_member
+
+    store, _ = ready_store(num_workers=2)
+    store.set_workers("ns", {0})
+    with pytest.raises(PSError, match="this job's workers are 0") as refused:
+        push(store, 1)  # a push that starts after its worker was removed
+    assert refused.value.code == "INVALID_ARGUMENT"
+    assert not admitted([store.info("ns", 1)]) and admitted([store.info("ns", 0)])
+    late = pb.PushReply(info=pb.StepInfo(initialized=True, member=True), applied=False)
+    assert not not_a_member([late])
+    dropped = pb.PushReply(info=pb.StepInfo(initialized=True, member=False), applied=False)
+    assert not_a_member([dropped])

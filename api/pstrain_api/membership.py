@@ -11,8 +11,10 @@ separate chief it is the chief, and the minimum worker count is 1.
 Step boundaries (sync mode): a worker removed while global step `g` is open is waited
 for by no step from `g` on (no step waits for a worker that is gone); a contribution it
 already made to an open step stays and is applied whole with that step. A worker added
-while step `g` is open is waited for from step `g + 1`, the next boundary; a gradient it
-pushes for step `g` is taken if the step is still open.
+is waited for from the step of its first contribution on, so a newcomer that is still
+starting (loading its program, its data) holds no step back: the steps before it
+pushes are applied without it, the step it first pushes for waits for it (it is there),
+and so does every later one.
 """
 
 from __future__ import annotations
@@ -87,7 +89,8 @@ class WorkerSet:
     Immutable: a change returns a new set (`changed`), so a reader holding one sees a
     consistent membership."""
 
-    since: Mapping[int, int] = field(default_factory=dict)  # worker -> first step
+    # worker -> the first step that waits for it; None: a newcomer, until its first push
+    since: Mapping[int, int | None] = field(default_factory=dict)
 
     @classmethod
     def initial(cls, num_workers: int) -> WorkerSet:
@@ -106,19 +109,27 @@ class WorkerSet:
     def __contains__(self, worker: object) -> bool:
         return worker in self.since
 
-    def changed(self, workers: Iterable[int], open_step: int) -> WorkerSet:
-        """The set after a change to `workers` while `open_step` is the open step: kept
-        workers keep their `since`, new ones are waited for from `open_step + 1`."""
+    def changed(self, workers: Iterable[int]) -> WorkerSet:
+        """The set after a change to `workers`: kept workers keep their `since`; new
+        ones are waited for once they push (`joined`)."""
         wanted = set(workers)
         if not wanted:
             raise ValueError("the worker set is empty; a job keeps at least one worker")
         if any(w < 0 for w in wanted):
             raise ValueError(f"worker indices are {sorted(wanted)}; they must be >= 0")
-        return WorkerSet({w: self.since.get(w, open_step + 1) for w in sorted(wanted)})
+        return WorkerSet({w: self.since.get(w) for w in sorted(wanted)})
+
+    def joined(self, worker: int, step: int) -> WorkerSet:
+        """The set after `worker` contributed to sync step `step`: a newcomer is waited
+        for from that step on; anyone else is unchanged."""
+        if worker in self.since and self.since[worker] is None:
+            return WorkerSet({**self.since, worker: step})
+        return self
 
     def expected(self, step: int) -> frozenset[int]:
         """The workers sync step `step` waits for."""
-        return frozenset(w for w, first in self.since.items() if first <= step)
+        return frozenset(w for w, first in self.since.items()
+                         if first is not None and first <= step)
 
     def is_complete(self, step: int, contributors: set[int]) -> bool:
         """Sync: step `step` may be applied with these contributors. At least one

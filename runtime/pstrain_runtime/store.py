@@ -710,6 +710,7 @@ class ParameterStore:
                 for key in adopted:
                     del grads[key]  # owned by the bucket now; returned to the pool after apply
                 bucket.contributors.add(worker)
+                ns.members = ns.members.joined(worker, step)  # a newcomer: waited for now
             spent = self._apply_ready_buckets(ns)
             complete = self._wait(ns, lambda: ns.global_step >= step + 1 - bound, timeout,
                                   gone)
@@ -804,12 +805,12 @@ class ParameterStore:
         """Elastic workers: make `workers` the namespace's live set (the chief's or the
         operator's control call). A newcomer starts level with the slowest live worker
         (the staleness bound never makes the others wait for it to catch up) and is
-        waited for by sync steps from the next boundary; a removed worker is waited for
+        waited for by sync steps from its first push on; a removed worker is waited for
         by no step from now on, so the open steps it held back are applied here."""
         ns = self._ready(namespace)
         with ns.cond:
             try:
-                members = ns.members.changed(workers, ns.global_step)
+                members = ns.members.changed(workers)
             except ValueError as exc:
                 raise _invalid(f"set_workers: {exc}") from exc
             slowest = min((ns.worker_pushes.get(w, 0) for w in ns.members.live

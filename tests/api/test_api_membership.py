@@ -45,29 +45,34 @@ def test_plan_refuses_zero_workers():
         plan_scale({0}, 0)
 
 
-def test_worker_set_changes_at_the_next_step_boundary():
+def test_worker_set_waits_for_a_newcomer_from_its_first_push():
     start = WorkerSet.initial(2)
     assert start.expected(0) == {0, 1} and start.span == 2
-    grown = start.changed({0, 1, 2, 3}, open_step=5)
-    assert grown.expected(5) == {0, 1}  # the open step does not wait for newcomers
-    assert grown.expected(6) == {0, 1, 2, 3}
-    shrunk = grown.changed({0}, open_step=7)
-    assert shrunk.expected(7) == {0} and shrunk.live == {0} and shrunk.span == 1
-    regrown = shrunk.changed({0, 1, 2}, open_step=9)
-    assert dict(regrown.since) == {0: 0, 1: 10, 2: 10}  # a returning worker is new again
+    grown = start.changed({0, 1, 2, 3})
+    assert grown.expected(5) == grown.expected(50) == {0, 1}  # still starting: no wait
+    assert grown.live == {0, 1, 2, 3} and grown.span == 4
+    joined = grown.joined(2, 6).joined(3, 8)
+    assert joined.expected(6) == {0, 1, 2} and joined.expected(8) == {0, 1, 2, 3}
+    assert joined.joined(2, 9) is joined  # only the first push sets it
+    assert joined.joined(7, 9) is joined  # not a member: nothing
+    shrunk = joined.changed({0})
+    assert shrunk.expected(9) == {0} and shrunk.live == {0} and shrunk.span == 1
+    regrown = shrunk.changed({0, 1, 2})
+    assert dict(regrown.since) == {0: 0, 1: None, 2: None}  # a returning worker is new again
 
 
 def test_step_completes_when_every_expected_worker_contributed():
-    ws = WorkerSet.initial(2).changed({0, 2}, open_step=3)  # 1 removed, 2 added
+    ws = WorkerSet.initial(2).changed({0, 2})  # 1 removed, 2 added
     assert not ws.is_complete(3, set())
-    assert ws.is_complete(3, {0})  # 1 is gone, 2 is waited for from step 4
+    assert ws.is_complete(3, {0})  # 1 is gone, 2 has not pushed yet
     assert ws.is_complete(3, {0, 1})  # a removed worker's earlier contribution counts
+    ws = ws.joined(2, 4)
     assert not ws.is_complete(4, {0})
     assert ws.is_complete(4, {0, 2})
 
 
 def test_worker_set_refuses_empty_and_negative():
     with pytest.raises(ValueError, match="empty"):
-        WorkerSet.initial(1).changed(set(), 0)
+        WorkerSet.initial(1).changed(set())
     with pytest.raises(ValueError, match=">= 0"):
-        WorkerSet.initial(1).changed({-1}, 0)
+        WorkerSet.initial(1).changed({-1})

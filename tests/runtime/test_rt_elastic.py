@@ -78,7 +78,7 @@ def test_async_staleness_ignores_a_removed_worker() -> None:
     assert push(store, 0).applied
 
 
-def test_sync_scale_2_4_1_3_waits_for_the_live_set_from_the_next_boundary() -> None:
+def test_sync_scale_2_4_1_3_waits_for_each_newcomer_from_its_first_push() -> None:
     store, _ = ready_store(mode="sync", num_workers=2)
     ns = store.namespace("ns")
     expected_b = 1.0
@@ -94,24 +94,26 @@ def test_sync_scale_2_4_1_3_waits_for_the_live_set_from_the_next_boundary() -> N
         assert bias(store) == pytest.approx(expected_b)
 
     step([0, 1])
-    store.set_workers("ns", {0, 1, 2, 3})  # step 1 is open: it still waits for 0, 1 only
+    store.set_workers("ns", {0, 1, 2, 3})  # 2 and 3 are starting: no step waits for them
     step([0, 1])
-    step([0, 1, 2, 3])  # step 2 onwards waits for all four
-    push(store, 3, step=3)
-    push(store, 1, step=3)
-    store.set_workers("ns", {0})  # 1 and 3 contributed to the open step 3: applied whole
-    assert ns.global_step == 3
-    push(store, 0, step=3)
+    step([2, 3, 0, 1])  # their first pushes, at step 2: from here every step waits for them
+    step([0, 1, 2, 3])
+    push(store, 3, step=4)
+    push(store, 1, step=4)
+    store.set_workers("ns", {0})  # 1 and 3 contributed to the open step 4: applied whole
     assert ns.global_step == 4
+    push(store, 0, step=4)
+    assert ns.global_step == 5
     expected_b -= LR * (4 + 2 + 1) / 3
     assert bias(store) == pytest.approx(expected_b)
     step([0])
     store.set_workers("ns", {0, 1, 2})
-    step([0])  # step 5 is open at the change: the newcomers join at step 6
+    step([0])  # the newcomers have not pushed: step 6 is applied without them
+    step([1, 2, 0])
     step([0, 1, 2])
-    assert ns.global_step == 7
+    assert ns.global_step == 9
     with pytest.raises(PSError, match="worker is 3"):
-        push(store, 3, step=7)
+        push(store, 3, step=9)
 
 
 def test_sync_removing_the_missing_worker_applies_the_open_step() -> None:

@@ -20,8 +20,8 @@ Invariants:
 - The workers are a `WorkerSet` (Init: 0..num_workers-1) that `set_workers` changes
   while the job runs (elastic workers; rules in `pstrain_api.membership`). A push of a
   worker outside the set is refused; one whose worker is removed while it is in flight
-  is applied whole or dropped whole (under the namespace lock). Sync steps wait for the
-  live set from the next step boundary; the staleness bound counts live workers only.
+  is applied whole or dropped whole (under the namespace lock). Sync steps wait for a
+  newcomer from its first push on; the staleness bound counts live workers only.
 - Every wait ends: at the caller's deadline, when the caller is gone (cancelled or
   disconnected), when the job is done, the server stops or the namespace is
   initialised again, and in any case after `max_wait` seconds.

@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("pstrain_api.cli_commands:validate_main", "Validate TrainingJob manifests offline."),
     "crd": ("pstrain_api.cli_commands:crd_main", "Print the TrainingJob CustomResourceDefinition."),
     "run": ("pstrain_runtime.local.cli:run_main", "Run a TrainingJob on this machine as processes."),
+    "scale": ("pstrain_runtime.local.control:scale_main", "Change the worker count of a job `pstrain run` is running."),
     "replica": ("pstrain_runtime.replica:replica_main", "Run one replica (PS or worker) from the cluster-spec environment."),
     "operator": ("pstrain_operator.main:operator_main", "Run the Kubernetes operator."),
 }

@@ -44,6 +44,26 @@ def bounds_problem(replicas: int, min_replicas: int | None,
     return None
 
 
+def scale_problem(replicas: int, min_replicas: int | None,
+                  max_replicas: int | None) -> str | None:
+    """Why a scale to `replicas` workers is refused, or None: the model's rule (at
+    least 1) and the bounds, in the words the CRD's rules use."""
+    if replicas < 1:
+        return f"{WORKER_REPLICAS_PATH} is {replicas}; it must be at least 1"
+    return bounds_problem(replicas, min_replicas, max_replicas)
+
+
+def trainer_index(worker: int, separate_chief: bool) -> int:
+    """The trainer index of worker replica `worker`: a separate chief is trainer 0 and
+    worker k is trainer k + 1; without one, worker k is trainer k (worker 0 the chief)."""
+    return worker + 1 if separate_chief else worker
+
+
+def trainer_set(workers: int, separate_chief: bool) -> tuple[int, ...]:
+    """The parameter servers' worker set (trainer indices) for `workers` worker replicas."""
+    return tuple(sorted({0, *(trainer_index(w, separate_chief) for w in range(workers))}))
+
+
 @dataclass(frozen=True)
 class ScalePlan:
     """What a scale does to the live worker indices: start `add`, stop `remove`."""

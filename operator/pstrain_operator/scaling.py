@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pstrain_api import constants as c
-from pstrain_api.membership import REASON_SCALED_DOWN, REASON_SCALED_UP, plan_scale
+from pstrain_api.membership import (REASON_SCALED_DOWN, REASON_SCALED_UP, plan_scale,
+                                    trainer_index)
 from pstrain_api.model import TrainingJob, TrainingJobStatus, WorkerMembership
 
 from .conditions import Event
@@ -143,6 +144,6 @@ def trainer_indices(job: TrainingJob, pods: Sequence[ObservedPod]) -> list[int]:
     is trainer k + 1; without one, worker pod k is trainer k). Pods not Ready yet are left
     out so that no step waits for a pod that is still starting."""
     desired = job.spec.replicas.worker.replicas
-    offset = 1 if job.has_separate_chief else 0
-    ready = {p.index + offset for p in worker_pods(pods) if p.ready and p.index < desired}
+    ready = {trainer_index(p.index, job.has_separate_chief) for p in worker_pods(pods)
+             if p.ready and p.index < desired}
     return sorted(ready | {0})

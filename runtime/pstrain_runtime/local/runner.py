@@ -20,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,31 +28,36 @@ from typing import Any, TextIO
 
 from pstrain_api import constants as c
 from pstrain_api import security
-from pstrain_api.cluster import ClusterSpec, local_cluster_spec, task_count
+from pstrain_api.cluster import (Address, ClusterSpec, build_cluster_spec,
+                                 local_cluster_spec, task_count)
 from pstrain_api.constants import ENV_TERMINATION_LOG
 from pstrain_api.events import parse_event
+from pstrain_api.membership import scale_problem
 from pstrain_api.model import TrainingJob
+from pstrain_api.names import replica_name
 from pstrain_api.readiness import user_command
 
 from ..checkpoint_dir import check_directory
 from ..auth import Credentials, load_credentials, write_replica_keys
-from ..status_client import request_checkpoint
+from ..status_client import request_checkpoint, set_workers
 from .capacity import available_memory, capacity_warning
+from .control import Answer, ControlServer, Inbox
 from .devices import ENV_VISIBLE, DeviceRequest, assign_gpus, visible_gpus
 from .metrics import Metrics, build_summary, fold
 from .processes import (DEFAULT_REPLICA_COMMAND, Line, ProcessTable, find_free_ports,
                         replica_environment)
 from .render import PlainReporter, Reporter, RichReporter, format_result
 from .supervisor import (Action, AskCheckpoint, Begin, CheckpointUnanswered, Checkpointed,
-                         Finish, Interrupt, Kill, Notify, Progressed, Replica, RunState,
-                         Settings, SpawnFailed, Start, Terminate, Tick, decide,
-                         effective_deadline, initial_state)
+                         Finish, Interrupt, Kill, Notify, Progressed, Replica, Reply, Respec,
+                         RunState, ScaleRequest, SetWorkers, Settings, SpawnFailed, Start,
+                         Terminate, Tick, decide, effective_deadline, initial_state)
 
 TICK_SECONDS = 0.1
 ASK_TIMEOUT_S = 2.0  # RequestCheckpoint on PS 0 at the deadline
 # Replica events that carry the global step (the stall watchdog's input).
 STEP_EVENTS = frozenset({"progress", "eval", "checkpoint", "restored", "done"})
 FAILURE_CONTEXT_LINES = 12
+RESEND_WORKERS_S = 5.0  # the worker set is sent again this often once a job was scaled
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,13 @@ def with_checkpoint_dir(job: TrainingJob, directory: str) -> TrainingJob:
     data = job.to_api()
     data["spec"].setdefault("training", {}).setdefault("checkpoint", {})["directory"] = (
         directory)
+    return TrainingJob.model_validate(data)
+
+
+def with_workers(job: TrainingJob, workers: int) -> TrainingJob:
+    """`job` with spec.replicas.worker.replicas set to `workers` (a scale)."""
+    data = job.to_api()
+    data["spec"]["replicas"]["worker"]["replicas"] = workers
     return TrainingJob.model_validate(data)
 
 
@@ -172,18 +184,102 @@ def run_job(job: TrainingJob, options: RunOptions = RunOptions(),
             shutil.rmtree(auth_dir, ignore_errors=True)
 
 
-class _Executor:
-    """Carries out supervisor actions: spawns, signals, prints."""
+@dataclass(frozen=True)
+class _Scale:
+    """`pstrain scale` asked for `replicas` workers (the control thread's request)."""
 
-    def __init__(self, table: ProcessTable, reporter: Reporter, addresses: dict[str, str],
-                 clock: Callable[[], float], credentials: Credentials | None = None):
+    replicas: int
+    ticket: int
+
+
+@dataclass(frozen=True)
+class _Environments:
+    """How every replica's environment is built: the runner's own, the cluster spec's,
+    a thread budget, its GPUs, where it leaves its last words, and its keys."""
+
+    threads: int
+    last_words: Path
+    key_dirs: Mapping[str, Path]
+
+    def build(self, spec: ClusterSpec, gpus: Mapping[str, str]) -> dict[str, dict[str, str]]:
+        out = {}
+        for task in spec.tasks():
+            name = spec.replica_name(task)
+            env = replica_environment(os.environ, spec.env(task), self.threads)
+            if name in gpus:
+                env[ENV_VISIBLE] = gpus[name]
+            env[ENV_TERMINATION_LOG] = str(self.last_words / name)
+            env.pop(security.ENV_AUTH_DIR, None)  # never the runner's own
+            if self.key_dirs:
+                env[security.ENV_AUTH_DIR] = str(
+                    self.key_dirs[security.key_holder(task.role, spec.is_chief(task))])
+            out[name] = env
+        return out
+
+
+def _gpus(job: TrainingJob, spec: ClusterSpec) -> dict[str, str]:
+    return assign_gpus([DeviceRequest(spec.replica_name(t), t.role, gpus_requested(job, t.role))
+                        for t in spec.tasks()], visible_gpus())
+
+
+class _WorkerSetSender:
+    """Sends the worker set to every parameter server (SetWorkers, with the chief's key)
+    from a thread: at once when it changes, then every RESEND_WORKERS_S, so a server
+    the chief re-initialised with an older set gets it back. Failures are retried
+    quietly: a server that is down gets the set when it is back."""
+
+    def __init__(self, addresses: Sequence[str], namespace: str,
+                 credentials: Credentials | None) -> None:
+        self.addresses = list(addresses)
+        self.namespace = namespace
+        self.credentials = credentials
+        self._workers: tuple[int, ...] | None = None
+        self._changed = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="set-workers", daemon=True)
+
+    def send(self, workers: tuple[int, ...]) -> None:
+        self._workers = workers
+        self._changed.set()
+        if not self._thread.is_alive():
+            self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._changed.set()
+        if self._thread.is_alive():
+            self._thread.join(ASK_TIMEOUT_S * max(len(self.addresses), 1) + 1)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._changed.clear()
+            workers = self._workers
+            if workers is not None:
+                for address in self.addresses:
+                    if self._stop.is_set():
+                        return
+                    set_workers(address, ASK_TIMEOUT_S, self.namespace, list(workers),
+                                credentials=self.credentials)
+            self._changed.wait(RESEND_WORKERS_S)
+
+
+class _Executor:
+    """Carries out supervisor actions: spawns, signals, prints, scales."""
+
+    def __init__(self, table: ProcessTable, reporter: Reporter, clock: Callable[[], float],
+                 credentials: Credentials | None = None, *, job: TrainingJob | None = None,
+                 environments: _Environments | None = None,
+                 sender: _WorkerSetSender | None = None, control: Inbox | None = None):
         self.table = table
         self.credentials = credentials  # the worker key, for control calls to PS 0
         self.reporter = reporter
-        self.addresses = addresses
         self.clock = clock
-        self.pids: dict[str, list[int]] = {name: [] for name in addresses}
+        self.pids: dict[str, list[int]] = {}
         self.inbox: list[object] = []  # observations the executor itself makes
+        self.job = job  # for a scale: the environments of the new cluster spec
+        self.environments = environments
+        self.sender = sender
+        self.control = control
 
     def apply(self, action: Action, state: RunState) -> Finish | None:
         if isinstance(action, Start):
@@ -203,9 +299,54 @@ class _Executor:
             ps0 = next(r.address for r in state.replicas if r.is_ps and r.index == 0)
             if request_checkpoint(ps0, ASK_TIMEOUT_S, credentials=self.credentials) is None:
                 self.inbox.append(CheckpointUnanswered(self.clock()))
+        elif isinstance(action, Respec):
+            self._respec(action.workers, state)
+        elif isinstance(action, SetWorkers):
+            if self.sender is not None:
+                self.sender.send(action.workers)
+        elif isinstance(action, Reply):
+            if self.control is not None:
+                self.control.answer(action.ticket, Answer(action.ok, action.message))
         elif isinstance(action, Finish):
             return action
         return None
+
+    def _respec(self, workers: int, state: RunState) -> None:
+        """The environments (and own commands) of every replica for `workers` workers:
+        newcomers start with them, and a replica restarted later too."""
+        if self.job is None or self.environments is None:
+            raise RuntimeError("a scale needs the job and its environments")
+        job = with_workers(self.job, workers)
+        known = {r.name: r.address for r in state.replicas}
+
+        def address_of(task: Any) -> Address:
+            host, _, port = known[replica_name(job.name, task.role, task.index)].rpartition(":")
+            return Address(host, int(port))
+
+        spec = build_cluster_spec(job, address_of)
+        old = {n: e[ENV_VISIBLE] for n, e in self.table.environments.items()
+               if ENV_VISIBLE in e}
+        self.table.environments.update(self.environments.build(spec, {**_gpus(job, spec),
+                                                                      **old}))
+        self.table.commands.update(own_commands(job, spec))
+
+    def scale_request(self, replicas: int, ticket: int, state: RunState,
+                      settings: Settings) -> ScaleRequest | Reply:
+        """A ScaleRequest with a free address for each worker index never had, or the
+        refusal when this machine cannot hold the processes it would start."""
+        if scale_problem(replicas, settings.min_workers, settings.max_workers) is not None:
+            return ScaleRequest(replicas, self.clock(), ticket)  # the supervisor refuses
+        names = {r.name for r in state.replicas}
+        new = [i for i in range(replicas)
+               if replica_name(state.job_name, c.ROLE_WORKER, i) not in names]
+        starts = sum(1 for i in range(replicas) if not any(
+            r.role == c.ROLE_WORKER and r.index == i and r.is_live for r in state.replicas))
+        too_many = capacity_warning(starts, available_memory())
+        if too_many:
+            return Reply(ticket, False, f"refused: {too_many}")
+        ports = find_free_ports(len(new)) if new else []
+        return ScaleRequest(replicas, self.clock(), ticket,
+                            {i: f"{c.LOCAL_HOST}:{port}" for i, port in zip(new, ports)})
 
     def _start(self, action: Start, replica: Replica) -> None:
         try:
@@ -216,11 +357,11 @@ class _Executor:
                                           f"{program}: {exc.strerror or exc}",
                                           self.clock()))
             return
-        self.pids[action.name].append(proc.pid)
+        self.pids.setdefault(action.name, []).append(proc.pid)
         again = f", attempt {action.attempt}" if action.attempt > 1 else ""
         self.reporter.notice("info", f"started {action.name} (pid {proc.pid}{again})")
         if replica.is_ps and replica.check != c.GATE_NONE:
-            proc.probe_health(self.addresses[action.name], check=replica.check)
+            proc.probe_health(replica.address, check=replica.check)
 
     def line(self, item: Line, metrics: Metrics) -> Metrics:
         event = parse_event(item.text)
@@ -243,25 +384,12 @@ def _run(job: TrainingJob, options: RunOptions, out: TextIO, log_stream: TextIO,
     spec = local_cluster_spec(job, find_free_ports(task_count(job)))
     tasks = spec.tasks()
     names = [spec.replica_name(t) for t in tasks]
-    threads = max(1, (os.cpu_count() or 1) // max(len(tasks), 1))
-    environments = {
-        spec.replica_name(t): replica_environment(os.environ, spec.env(t), threads)
-        for t in tasks
-    }
-    gpus = assign_gpus([DeviceRequest(spec.replica_name(t), t.role, gpus_requested(job, t.role))
-                        for t in tasks], visible_gpus())
-    for name, devices in gpus.items():
-        environments[name][ENV_VISIBLE] = devices
     # Each replica leaves its last error line here; the supervisor quotes it.
     last_words = tempfile.TemporaryDirectory(prefix=f"pstrain-{job.name}-exit-")
-    for name, env in environments.items():
-        env[ENV_TERMINATION_LOG] = str(Path(last_words.name) / name)
-    for t in tasks:
-        env = environments[spec.replica_name(t)]
-        env.pop(security.ENV_AUTH_DIR, None)  # never the runner's own
-        if key_dirs:
-            env[security.ENV_AUTH_DIR] = str(
-                key_dirs[security.key_holder(t.role, spec.is_chief(t))])
+    builder = _Environments(threads=max(1, (os.cpu_count() or 1) // max(len(tasks), 1)),
+                            last_words=Path(last_words.name), key_dirs=key_dirs)
+    gpus = _gpus(job, spec)
+    environments = builder.build(spec, gpus)
     run_policy = job.spec.run_policy
     settings = Settings(
         policy=run_policy,
@@ -271,16 +399,23 @@ def _run(job: TrainingJob, options: RunOptions, out: TextIO, log_stream: TextIO,
         success_grace=options.success_grace,
         kill_grace=options.kill_grace,
         backoff_base=options.backoff_base,
+        min_workers=job.spec.replicas.worker.min_replicas,
+        max_workers=job.spec.replicas.worker.max_replicas,
     )
     state = initial_state(spec, settings, job)
     table = ProcessTable(options.replica_command, environments, clock,
                          commands=own_commands(job, spec))
     metrics = Metrics(total_steps=job.spec.training.steps)
     reporter = _make_reporter(options, log_stream, names, job)
-    worker_key = (load_credentials({security.ENV_AUTH_DIR: str(key_dirs[security.KEY_WORKER])})
-                  if key_dirs else None)
-    executor = _Executor(table, reporter, {r.name: r.address for r in state.replicas},
-                         clock, worker_key)
+    worker_key, chief_key = ((load_credentials({security.ENV_AUTH_DIR: str(key_dirs[k])})
+                              for k in (security.KEY_WORKER, security.KEY_CHIEF))
+                             if key_dirs else (None, None))
+    control = Inbox(table.post)
+    sender = _WorkerSetSender([r.address for r in state.ps],
+                              f"{job.namespace or 'default'}/{job.name}", chief_key)
+    executor = _Executor(table, reporter, clock, worker_key, job=job, environments=builder,
+                         sender=sender, control=control)
+    server = ControlServer(job.name, lambda n: control.ask(lambda ticket: _Scale(n, ticket)))
 
     checkpoint_dir = job.spec.training.checkpoint.directory
     reporter.notice("info", f"job {job.name}: " + ", ".join(
@@ -302,6 +437,12 @@ def _run(job: TrainingJob, options: RunOptions, out: TextIO, log_stream: TextIO,
                                 "(removed at exit; pass --checkpoint-dir to keep them)")
     else:
         reporter.notice("info", f"checkpoints go to {checkpoint_dir}")
+    unreachable = server.start()
+    if unreachable:
+        reporter.notice("warning", f"`pstrain scale` cannot reach this run: {unreachable}")
+    else:
+        reporter.notice("info", f"change the worker count while it runs: pstrain scale "
+                                f"{job.name} --replicas N")
 
     started = clock()
     finish: Finish | None = None
@@ -326,11 +467,19 @@ def _run(job: TrainingJob, options: RunOptions, out: TextIO, log_stream: TextIO,
                     continue
                 if isinstance(item, Tick):
                     last_tick = item.now
+                if isinstance(item, _Scale):  # from the control thread: find addresses
+                    item = executor.scale_request(item.replicas, item.ticket, state,
+                                                  settings)
+                    if isinstance(item, Reply):
+                        executor.apply(item, state)
+                        continue
                 # Decide, then apply.
                 state, actions = decide(state, item)  # type: ignore[arg-type]
                 for action in actions:
                     finish = executor.apply(action, state) or finish
         finally:
+            server.close()
+            sender.close()
             table.kill_all()
             reporter.close()
             last_words.cleanup()

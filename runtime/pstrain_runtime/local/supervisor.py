@@ -32,18 +32,26 @@ Invariants:
 - At the deadline, a running job asks the chief for a checkpoint first (`AskCheckpoint`,
   RequestCheckpoint on PS 0) and fails once it is written (`Checkpointed`), cannot be
   asked for (`CheckpointUnanswered`), or `checkpoint_wait` has passed.
+- Elastic workers (`ScaleRequest`, from `pstrain scale`): refused outside the bounds
+  with the CRD's sentence; otherwise `pstrain_api.membership.plan_scale` says which
+  worker indices start and stop. The environments follow the new count (`Respec`),
+  newcomers start, the parameter servers get the new set (`SetWorkers`), and removed
+  workers are terminated (SIGKILL after `kill_grace`); their exit is expected, never
+  a restart nor a failure. Parameter servers and the chief are never touched.
 """
 
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pstrain_api import constants as c
 from pstrain_api.cluster import ClusterSpec
+from pstrain_api.membership import plan_scale, scale_problem, trainer_set
 from pstrain_api.model import RunPolicy, TrainingJob
+from pstrain_api.names import replica_name
 from pstrain_api.policy import (
     RestartDecision,
     decide_ps_exit,
@@ -81,6 +89,8 @@ class Settings:
     backoff_max: float = 10.0
     checkpoint_wait: float = 30.0
     ps_exit_grace: float = 15.0
+    min_workers: int | None = None  # spec.replicas.worker.minReplicas
+    max_workers: int | None = None  # spec.replicas.worker.maxReplicas
 
     def __post_init__(self) -> None:
         for name in ("health_timeout", "success_grace", "kill_grace", "backoff_base",
@@ -141,6 +151,7 @@ class Replica:
     exited_at: float | None = None
     stall_restart: bool = False  # stopped by the stall watchdog: its exit is expected
     kill_at: float | None = None  # SIGKILL then, if the watchdog's SIGTERM was ignored
+    retiring: bool = False  # stopped by a scale-down: its exit is expected
 
     @property
     def is_ps(self) -> bool:
@@ -171,6 +182,8 @@ class RunState:
     advanced_at: float | None = None  # when it last advanced (the stall watchdog's clock)
     checkpoint_asked_at: float | None = None  # the deadline's checkpoint request
     checkpoint_wanted: int = 0  # a checkpoint at or after this step answers it
+    job_name: str = ""
+    members: tuple[int, ...] | None = None  # the worker set sent to the servers, if scaled
 
     def replica(self, name: str) -> Replica:
         for rep in self.replicas:
@@ -207,7 +220,7 @@ def initial_state(spec: ClusterSpec, settings: Settings,
             check=local_check(role) if role is not None else c.GATE_GRPC,
             stop_on_success=role is not None and stopped_on_success(role),
         ))
-    return RunState(replicas=tuple(replicas), settings=settings)
+    return RunState(replicas=tuple(replicas), settings=settings, job_name=spec.job_name)
 
 
 # --------------------------------------------------------------------------- observations
@@ -281,8 +294,20 @@ class CheckpointUnanswered:
     now: float
 
 
+@dataclass(frozen=True)
+class ScaleRequest:
+    """`pstrain scale`: run `replicas` workers. `addresses`: a free address for each
+    worker index the job has never had (the runner finds them; taking ports is I/O).
+    The answer goes back under `ticket` (`Reply`)."""
+
+    replicas: int
+    now: float
+    ticket: int = 0
+    addresses: Mapping[int, str] = field(default_factory=dict)
+
+
 Observation = (Begin | Healthy | Exited | SpawnFailed | Tick | Interrupt | Progressed
-               | Checkpointed | CheckpointUnanswered)
+               | Checkpointed | CheckpointUnanswered | ScaleRequest)
 
 
 # --------------------------------------------------------------------------- actions
@@ -329,7 +354,33 @@ class AskCheckpoint:
     """Ask the chief, through PS 0, for a checkpoint (RequestCheckpoint)."""
 
 
-Action = Start | Terminate | Kill | Notify | Finish | AskCheckpoint
+@dataclass(frozen=True)
+class Respec:
+    """Rebuild every replica's environment for `workers` workers (the cluster spec after
+    a scale); the replicas of the state carry the addresses."""
+
+    workers: int
+
+
+@dataclass(frozen=True)
+class SetWorkers:
+    """Make `workers` (trainer indices) the worker set on every parameter server, and
+    keep it so (a server the chief re-initialises is sent it again)."""
+
+    workers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The answer to the ScaleRequest with `ticket`."""
+
+    ticket: int
+    ok: bool
+    message: str
+
+
+Action = (Start | Terminate | Kill | Notify | Finish | AskCheckpoint | Respec | SetWorkers
+          | Reply)
 
 
 # --------------------------------------------------------------------------- decisions
@@ -357,6 +408,8 @@ def decide(state: RunState, obs: Observation) -> tuple[RunState, list[Action]]:
         return state, []
     if isinstance(obs, Checkpointed | CheckpointUnanswered):
         return _checkpoint_answer(state, obs)
+    if isinstance(obs, ScaleRequest):
+        return _scale(state, obs)
     raise TypeError(f"unknown observation {obs!r}")
 
 
@@ -386,7 +439,8 @@ def _begin(state: RunState, now: float) -> tuple[RunState, list[Action]]:
 
 def _start_workers(state: RunState, now: float) -> tuple[RunState, list[Action]]:
     """Every parameter server serves: start the non-chief workers, then the chief."""
-    others = [r.name for r in state.replicas if not r.is_ps and not r.is_chief]
+    others = [r.name for r in state.replicas
+              if not r.is_ps and not r.is_chief and r.status == "pending"]
     chief = [r.name for r in state.replicas if r.is_chief]
     state = replace(state, stage="running", phase="Running", advanced_at=now)
     state, actions = _start(state, [*others, *chief], now)
@@ -416,6 +470,11 @@ def _exited(state: RunState, obs: Exited) -> tuple[RunState, list[Action]]:
 
     if state.stage in ("draining", "stopping"):
         return _finish_if_idle(state)
+
+    if rep.retiring:  # a scale-down stopped it
+        rep = replace(rep, status="stopped", retiring=False, kill_at=None)
+        return state.with_replica(rep), [Notify("info", f"{rep.name} stopped (scale-down, "
+                                                        f"exit code {obs.exit_code})")]
 
     if rep.stall_restart:  # stopped by the watchdog, already counted: start it again
         delay = restart_delay(state.settings, 0)
@@ -602,8 +661,8 @@ def _watch_stall(state: RunState, now: float) -> tuple[RunState, list[Action]]:
     SIGKILL a replica that ignored the watchdog's SIGTERM for `kill_grace`."""
     s = state.settings
     stubborn = tuple(r.name for r in state.replicas
-                     if r.stall_restart and r.is_live and r.kill_at is not None
-                     and now >= r.kill_at)
+                     if (r.stall_restart or r.retiring) and r.is_live
+                     and r.kill_at is not None and now >= r.kill_at)
     if stubborn:
         for name in stubborn:
             state = state.with_replica(replace(state.replica(name), kill_at=None))
@@ -641,3 +700,65 @@ def _interrupt(state: RunState, obs: Interrupt) -> tuple[RunState, list[Action]]
     notice = Notify("warning", f"{name} received; stopping every replica.")
     state, actions = _stop_all(state, obs.now)
     return state, [notice, *actions]
+
+
+# --------------------------------------------------------------------------- scaling
+
+
+def _scale(state: RunState, obs: ScaleRequest) -> tuple[RunState, list[Action]]:
+    """`pstrain scale`: the same rules as `kubectl scale` on a cluster."""
+    s = state.settings
+    if state.stage not in ("starting_ps", "running"):
+        return state, [Reply(obs.ticket, False, f"job {state.job_name} is finishing "
+                                                f"({state.phase}); it cannot be scaled now")]
+    problem = scale_problem(obs.replicas, s.min_workers, s.max_workers)
+    if problem is not None:
+        return state, [Reply(obs.ticket, False, problem)]
+    workers = {r.index: r for r in state.replicas if r.role == c.ROLE_WORKER
+               and r.status in ("pending", "running", "waiting_restart") and not r.retiring}
+    before = len(workers)
+    plan = plan_scale(workers, obs.replicas)
+    if plan.is_noop:
+        return state, [Reply(obs.ticket, True, f"job {state.job_name} already has "
+                                               f"{before} workers")]
+    missing = [i for i in plan.add if i not in obs.addresses
+               and _named(state, i) is None]
+    if missing:  # the runner finds an address for every index it has never had
+        raise ValueError(f"no address for worker {missing}")
+    template = workers[0]
+    for index in plan.add:
+        old = _named(state, index)
+        rep = (replace(old, status="pending", retiring=False, restart_at=None, kill_at=None)
+               if old is not None else
+               replace(template, name=replica_name(state.job_name, c.ROLE_WORKER, index),
+                       index=index, address=obs.addresses[index], status="pending",
+                       attempt=0, healthy=False, started_at=None, restart_at=None,
+                       exit_code=None, exited_at=None, stall_restart=False, kill_at=None))
+        state = (state.with_replica(rep) if old is not None
+                 else replace(state, replicas=(*state.replicas, rep)))
+    stopping: list[str] = []
+    for index in plan.remove:
+        rep = workers[index]
+        if rep.is_live:
+            rep = replace(rep, retiring=True, kill_at=obs.now + s.kill_grace)
+            stopping.append(rep.name)
+        else:
+            rep = replace(rep, status="stopped", restart_at=None)
+        state = state.with_replica(rep)
+    members = trainer_set(obs.replicas, any(r.role == c.ROLE_CHIEF for r in state.replicas))
+    state = replace(state, members=members)
+    actions: list[Action] = [Respec(obs.replicas)]
+    if state.stage == "running":  # else the workers start with the others, once PS serve
+        state, started = _start(state, [replica_name(state.job_name, c.ROLE_WORKER, i)
+                                        for i in plan.add], obs.now)
+        actions += [*started, SetWorkers(members)]
+    if stopping:
+        actions.append(Terminate(tuple(stopping)))
+    text = f"{plan.reason}: {plan.message(before, obs.replicas)}"
+    return state, [Notify("info", text), *actions, Reply(obs.ticket, True, text)]
+
+
+def _named(state: RunState, index: int) -> Replica | None:
+    """Worker `index` as the run has known it (a worker an earlier scale-down stopped)."""
+    name = replica_name(state.job_name, c.ROLE_WORKER, index)
+    return next((r for r in state.replicas if r.name == name), None)

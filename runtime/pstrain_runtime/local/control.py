@@ -44,12 +44,15 @@ def run_dir() -> Path:
 
 
 def socket_path(job_name: str) -> Path:
-    """The control socket of job `job_name` (a Kubernetes name: safe in a file name)."""
-    path = run_dir() / f"{job_name}.sock"
-    if len(os.fsencode(str(path))) > _MAX_SOCKET_PATH:
-        digest = hashlib.sha256(job_name.encode()).hexdigest()[:16]
-        path = run_dir() / f"{digest}.sock"
-    return path
+    """The control socket of job `job_name` (a Kubernetes name: safe in a file name);
+    a hash of the name, then the system's temporary directory, where the path would be
+    too long for a Unix socket."""
+    digest = hashlib.sha256(job_name.encode()).hexdigest()[:16]
+    for path in (run_dir() / f"{job_name}.sock", run_dir() / f"{digest}.sock",
+                 Path(tempfile.gettempdir()) / f"pstrain-{os.getuid()}" / f"{digest}.sock"):
+        if len(os.fsencode(str(path))) <= _MAX_SOCKET_PATH:
+            return path
+    return Path("/tmp") / f"pstrain-{os.getuid()}" / f"{digest}.sock"
 
 
 @dataclass(frozen=True)

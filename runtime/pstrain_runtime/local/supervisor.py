@@ -734,8 +734,12 @@ def _scale(state: RunState, obs: ScaleRequest) -> tuple[RunState, list[Action]]:
                        index=index, address=obs.addresses[index], status="pending",
                        attempt=0, healthy=False, started_at=None, restart_at=None,
                        exit_code=None, exited_at=None, stall_restart=False, kill_at=None))
-        state = (state.with_replica(rep) if old is not None
-                 else replace(state, replicas=(*state.replicas, rep)))
+        if old is not None:
+            state = state.with_replica(rep)
+        else:  # before the chief, which always starts last
+            at = next(i for i, r in enumerate(state.replicas) if r.is_chief)
+            state = replace(state, replicas=(*state.replicas[:at], rep,
+                                             *state.replicas[at:]))
     stopping: list[str] = []
     for index in plan.remove:
         rep = workers[index]

@@ -234,12 +234,21 @@ class Trainer:
         a scale-down removed waits here until it is stopped)."""
         deadline = self.clock() + self.init_timeout
         delay = 0.05
+        waited = False  # for admission to the worker set
         while True:
             infos = self._infos()
             if all(i.initialized for i in infos) and (admitted(infos)
                                                       or any(i.done for i in infos)):
                 self.last_step = max(self.last_step, infos[0].global_step)
+                if waited:
+                    print(f"pstrain: worker {self.role.worker} is in the worker set; "
+                          f"training from step {self.last_step}", flush=True)
                 return
+            if all(i.initialized for i in infos) and not waited:
+                waited = True
+                print(f"pstrain: worker {self.role.worker} is not in the job's worker set; "
+                      "waiting to be admitted (a scale-up) or stopped (a scale-down)",
+                      flush=True)
             if self.clock() > deadline:
                 uninitialised = [i for i, x in enumerate(infos) if not x.initialized]
                 if not uninitialised:
@@ -644,6 +653,7 @@ class Trainer:
             self._start_chief()
         else:
             self._wait_initialised()
+            print(f"pstrain: worker {role.worker} joins at step {self.last_step}", flush=True)
         applied = AppliedSamples(step=self.last_step)  # the rate's examples, from here
         # Where this worker's data resumes: kept by server 0 (restored from a checkpoint,
         # or from this worker's pushes before it restarted).

@@ -133,7 +133,7 @@ def build_summary(state: RunState, metrics: Metrics, wall_seconds: float,
     with sparse tables, their live rows and server memory."""
     replicas = {
         r.name: {"role": r.role, "index": r.index, "exit_code": r.exit_code,
-                 "restarts": max(r.attempt - 1, 0)}
+                 "restarts": max(r.attempt - 1 - r.rejoined, 0)}
         for r in state.replicas
     }
     summary = {

@@ -152,6 +152,7 @@ class Replica:
     stall_restart: bool = False  # stopped by the stall watchdog: its exit is expected
     kill_at: float | None = None  # SIGKILL then, if the watchdog's SIGTERM was ignored
     retiring: bool = False  # stopped by a scale-down: its exit is expected
+    rejoined: int = 0  # starts by a scale-up after a scale-down stopped it (not restarts)
 
     @property
     def is_ps(self) -> bool:
@@ -728,7 +729,8 @@ def _scale(state: RunState, obs: ScaleRequest) -> tuple[RunState, list[Action]]:
     template = workers[0]
     for index in plan.add:
         old = _named(state, index)
-        rep = (replace(old, status="pending", retiring=False, restart_at=None, kill_at=None)
+        rep = (replace(old, status="pending", retiring=False, restart_at=None, kill_at=None,
+                       rejoined=old.rejoined + 1)
                if old is not None else
                replace(template, name=replica_name(state.job_name, c.ROLE_WORKER, index),
                        index=index, address=obs.addresses[index], status="pending",

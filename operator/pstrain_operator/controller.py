@@ -42,6 +42,7 @@ from .progress import (
     progress_from_status,
     progress_interval_for,
 )
+from .scaling import server_workers
 from .reconcile import (
     REQUEUE_RUNNING_S,
     CreateObject,
@@ -237,7 +238,8 @@ class Reconciler:
             reply = self._fetch_status(job, keys)
         progress = progress_from_status(reply, now)
         checkpoint = checkpoint_from_status(reply)
-        plan = decide(Observed(job, observed_pods, service, now, progress, checkpoint),
+        plan = decide(Observed(job, observed_pods, service, now, progress, checkpoint,
+                               server_workers(reply)),
                       self.pod_settings, self.progress_interval)
         if plan.status.phase == "Running" and has_status and plan.requeue_after is not None:
             soon = progress_interval_for(plan.status, self.progress_interval)

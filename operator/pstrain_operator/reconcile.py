@@ -83,6 +83,7 @@ class Observed:
     now: datetime
     progress: Progress | None = None
     checkpoint: CheckpointStatus | None = None
+    server_workers: tuple[int, ...] | None = None  # PS 0's live worker set, when read
 
 
 # --------------------------------------------------------------------------- plan
@@ -518,7 +519,8 @@ def decide(obs: Observed, settings: PodSettings,
             st.last_checkpoint = obs.checkpoint
         # Elastic workers: the parameter servers learn the worker set after a scale.
         ps_addresses = [str(cluster.addresses[t]) for t in cluster.ps_tasks()]
-        set_workers = scaling.decide_worker_set(job, old, live, ps_addresses)
+        set_workers = scaling.decide_worker_set(job, old, live, ps_addresses,
+                                                obs.server_workers)
         if set_workers is not None:
             actions.append(set_workers)
             st.workers = scaling.membership(job, live, st.workers).model_copy(

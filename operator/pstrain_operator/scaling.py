@@ -88,13 +88,15 @@ def _initialised_trainers(job: TrainingJob, pods: Sequence[ObservedPod]) -> int 
 
 
 def decide_worker_set(job: TrainingJob, old: TrainingJobStatus,
-                      pods: Sequence[ObservedPod],
-                      addresses: Sequence[str]) -> SetWorkers | None:
+                      pods: Sequence[ObservedPod], addresses: Sequence[str],
+                      on_servers: Sequence[int] | None = None) -> SetWorkers | None:
     """The SetWorkers call a running job needs now, or None. The servers' set is: the
     trainers the chief initialised them for, less those a scale-down removed, plus the
     newcomers whose pods are Ready (so no step waits for a pod still starting, and a
     worker of the initial set is never dropped for a readiness blip). Sent when it
-    differs from the last one sent (status.workers.members), or from Init's default."""
+    differs from the last one sent (status.workers.members), or from Init's default,
+    or from the set PS 0 reports (`on_servers`: a server the chief re-initialised, or
+    a restarted chief's restore, installed an older set)."""
     initial = _initialised_trainers(job, pods)
     if initial is None:
         return None
@@ -102,7 +104,8 @@ def decide_worker_set(job: TrainingJob, old: TrainingJobStatus,
     kept = set(range(min(initial, desired)))
     target = sorted(kept | {i for i in trainer_indices(job, pods) if i >= initial})
     last = old.workers.members if old.workers is not None else None
-    if target == (last if last is not None else list(range(initial))):
+    if target == (last if last is not None else list(range(initial))) and (
+            on_servers is None or list(on_servers) == target):
         return None
     return SetWorkers(tuple(addresses), tuple(target))
 
@@ -136,6 +139,14 @@ def decide_scale(job: TrainingJob, old: TrainingJobStatus,
                     f"scale-down to {desired} workers (spec.replicas.worker.replicas)")
                    for i in plan.remove)
     return Scale(remove, (event,))
+
+
+def server_workers(reply: Mapping[str, Any] | None) -> tuple[int, ...] | None:
+    """The live worker set in PS 0's job status, when the reply has one."""
+    workers = reply.get("workers") if reply is not None else None
+    if not isinstance(workers, list) or not all(isinstance(w, int) for w in workers):
+        return None
+    return tuple(workers)
 
 
 def trainer_indices(job: TrainingJob, pods: Sequence[ObservedPod]) -> list[int]:

@@ -53,6 +53,7 @@ def status_to_dict(status: ps_pb2.JobStatus) -> dict[str, Any]:
         # sparse tables' live rows and server memory (None: the model has none)
         "sparse_rows": int(status.sparse_rows) if _has_tables(status) else None,
         "sparse_bytes": int(status.sparse_bytes) if _has_tables(status) else None,
+        "workers": list(status.workers) or None,  # the servers' live worker set
     }
 
 

@@ -888,6 +888,7 @@ class ParameterStore:
                 target_steps=r.target_steps, initialized=ns.initialized,
                 updated_time=r.updated_time, eval_metrics=r.eval_metrics,
                 sparse_rows=r.sparse_rows, sparse_bytes=r.sparse_bytes,
+                workers=sorted(ns.members.live),
             )
 
     def workers_informed(self) -> bool:

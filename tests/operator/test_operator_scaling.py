@@ -8,7 +8,9 @@ import json
 import pytest
 
 from pstrain_operator.build import applied_spec
-from pstrain_operator.scaling import is_scale_only, trainer_indices
+from pstrain_api.model import TrainingJobStatus
+from pstrain_operator.scaling import (SetWorkers, decide_worker_set, is_scale_only,
+                                      server_workers, trainer_indices)
 
 from .op_builders import make_job, pod
 
@@ -35,3 +37,28 @@ def test_trainer_indices_are_the_chief_and_the_ready_workers_within_the_count() 
     assert trainer_indices(job, pods) == [0, 2]
     with_chief = make_job().workers(3).chief().build()
     assert trainer_indices(with_chief, pods) == [0, 1, 3]  # worker pod k is trainer k+1
+
+
+def test_the_set_is_sent_again_when_ps_0_reports_another() -> None:
+    """After a scale to 3 the set {0, 1, 2} was sent; PS 0 then reports {0, 1} (the chief
+    re-initialised it from an older checkpoint): the set is sent again; when PS 0 holds
+    it, or says nothing, nothing is sent."""
+    job = make_job().workers(3).build()
+    pods = [pod(make_job().build(), "worker", 0, ready=True),
+            pod(make_job().build(), "worker", 1, ready=True),
+            pod(job, "worker", 2, ready=True)]
+    sent = TrainingJobStatus.model_validate(
+        {"phase": "Running", "workers": {"desired": 3, "live": 3, "members": [0, 1, 2]}})
+    addresses = ["ps-0:2222"]
+    assert decide_worker_set(job, sent, pods, addresses) is None
+    assert decide_worker_set(job, sent, pods, addresses, (0, 1, 2)) is None
+    assert decide_worker_set(job, sent, pods, addresses, (0, 1)) == SetWorkers(
+        ("ps-0:2222",), (0, 1, 2))
+
+
+@pytest.mark.parametrize(("reply", "workers"), [
+    ({"workers": [0, 1]}, (0, 1)), ({"workers": None}, None), ({}, None), (None, None),
+    ({"workers": ["0"]}, None),
+])
+def test_server_workers_reads_the_set_from_the_status_reply(reply, workers) -> None:
+    assert server_workers(reply) == workers

@@ -116,6 +116,7 @@ def test_job_status_for_the_operator(servers: list[PSServer]) -> None:
         "eval_metrics": {}, "checkpoint_step": 1,
         "checkpoint_path": "/c/ckpt-1.pt", "checkpoint_time": 123.0, "done": False,
         "target_steps": 10, "initialized": True, "sparse_rows": None, "sparse_bytes": None,
+        "workers": [0],  # the live worker set (elastic workers)
     }
     # A task without accuracy (the CTR example) reports AUC and log loss.
     client.report(pb.StatusReport(eval_accuracy=float("nan"), has_eval=True,

@@ -2,7 +2,8 @@
 async and one sync job are scaled 2 -> 4 -> 1 -> 3 while they train, at fixed global
 steps (the chief's progress lines), each scale-up's newcomers joining before the next; each finishes at exactly its target step (every
 step counted once) with the usual accuracy, and no replica is restarted. In the async
-run a removed worker is SIGKILLed during the scale-down: its exit is expected too."""
+run a scale beyond maxReplicas is refused in between, and a removed worker is SIGKILLed
+during the scale-down: its exit is expected too."""
 
 from __future__ import annotations
 
@@ -121,8 +122,8 @@ class ScaledRun:
 
 
 @pytest.mark.parametrize(("mode", "steps", "plan", "bar"), [
-    ("async", 24000, [(2000, 4, ()), (6000, 1, ("e-async-worker-3",)), (8000, 3, ())],
-     0.95),
+    ("async", 24000, [(2000, 4, ()), (2000, 9, ()), (6000, 1, ("e-async-worker-3",)),
+                      (8000, 3, ())], 0.95),
     ("sync", 12000, [(300, 4, ()), (1500, 1, ()), (2500, 3, ())], 0.95),
 ])
 def test_scale_2_4_1_3_while_training(tmp_path, mode, steps, plan, bar):
@@ -135,8 +136,14 @@ def test_scale_2_4_1_3_while_training(tmp_path, mode, steps, plan, bar):
         del os.environ[ENV_RUN_DIR]
     output = "\n".join(run.lines[-60:])
     assert run.returncode == 0, f"pstrain run exited {run.returncode}:\n{output}"
-    assert [(r, ok) for _, r, ok, _ in run.answers] == [(4, True), (1, True), (3, True)], (
-        f"{run.answers}\n{output}")
+    refused = [(r, text) for _, r, ok, text in run.answers if not ok]
+    assert [(r, ok) for _, r, ok, _ in run.answers if ok] == [(4, True), (1, True),
+                                                             (3, True)], output
+    if mode == "async":  # beyond maxReplicas: refused in one line, nothing changed
+        assert refused == [(9, "spec.replicas.worker.replicas is 9; it must be at most "
+                               "maxReplicas (4)")]
+    else:
+        assert refused == []
     text = "\n".join(run.lines)
     for change in ("WorkersScaledUp: workers 2 -> 4: adds worker 2, 3",
                    "WorkersScaledDown: workers 4 -> 1: removes worker 3, 2, 1",

@@ -35,20 +35,15 @@ pytestmark = pytest.mark.timeout(RUN_LIMIT + 60)
 
 
 def manifest(tmp_path: Path, name: str, mode: str, steps: int) -> Path:
-    optimizer = ({"name": "momentum", "learningRate": 0.02, "momentum": 0.9}
-                 if mode == "async" else {"name": "sgd", "learningRate": 0.5})
-    job = {
-        "apiVersion": "pstrain.io/v1alpha1", "kind": "TrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": {"ps": {"replicas": 1},
-                         "worker": {"replicas": 2, "minReplicas": 1, "maxReplicas": 4}},
-            "training": {"entrypoint": "pstrain_runtime.examples.digits:make_task",
-                         "steps": steps, "batchSize": 64, "mode": mode,
-                         "optimizer": optimizer, "evalIntervalSteps": steps,
-                         "checkpoint": {"intervalSteps": steps}},
-        },
-    }
+    """examples/digits-elastic.yaml (2 workers, 1 to 4), renamed, `steps` long; the sync
+    job with plain SGD, as examples/digits-sync.yaml trains."""
+    job = yaml.safe_load((ROOT / "examples" / "digits-elastic.yaml").read_text())
+    job["metadata"]["name"] = name
+    training = job["spec"]["training"]
+    training.update(steps=steps, mode=mode, evalIntervalSteps=steps,
+                    checkpoint={"intervalSteps": steps})
+    if mode == "sync":
+        training["optimizer"] = {"name": "sgd", "learningRate": 0.5}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(job), encoding="utf-8")
     return path

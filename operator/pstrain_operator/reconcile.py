@@ -34,6 +34,7 @@ from pstrain_api.model import (
     TrainingJobStatus,
 )
 from pstrain_api.policy import decide_ps_exit, decide_restart, shorten
+from pstrain_api.readiness import runs_pstrain_runtime
 
 from . import checkpointing, disruption, refusals, scaling, stall, suspend
 from .build import applied_spec, build_pod, build_service, owner_reference, spec_hash
@@ -517,10 +518,12 @@ def decide(obs: Observed, settings: PodSettings,
                        else progress.model_copy(update={"advanced_at": now}))
         if obs.checkpoint is not None:
             st.last_checkpoint = obs.checkpoint
-        # Elastic workers: the parameter servers learn the worker set after a scale.
+        # Elastic workers: the parameter servers learn the worker set after a scale
+        # (those that run the pstrain runtime: a program of its own reads TF_CONFIG).
         ps_addresses = [str(cluster.addresses[t]) for t in cluster.ps_tasks()]
-        set_workers = scaling.decide_worker_set(job, old, live, ps_addresses,
-                                                obs.server_workers)
+        set_workers = (scaling.decide_worker_set(job, old, live, ps_addresses,
+                                                 obs.server_workers)
+                       if runs_pstrain_runtime(job.spec.replicas.ps) else None)
         if set_workers is not None:
             actions.append(set_workers)
             st.workers = scaling.membership(job, live, st.workers).model_copy(

@@ -252,6 +252,14 @@ CASES = [
          requeue=10.0, status={"workers": {"desired": 3, "live": 3, "members": [0, 1, 2],
                                            "selector": "pstrain.io/job-name=j,"
                                                        "pstrain.io/replica-role=worker"}}),
+    Case("scale 4 -> 1 of a job whose servers run a program of their own (TF_CONFIG): "
+         "pods only, no SetWorkers",
+         J().template("ps", command=["python", "ps.py"]).workers(1).status(
+             phase="Running", workers={"desired": 4, "live": 4}),
+         pods=running(J().template("ps", command=["python", "ps.py"]).workers(4),
+                      workers=4),
+         actions=delete("worker-3", "worker-2", "worker-1"),
+         phase="Running", events=["WorkersScaledDown"], requeue=10.0),
     Case("scaled up, newcomer not Ready yet: no step waits for it",
          J().workers(3).status(phase="Running", workers={"desired": 3, "live": 3}),
          pods=running(J()) + [pod(J().workers(3).build(), "worker", 2, ready=False)],

@@ -29,13 +29,13 @@ from typing import Any, TextIO
 from pstrain_api import constants as c
 from pstrain_api import security
 from pstrain_api.cluster import (Address, ClusterSpec, build_cluster_spec,
-                                 local_cluster_spec, task_count)
+                                 environment_problem, local_cluster_spec, task_count)
 from pstrain_api.constants import ENV_TERMINATION_LOG
 from pstrain_api.events import parse_event
 from pstrain_api.membership import scale_problem
 from pstrain_api.model import TrainingJob
 from pstrain_api.names import replica_name
-from pstrain_api.readiness import user_command
+from pstrain_api.readiness import runs_pstrain_runtime, user_command
 
 from ..checkpoint_dir import check_directory
 from ..auth import Credentials, load_credentials, write_replica_keys
@@ -336,6 +336,10 @@ class _Executor:
         refusal when this machine cannot hold the processes it would start."""
         if scale_problem(replicas, settings.min_workers, settings.max_workers) is not None:
             return ScaleRequest(replicas, self.clock(), ticket)  # the supervisor refuses
+        if self.job is not None:
+            too_big = environment_problem(with_workers(self.job, replicas))
+            if too_big is not None:
+                return Reply(ticket, False, too_big[1])
         names = {r.name for r in state.replicas}
         new = [i for i in range(replicas)
                if replica_name(state.job_name, c.ROLE_WORKER, i) not in names]
@@ -411,8 +415,11 @@ def _run(job: TrainingJob, options: RunOptions, out: TextIO, log_stream: TextIO,
                               for k in (security.KEY_WORKER, security.KEY_CHIEF))
                              if key_dirs else (None, None))
     control = Inbox(table.post)
-    sender = _WorkerSetSender([r.address for r in state.ps],
-                              f"{job.namespace or 'default'}/{job.name}", chief_key)
+    # The worker set goes to parameter servers that run the pstrain runtime (a program
+    # of its own, such as TensorFlow's, learns its workers from TF_CONFIG alone).
+    sender = (_WorkerSetSender([r.address for r in state.ps],
+                               f"{job.namespace or 'default'}/{job.name}", chief_key)
+              if runs_pstrain_runtime(job.spec.replicas.ps) else None)
     executor = _Executor(table, reporter, clock, worker_key, job=job, environments=builder,
                          sender=sender, control=control)
     server = ControlServer(job.name, lambda n: control.ask(lambda ticket: _Scale(n, ticket)))
@@ -479,7 +486,8 @@ def _run(job: TrainingJob, options: RunOptions, out: TextIO, log_stream: TextIO,
                     finish = executor.apply(action, state) or finish
         finally:
             server.close()
-            sender.close()
+            if sender is not None:
+                sender.close()
             table.kill_all()
             reporter.close()
             last_words.cleanup()

@@ -279,3 +279,28 @@ def test_a_long_job_name_gets_a_socket_path_that_fits(run_dir, monkeypatch):
         assert request_scale(name, 2).ok
     finally:
         server.close()
+
+
+def test_the_runner_refuses_a_scale_the_machine_cannot_start(monkeypatch):
+    """Beyond the shared rules, two of this machine's: the cluster spec must fit one
+    environment variable, and the new processes must fit in memory."""
+    import time
+
+    from pstrain_runtime.local import runner
+
+    job = make_job("j").workers(2).model()
+    state = running()
+    executor = runner._Executor(None, None, time.monotonic, job=job)  # type: ignore[arg-type]
+    settings = state.settings
+    huge = executor.scale_request(10**9, 3, state, settings)
+    assert isinstance(huge, Reply) and not huge.ok and huge.ticket == 3
+    assert "spec.replicas asks for" in huge.message and "Argument list too long" in huge.message
+    monkeypatch.setattr(runner, "available_memory", lambda: 600 * 2**20)
+    heavy = executor.scale_request(5, 4, state, settings)  # 3 more processes of 250 MB
+    assert isinstance(heavy, Reply) and not heavy.ok
+    assert heavy.message.startswith("refused: this job starts 3 processes")
+    monkeypatch.setattr(runner, "available_memory", lambda: None)
+    fine = executor.scale_request(3, 5, state, settings)
+    assert isinstance(fine, ScaleRequest) and list(fine.addresses) == [2]
+    below = executor.scale_request(0, 6, state, settings)  # the supervisor refuses it
+    assert isinstance(below, ScaleRequest) and below.addresses == {}

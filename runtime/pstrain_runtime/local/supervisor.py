@@ -722,26 +722,8 @@ def _scale(state: RunState, obs: ScaleRequest) -> tuple[RunState, list[Action]]:
     if plan.is_noop:
         return state, [Reply(obs.ticket, True, f"job {state.job_name} already has "
                                                f"{before} workers")]
-    missing = [i for i in plan.add if i not in obs.addresses
-               and _named(state, i) is None]
-    if missing:  # the runner finds an address for every index it has never had
-        raise ValueError(f"no address for worker {missing}")
-    template = workers[0]
     for index in plan.add:
-        old = _named(state, index)
-        rep = (replace(old, status="pending", retiring=False, restart_at=None, kill_at=None,
-                       rejoined=old.rejoined + 1)
-               if old is not None else
-               replace(template, name=replica_name(state.job_name, c.ROLE_WORKER, index),
-                       index=index, address=obs.addresses[index], status="pending",
-                       attempt=0, healthy=False, started_at=None, restart_at=None,
-                       exit_code=None, exited_at=None, stall_restart=False, kill_at=None))
-        if old is not None:
-            state = state.with_replica(rep)
-        else:  # before the chief, which always starts last
-            at = next(i for i, r in enumerate(state.replicas) if r.is_chief)
-            state = replace(state, replicas=(*state.replicas[:at], rep,
-                                             *state.replicas[at:]))
+        state = _admit(state, index, obs.addresses.get(index), template=workers[0])
     stopping: list[str] = []
     for index in plan.remove:
         rep = workers[index]
@@ -762,6 +744,26 @@ def _scale(state: RunState, obs: ScaleRequest) -> tuple[RunState, list[Action]]:
         actions.append(Terminate(tuple(stopping)))
     text = f"{plan.reason}: {plan.message(before, obs.replicas)}"
     return state, [Notify("info", text), *actions, Reply(obs.ticket, True, text)]
+
+
+def _admit(state: RunState, index: int, address: str | None,
+           template: Replica) -> RunState:
+    """Worker `index` pending, to be started: the one an earlier scale-down stopped
+    (same address), or a new replica like `template` at `address` (which the runner
+    found; it has one for every index the run never had), placed before the chief,
+    which always starts last."""
+    old = _named(state, index)
+    if old is not None:
+        return state.with_replica(replace(old, status="pending", retiring=False,
+                                          restart_at=None, kill_at=None,
+                                          rejoined=old.rejoined + 1))
+    if address is None:
+        raise ValueError(f"worker {index} has no address; the runner finds one")
+    new = Replica(name=replica_name(state.job_name, c.ROLE_WORKER, index),
+                  role=c.ROLE_WORKER, index=index, address=address, check=template.check,
+                  stop_on_success=template.stop_on_success)
+    at = next(i for i, r in enumerate(state.replicas) if r.is_chief)
+    return replace(state, replicas=(*state.replicas[:at], new, *state.replicas[at:]))
 
 
 def _named(state: RunState, index: int) -> Replica | None:

@@ -56,6 +56,10 @@ def test_scale_up_starts_newcomers_with_the_new_spec_and_sends_the_set():
     assert state.replica("j-worker-3").address == NEW[3]
     assert state.members == (0, 1, 2, 3)
     assert all(r.status == "running" for r in state.replicas)
+    # worker 0 is the chief; the newcomers are not: one that finishes first ends nothing
+    assert [r.name for r in state.replicas if r.is_chief] == [CHIEF]
+    state, actions = decide(state, Exited("j-worker-3", 1, 0, 6.0))
+    assert state.phase == "Running" and without_notices(actions) == []
 
 
 @pytest.mark.parametrize(("replicas", "message"), [

@@ -258,11 +258,13 @@ def test_pipelining_is_async_only_and_opt_in(fields, expected) -> None:
 
 def test_pipelined_digits_reaches_95_percent_with_two_workers() -> None:
     events = Events()
-    training = digits_training(steps=600, mode="async", pipeline=True, evalIntervalSteps=200,
+    # 900 steps: under load (two busy cores) 600 reached 0.944-0.947 now and then, 900
+    # reached 0.969-0.973 in 6 of 6 loaded runs.
+    training = digits_training(steps=900, mode="async", pipeline=True, evalIntervalSteps=300,
                                optimizer={"name": "sgd", "learningRate": 0.2})
     run_job(training, [LocalTransport(ParameterStore())], num_workers=2, emit=events)
     done = events.of("done")[0]
-    assert done["accuracy"] >= 0.95 and done["step"] == 600
+    assert done["accuracy"] >= 0.95 and done["step"] == 900
 
 
 class Crash(Exception):

@@ -362,7 +362,9 @@ class _Executor:
                                           self.clock()))
             return
         self.pids.setdefault(action.name, []).append(proc.pid)
-        again = f", attempt {action.attempt}" if action.attempt > 1 else ""
+        # A start after a scale-down stopped it (a rejoin) is not a restart: no attempt.
+        again = (f", attempt {action.attempt - replica.rejoined}"
+                 if action.attempt - replica.rejoined > 1 else "")
         self.reporter.notice("info", f"started {action.name} (pid {proc.pid}{again})")
         if replica.is_ps and replica.check != c.GATE_NONE:
             proc.probe_health(replica.address, check=replica.check)

@@ -145,6 +145,7 @@ def test_scale_2_4_1_3_while_training(tmp_path, mode, steps, plan, bar):
                    "WorkersScaledUp: workers 1 -> 3: adds worker 1, 2"):
         assert change in text, output
     assert f"{name}-worker-3 stopped (scale-down" in text
+    assert ", attempt" not in text  # a worker scaled back in is not a restart
     # The newcomers (2 and 3, then 1 and 2) were admitted by the runner's SetWorkers (with
     # the chief's key) and trained: a worker joins once it is in the set (or when the job
     # is done, at its last step).

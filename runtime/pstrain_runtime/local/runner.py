@@ -32,7 +32,7 @@ from pstrain_api.cluster import (Address, ClusterSpec, build_cluster_spec,
                                  environment_problem, local_cluster_spec, task_count)
 from pstrain_api.constants import ENV_TERMINATION_LOG
 from pstrain_api.events import parse_event
-from pstrain_api.membership import scale_problem
+from pstrain_api.membership import plan_scale, scale_problem
 from pstrain_api.model import TrainingJob
 from pstrain_api.names import replica_name
 from pstrain_api.readiness import runs_pstrain_runtime, user_command
@@ -182,14 +182,6 @@ def run_job(job: TrainingJob, options: RunOptions = RunOptions(),
             shutil.rmtree(temp_dir, ignore_errors=True)
         if auth_dir:
             shutil.rmtree(auth_dir, ignore_errors=True)
-
-
-@dataclass(frozen=True)
-class _Scale:
-    """`pstrain scale` asked for `replicas` workers (the control thread's request)."""
-
-    replicas: int
-    ticket: int
 
 
 @dataclass(frozen=True)
@@ -343,9 +335,9 @@ class _Executor:
         names = {r.name for r in state.replicas}
         new = [i for i in range(replicas)
                if replica_name(state.job_name, c.ROLE_WORKER, i) not in names]
-        starts = sum(1 for i in range(replicas) if not any(
-            r.role == c.ROLE_WORKER and r.index == i and r.is_live for r in state.replicas))
-        too_many = capacity_warning(starts, available_memory())
+        running = (r.index for r in state.replicas if r.role == c.ROLE_WORKER and r.is_live)
+        starts = plan_scale(running, replicas).add  # the processes this scale would start
+        too_many = capacity_warning(len(starts), available_memory())
         if too_many:
             return Reply(ticket, False, f"refused: {too_many}")
         ports = find_free_ports(len(new)) if new else []
@@ -424,7 +416,8 @@ def _run(job: TrainingJob, options: RunOptions, out: TextIO, log_stream: TextIO,
               if runs_pstrain_runtime(job.spec.replicas.ps) else None)
     executor = _Executor(table, reporter, clock, worker_key, job=job, environments=builder,
                          sender=sender, control=control)
-    server = ControlServer(job.name, lambda n: control.ask(lambda ticket: _Scale(n, ticket)))
+    server = ControlServer(job.name, lambda n: control.ask(
+        lambda ticket: ScaleRequest(n, clock(), ticket)))
 
     checkpoint_dir = job.spec.training.checkpoint.directory
     reporter.notice("info", f"job {job.name}: " + ", ".join(
@@ -476,7 +469,8 @@ def _run(job: TrainingJob, options: RunOptions, out: TextIO, log_stream: TextIO,
                     continue
                 if isinstance(item, Tick):
                     last_tick = item.now
-                if isinstance(item, _Scale):  # from the control thread: find addresses
+                if isinstance(item, ScaleRequest):  # from the control thread: the
+                    # runner finds the addresses (I/O) before the supervisor decides
                     item = executor.scale_request(item.replicas, item.ticket, state,
                                                   settings)
                     if isinstance(item, Reply):

@@ -45,8 +45,11 @@ def test_job_finishes_and_every_replica_exits_0() -> None:
 
 
 def test_killed_worker_is_restarted_and_training_finishes(tmp_path: Path) -> None:
-    run = ProcessJob(digits_job("wkill", steps=600, mode="sync",
-                                checkpoint={"intervalSteps": 100}), tmp_path)
+    # Paced (10 ms a batch, so 600 sync steps take 6 s or more): plain digits finished
+    # all 600 in 0.97 s on a fast CI machine, before the progress event at step >= 50.
+    spec = digits_job("wkill", steps=600, mode="sync", checkpoint={"intervalSteps": 100})
+    spec["spec"]["training"]["entrypoint"] = "tests.runtime.entrypoints.paced:make_task"
+    run = ProcessJob(spec, tmp_path)
     try:
         run.start()
         run.chief.wait_event(lambda e: e["event"] == "progress" and e["step"] >= 50,
@@ -59,6 +62,9 @@ def test_killed_worker_is_restarted_and_training_finishes(tmp_path: Path) -> Non
         run.stop_all()
     assert done["step"] == 600  # sync: exact
     assert set(codes.values()) == {0}
+    joins = [int(line.rsplit(" ", 1)[1]) for line in run.worker(1).lines
+             if line.startswith("pstrain: worker 1 joins at step ")]
+    assert len(joins) == 2 and joins[1] >= 50  # killed and rejoined mid-training
 
 
 def test_killed_ps_restores_from_checkpoint_and_reports_lost_steps(tmp_path: Path) -> None:

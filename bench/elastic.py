@@ -148,16 +148,8 @@ def _with_processes(tmp: Path, time_limit: float) -> tuple[float, float, float]:
 
     try:
         before = window()
-        old = os.environ.get(ENV_RUN_DIR)
-        os.environ[ENV_RUN_DIR] = env[ENV_RUN_DIR]
-        try:
-            asked = time.perf_counter()
-            answer = request_scale("bench-elastic", 2)
-        finally:
-            if old is None:
-                del os.environ[ENV_RUN_DIR]
-            else:
-                os.environ[ENV_RUN_DIR] = old
+        asked = time.perf_counter()
+        answer = request_scale("bench-elastic", 2, directory=tmp / "run")
         if not answer.ok:
             raise RuntimeError(f"pstrain scale was refused: {answer.message}")
         while not JOINS.search(next_line()):

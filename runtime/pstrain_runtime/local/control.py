@@ -43,12 +43,13 @@ def run_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"pstrain-{os.getuid()}"
 
 
-def socket_path(job_name: str) -> Path:
-    """The control socket of job `job_name` (a Kubernetes name: safe in a file name);
-    a hash of the name, then the system's temporary directory, where the path would be
-    too long for a Unix socket."""
+def socket_path(job_name: str, directory: Path | None = None) -> Path:
+    """The control socket of job `job_name` (a Kubernetes name: safe in a file name) in
+    `directory` (default: `run_dir()`); a hash of the name, then the system's temporary
+    directory, where the path would be too long for a Unix socket."""
     digest = hashlib.sha256(job_name.encode()).hexdigest()[:16]
-    for path in (run_dir() / f"{job_name}.sock", run_dir() / f"{digest}.sock",
+    directory = run_dir() if directory is None else directory
+    for path in (directory / f"{job_name}.sock", directory / f"{digest}.sock",
                  Path(tempfile.gettempdir()) / f"pstrain-{os.getuid()}" / f"{digest}.sock"):
         if len(os.fsencode(str(path))) <= _MAX_SOCKET_PATH:
             return path
@@ -159,9 +160,11 @@ def _answers(path: Path) -> bool:
 
 
 def request_scale(job_name: str, replicas: int,
-                  timeout: float = ANSWER_TIMEOUT_S + IO_TIMEOUT_S) -> Answer:
-    """Ask the `pstrain run` of `job_name` on this machine for `replicas` workers."""
-    path = socket_path(job_name)
+                  timeout: float = ANSWER_TIMEOUT_S + IO_TIMEOUT_S,
+                  directory: Path | None = None) -> Answer:
+    """Ask the `pstrain run` of `job_name` on this machine for `replicas` workers; the
+    run's control socket is in `directory` (default: `run_dir()`, as the run chose it)."""
+    path = socket_path(job_name, directory)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         try:

@@ -285,6 +285,22 @@ def test_a_long_job_name_gets_a_socket_path_that_fits(run_dir, monkeypatch):
         server.close()
 
 
+def test_a_request_can_name_the_run_directory_instead_of_the_environment(run_dir,
+                                                                        monkeypatch):
+    """A caller that started the run with its own PSTRAIN_RUN_DIR (a test, the bench)
+    reaches it by `directory`, whatever this process's environment says."""
+    server = ControlServer("job-e", lambda n: Answer(True, f"to {n}"))
+    assert server.start() is None
+    monkeypatch.setenv(control.ENV_RUN_DIR, str(run_dir / "elsewhere"))
+    try:
+        assert control.socket_path("job-e", run_dir) == run_dir / "job-e.sock"
+        assert request_scale("job-e", 3, directory=run_dir) == Answer(True, "to 3")
+        missed = request_scale("job-e", 3)  # the environment's directory: nobody there
+        assert not missed.ok and str(run_dir / "elsewhere" / "job-e.sock") in missed.message
+    finally:
+        server.close()
+
+
 def test_the_runner_refuses_a_scale_the_machine_cannot_start(monkeypatch):
     """Beyond the shared rules, two of this machine's: the cluster spec must fit one
     environment variable, and the new processes must fit in memory."""

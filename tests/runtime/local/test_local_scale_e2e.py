@@ -54,8 +54,9 @@ class ScaledRun:
     given global steps (from the progress lines), SIGKILLing the named workers right after."""
 
     def __init__(self, path: Path, name: str, plan: list[tuple[int, int, tuple[str, ...]]],
-                 env: dict[str, str]):
-        self.name, self.plan = name, plan
+                 run_dir: Path):
+        self.name, self.plan, self.run_dir = name, plan, run_dir
+        env = {**os.environ, ENV_RUN_DIR: str(run_dir)}  # the run's control socket is there
         self.lines: list[str] = []
         self.pids: dict[str, int] = {}
         self.answers: list[tuple[int, int, bool, str]] = []  # at step, replicas, ok, text
@@ -96,7 +97,7 @@ class ScaledRun:
             else:
                 return
             before = len(self.joins)
-            answer = request_scale(self.name, replicas)
+            answer = request_scale(self.name, replicas, directory=self.run_dir)
             self.answers.append((at_step, replicas, answer.ok, answer.message))
             for name in kill:
                 pid = self.pids.get(name)
@@ -123,12 +124,7 @@ class ScaledRun:
 ])
 def test_scale_2_4_1_3_while_training(tmp_path, mode, steps, plan, bar):
     name = f"e-{mode}"
-    env = {**os.environ, ENV_RUN_DIR: str(tmp_path / "run")}
-    os.environ[ENV_RUN_DIR] = env[ENV_RUN_DIR]  # request_scale in this process too
-    try:
-        run = ScaledRun(manifest(tmp_path, name, mode, steps), name, plan, env)
-    finally:
-        del os.environ[ENV_RUN_DIR]
+    run = ScaledRun(manifest(tmp_path, name, mode, steps), name, plan, tmp_path / "run")
     output = "\n".join(run.lines[-60:])
     assert run.returncode == 0, f"pstrain run exited {run.returncode}:\n{output}"
     refused = [(r, text) for _, r, ok, text in run.answers if not ok]

@@ -13,6 +13,8 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+from .quote import describe
+
 
 class EntrypointError(ValueError):
     """The entry point names no importable module or no function in it."""
@@ -20,19 +22,17 @@ class EntrypointError(ValueError):
 
 def resolve_entrypoint(entrypoint: str) -> Callable[..., Any]:
     """Import the module of `entrypoint` and return its function; EntrypointError with a
-    sentence naming the field, the value and the cause otherwise."""
+    sentence naming the field, the value and the cause (one line) otherwise."""
     module_name, sep, func_name = entrypoint.partition(":")
+    where = f"spec.training.entrypoint is {entrypoint!r}"
     if not sep or not module_name or not func_name:
-        raise EntrypointError(f"spec.training.entrypoint is {entrypoint!r}; it must be "
-                              "module:function")
+        raise EntrypointError(f"{where}; it must be module:function")
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # the user's module may raise anything while importing
-        raise EntrypointError(f"spec.training.entrypoint is {entrypoint!r}; module "
-                              f"{module_name!r} cannot be imported: "
-                              f"{type(exc).__name__}: {exc}") from exc
+        raise EntrypointError(f"{where}; module {module_name!r} cannot be imported: "
+                              f"{describe(exc)}") from exc
     func = getattr(module, func_name, None)
     if not callable(func):
-        raise EntrypointError(f"spec.training.entrypoint is {entrypoint!r}; {module_name} "
-                              f"has no function {func_name!r}")
+        raise EntrypointError(f"{where}; {module_name} has no function {func_name!r}")
     return func  # type: ignore[no-any-return]

@@ -1,4 +1,5 @@
-"""How a bad value appears in a message: its repr, shortened.
+"""How a bad value appears in a message: its repr, shortened; and text from elsewhere (an
+exception, a replica's output) flattened to one line.
 
 Every message that quotes a user's value goes through `quote`, so a 7 MB string or a
 list of a million items is shown as its head and tail, never in full (reprlib does the
@@ -37,3 +38,14 @@ def quote(value: Any, *, count: bool = False) -> str:
     if isinstance(value, str) and (count or len(value) + 2 > MAX_QUOTED):
         shown += f" ({len(value)} characters)"
     return shown
+
+
+def one_line(text: str, limit: int = 1000) -> str:
+    """`text` with its lines joined by spaces, cut to `limit` characters."""
+    flat = " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def describe(exc: BaseException, limit: int = 500) -> str:
+    """An exception as one line: `KeyError: 'feature_columns'`."""
+    return one_line(f"{type(exc).__name__}: {exc}", limit)

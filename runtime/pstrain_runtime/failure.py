@@ -26,12 +26,6 @@ class ConfigurationError(ValueError):
     line that names what is wrong."""
 
 
-def one_line(text: str, limit: int = 1000) -> str:
-    """`text` with its lines joined by spaces, cut to `limit` characters."""
-    flat = " ".join(part.strip() for part in str(text).splitlines() if part.strip())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
-
-
 def termination_log_path(environ: Mapping[str, str]) -> Path | None:
     """Where to write the termination message (see constants.ENV_TERMINATION_LOG)."""
     explicit = environ.get(c.ENV_TERMINATION_LOG)

@@ -35,8 +35,9 @@ from typing import TYPE_CHECKING, Any
 from pstrain_api import constants as c
 from pstrain_api import events, security
 from pstrain_api.cluster import ReplicaIdentity, parse_cluster_env
+from pstrain_api.quote import one_line
 
-from .failure import ConfigurationError, one_line, report_failure, write_termination_message
+from .failure import ConfigurationError, report_failure, write_termination_message
 
 if TYPE_CHECKING:
     from .auth import Credentials

@@ -28,7 +28,6 @@ arguments. The function returns a `Task` (or any object with the same attributes
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -36,7 +35,10 @@ from typing import Any
 
 import torch
 
-from .failure import ConfigurationError, one_line
+from pstrain_api.entrypoint import EntrypointError, resolve_entrypoint
+from pstrain_api.quote import describe, one_line
+
+from .failure import ConfigurationError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -61,20 +63,11 @@ def load_task(entrypoint: str, args: Mapping[str, Any] | None = None) -> Task:
     job fails at once.
     """
     kwargs = dict(args or {})
-    module_name, sep, func_name = entrypoint.partition(":")
-    if not sep or not module_name or not func_name:
-        raise ConfigurationError(f"spec.training.entrypoint is {entrypoint!r}; it must be "
-                                 "module:function")
-    where = f"spec.training.entrypoint {entrypoint!r}"
     try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # the user's module may raise anything while it imports
-        raise ConfigurationError(f"{where}: module {module_name!r} cannot be imported: "
-                                 f"{_cause(exc)}") from exc
-    func = getattr(module, func_name, None)
-    if not callable(func):
-        raise ConfigurationError(f"{where}: module {module_name} has no function "
-                                 f"{func_name!r}")
+        func = resolve_entrypoint(entrypoint)
+    except EntrypointError as exc:
+        raise ConfigurationError(str(exc)) from exc.__cause__
+    where, func_name = f"spec.training.entrypoint {entrypoint!r}", entrypoint.partition(":")[2]
     try:
         inspect.signature(func).bind(**kwargs)
     except TypeError as exc:
@@ -86,7 +79,7 @@ def load_task(entrypoint: str, args: Mapping[str, Any] | None = None) -> Task:
         task = func(**kwargs)
     except Exception as exc:  # the user's function may raise anything
         raise ConfigurationError(f"{where}: calling {func_name}(**spec.training.args) "
-                                 f"raised {_cause(exc)}") from exc
+                                 f"raised {describe(exc)}") from exc
     missing = [name for name in REQUIRED if not hasattr(task, name)]
     if missing:
         raise ConfigurationError(f"{where} returned {type(task).__name__}, which lacks "
@@ -99,10 +92,6 @@ def load_task(entrypoint: str, args: Mapping[str, Any] | None = None) -> Task:
         raise ConfigurationError(f"{where} returned a Task whose {not_callable} are not "
                                  "callable")
     return task  # type: ignore[no-any-return]
-
-
-def _cause(exc: BaseException) -> str:
-    return one_line(f"{type(exc).__name__}: {exc}", 500)
 
 
 def takes_start(batches: Callable[..., Iterator[Batch]]) -> bool:

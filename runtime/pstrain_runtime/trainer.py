@@ -58,12 +58,13 @@ from typing import Any
 import torch
 from pstrain_api import events
 from pstrain_api.model import Training
+from pstrain_api.quote import one_line
 
 from .checkpoint import Checkpoint, CheckpointError, CheckpointStore, model_fingerprint
 from .checkpoint_dir import check_directory, fallback_directories
 from .client import ShardedClient, Transport, retry_unavailable
 from .elastic import AppliedSamples, admitted, not_a_member
-from .failure import ConfigurationError, one_line
+from .failure import ConfigurationError
 from .optim import SLOT_NAMES, OptimizerConfig, OptimizerState
 from .placement import build_placement, param_specs
 from .proto import ps_pb2 as pb

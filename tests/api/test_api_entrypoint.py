@@ -30,9 +30,10 @@ def make_task(**kw):
 def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     (tmp_path / "ep_user_model.py").write_text(MODULE)
     (tmp_path / "ep_broken_model.py").write_text("raise RuntimeError('boom at import')\n")
+    (tmp_path / "ep_lines_model.py").write_text("raise ImportError('no GPU\\nsee above')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     yield "ep_user_model"
-    for name in ("ep_user_model", "ep_broken_model"):
+    for name in ("ep_user_model", "ep_broken_model", "ep_lines_model"):
         sys.modules.pop(name, None)
 
 
@@ -52,6 +53,9 @@ def write(tmp_path: Path, entrypoint: str) -> str:
     pytest.param("ep_broken_model:make_task",
                  "module 'ep_broken_model' cannot be imported: RuntimeError: boom at import",
                  id="module-raises"),
+    pytest.param("ep_lines_model:make_task",
+                 "module 'ep_lines_model' cannot be imported: ImportError: no GPU see above",
+                 id="module-raises-lines"),
 ])
 def test_check_entrypoint(user_module, tmp_path, capsys, entrypoint, error) -> None:
     path = write(tmp_path, entrypoint)
@@ -66,6 +70,7 @@ def test_check_entrypoint(user_module, tmp_path, capsys, entrypoint, error) -> N
         assert code == 1
         assert out.err.startswith(f"{path}: spec.training.entrypoint is {entrypoint!r}; ")
         assert error in out.err and "Traceback" not in out.err
+        assert out.err.count("\n") == 1  # one line, whatever the module raised
 
 
 def test_resolve_returns_the_function_uncalled(user_module) -> None:

@@ -135,10 +135,6 @@ def openapi_schema() -> dict[str, Any]:
     for path, rule in rules.CRD_RULES:
         schema_at(schema, path).setdefault("x-kubernetes-validations", []).append(
             rule.to_crd())
-    # Elastic workers: the scale subresource writes spec.replicas.worker.replicas without
-    # pydantic, so the API server itself keeps it within minReplicas..maxReplicas.
-    worker = spec["properties"]["replicas"]["properties"]["worker"]
-    worker.setdefault("x-kubernetes-validations", []).extend(WORKER_BOUNDS)
     return schema
 
 
@@ -151,16 +147,6 @@ def schema_at(schema: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
                 if part == "{}" else node["properties"][part])
     return node
 
-
-WORKER_BOUNDS = [
-    {"rule": "!has(self.minReplicas) || !has(self.maxReplicas) "
-             "|| self.minReplicas <= self.maxReplicas",
-     "message": "minReplicas must be at most maxReplicas"},
-    {"rule": "!has(self.minReplicas) || self.replicas >= self.minReplicas",
-     "message": "replicas must be at least minReplicas"},
-    {"rule": "!has(self.maxReplicas) || self.replicas <= self.maxReplicas",
-     "message": "replicas must be at most maxReplicas"},
-]
 
 # `kubectl scale trainingjob/NAME --replicas=N` sets the worker count.
 SCALE_SUBRESOURCE = {

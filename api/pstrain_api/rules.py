@@ -23,6 +23,7 @@ from typing import Any
 from . import constants as c
 from .quote import quote
 from . import template as tpl
+from .membership import AT_LEAST_MIN, AT_MOST_MAX
 from .names import DNS_1035_LABEL, DNS_1035_RULE
 from .template import RESERVED_ENV_RULE
 
@@ -227,6 +228,29 @@ POD_RULES = [
     MAIN_PORTS_CEL,
 ]
 
+
+
+def _bound_rule(field: str, rule: str, text: str, bound: str) -> CelRule:
+    """A worker-count bound on self (spec.replicas.worker): 'FIELD is N; TEXT (BOUND)'."""
+    return CelRule(rule=rule, message=f"{field} {text.removeprefix('it ')}",
+                   message_expression=(f"'{field} is ' + string(self.{field}) + "
+                                       f"{_cel_string('; ' + text + ' (')} + "
+                                       f"string(self.{bound}) + ')'"))
+
+
+# Elastic workers (membership.bounds_problem): the scale subresource writes
+# spec.replicas.worker.replicas without pydantic, so the API server itself keeps it within
+# minReplicas..maxReplicas. As bounds_problem, crossed bounds are the one problem reported.
+_CROSSED = ("has(self.minReplicas) && has(self.maxReplicas) && "
+            "self.minReplicas > self.maxReplicas")
+WORKER_BOUNDS_CEL = [
+    _bound_rule("minReplicas", f"!({_CROSSED})", AT_MOST_MAX, "maxReplicas"),
+    _bound_rule("replicas", f"!has(self.minReplicas) || ({_CROSSED}) || "
+                "self.replicas >= self.minReplicas", AT_LEAST_MIN, "minReplicas"),
+    _bound_rule("replicas", f"!has(self.maxReplicas) || ({_CROSSED}) || "
+                "self.replicas <= self.maxReplicas", AT_MOST_MAX, "maxReplicas"),
+]
+
 # The job name (names.check_job_name): the CRD can see metadata.name from the root.
 NAME_LENGTH_CEL = CelRule(
     rule=f"self.metadata.name.size() <= {c.DNS_LABEL_MAX}",
@@ -264,3 +288,5 @@ for _role in c.ROLES:
                            {"maxLength": QUANTITY_MAX_LENGTH}))
 CRD_RULES += [((*("spec", "replicas", c.ROLE_PS),), rule) for rule in (
     PS_NO_GPUS_CEL, PS_NO_GPU_LIMIT_CEL, PS_NO_MAIN_GPU_LIMIT_CEL)]
+CRD_RULES += [(("spec", "replicas", c.ROLE_WORKER), rule)
+              for rule in WORKER_BOUNDS_CEL]

@@ -63,6 +63,9 @@ BAD = [
     ("negative-quantity", job().workers(2, resources={"limits": {"cpu": -1}})),
     ("negative-string-quantity", job().workers(2, resources={"limits": {"cpu": "-1"}})),
     ("quantity-two-suffixes", job().workers(2, resources={"limits": {"memory": "2kK"}})),
+    ("workers-over-max", job().workers(5, maxReplicas=4)),
+    ("workers-under-min", job().workers(2, minReplicas=3)),
+    ("worker-bounds-crossed", job().workers(3, minReplicas=4, maxReplicas=2)),
     ("every-error-of-one-replica-spec",
      job().ps(1, gpus=1, resources={"limits": {"memory": "lots", "nvidia.com/gpu": 1}})
      .template("ps", env=[TF_CONFIG])),

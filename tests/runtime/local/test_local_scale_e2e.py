@@ -1,7 +1,8 @@
 """End to end: `pstrain scale` against a real `pstrain run` of the digits task. One
 async and one sync job are scaled 2 -> 4 -> 1 -> 3 while they train, at fixed global
-steps (the chief's progress lines), each scale-up's newcomers joining before the next; each finishes at exactly its target step (every
-step counted once) with the usual accuracy, and no replica is restarted. In the async
+steps (the chief's progress lines), each scale-up's newcomers joining before the next;
+each finishes at exactly its target step (every step counted once) with the usual
+accuracy, and no replica is restarted. In the async
 run a scale beyond maxReplicas is refused in between, and a removed worker is SIGKILLed
 during the scale-down: its exit is expected too."""
 

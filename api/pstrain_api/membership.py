@@ -95,7 +95,7 @@ def plan_scale(live: Iterable[int], desired: int) -> ScalePlan:
     `live` are the indices running now (any order, gaps allowed: a lost worker is
     replaced under the restart policy, which is not a scale and not planned here)."""
     if desired < 1:
-        raise ValueError(f"{WORKER_REPLICAS_PATH} is {desired}; it must be at least 1")
+        raise ValueError(scale_problem(desired, None, None))
     running = set(live)
     wanted = set(range(desired))
     return ScalePlan(add=tuple(sorted(wanted - running)),

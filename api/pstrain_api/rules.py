@@ -229,7 +229,6 @@ POD_RULES = [
 ]
 
 
-
 def _bound_rule(field: str, rule: str, text: str, bound: str) -> CelRule:
     """A worker-count bound on self (spec.replicas.worker): 'FIELD is N; TEXT (BOUND)'."""
     return CelRule(rule=rule, message=f"{field} {text.removeprefix('it ')}",

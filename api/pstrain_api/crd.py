@@ -23,6 +23,33 @@ from .podschema import pod_template_schema
 
 _DROP_KEYS = {"title", "$defs", "discriminator"}
 
+# The CRD's size budget, as compact JSON: a client-side `kubectl apply` keeps a copy in
+# an annotation, and annotations may hold at most 256 KiB (etcd's limit, 1.5 MiB, is
+# further). The three embedded pod templates are most of the CRD; they keep the
+# descriptions of the template's own fields and of the pod spec's (`kubectl explain
+# trainingjob.spec.replicas.worker.template.spec.volumes`), none deeper (Kubernetes'
+# reference documents those; controller-gen's maxDescLen does the same).
+SIZE_BUDGET = 256 * 1024
+TEMPLATE_DESCRIPTION_DEPTH = 2
+
+
+def _descriptions_to_depth(node: Any, depth: int) -> Any:
+    """`node` without the descriptions of properties nested deeper than `depth`."""
+    if isinstance(node, list):
+        return [_descriptions_to_depth(item, depth) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key == "description" and depth < 0:
+            continue
+        if key == "properties":
+            out[key] = {name: _descriptions_to_depth(sub, depth - 1)
+                        for name, sub in value.items()}
+        else:
+            out[key] = _descriptions_to_depth(value, depth)
+    return out
+
 
 class _Converter:
     def __init__(self, defs: dict[str, Any]):
@@ -37,7 +64,8 @@ class _Converter:
             merged = {**copy.deepcopy(self.defs[ref]), **node}
             return self.convert(merged)
         if node.get(POD_TEMPLATE_MARK):
-            embedded = copy.deepcopy(pod_template_schema())
+            embedded = _descriptions_to_depth(pod_template_schema(),
+                                              TEMPLATE_DESCRIPTION_DEPTH)
             if "description" in node:
                 embedded["description"] = node["description"]
             return embedded
@@ -124,8 +152,9 @@ def openapi_schema() -> dict[str, Any]:
     props = schema["properties"]
     props["apiVersion"] = {"type": "string", "description": "pstrain.io/v1alpha1"}
     props["kind"] = {"type": "string", "description": "TrainingJob"}
-    props["metadata"] = {"type": "object", "description": "Standard object metadata; "
-                         "the name is at most 63 characters and names the job's pods."}
+    # The API server refuses anything but name and generateName under the root metadata
+    # (a description included); the job name's rules are CEL rules at the root.
+    props["metadata"] = {"type": "object"}
     schema.pop("required", None)
     spec = props["spec"]
     spec["default"] = {}

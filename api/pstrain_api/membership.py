@@ -28,6 +28,8 @@ REASON_SCALED_DOWN: Final = "WorkersScaledDown"
 REASON_SCALE_REFUSED: Final = "ScaleRefused"
 WORKER_REPLICAS_PATH: Final = "spec.replicas.worker.replicas"
 # The bounds' rules, in these words here, in `pstrain validate` and in the CRD's CEL.
+# They name the bound, not its number: Kubernetes 1.28 refuses a CEL message that names
+# two numbers (pstrain_api.rules).
 AT_LEAST_MIN: Final = "it must be at least minReplicas"
 AT_MOST_MAX: Final = "it must be at most maxReplicas"
 
@@ -36,11 +38,11 @@ def bounds_problem(replicas: int, min_replicas: int | None,
                    max_replicas: int | None) -> str | None:
     """Why `replicas` workers break the bounds, as "PATH is VALUE; RULE", or None."""
     if min_replicas is not None and max_replicas is not None and min_replicas > max_replicas:
-        return f"spec.replicas.worker.minReplicas is {min_replicas}; {AT_MOST_MAX} ({max_replicas})"
+        return f"spec.replicas.worker.minReplicas is {min_replicas}; {AT_MOST_MAX}"
     if min_replicas is not None and replicas < min_replicas:
-        return f"{WORKER_REPLICAS_PATH} is {replicas}; {AT_LEAST_MIN} ({min_replicas})"
+        return f"{WORKER_REPLICAS_PATH} is {replicas}; {AT_LEAST_MIN}"
     if max_replicas is not None and replicas > max_replicas:
-        return f"{WORKER_REPLICAS_PATH} is {replicas}; {AT_MOST_MAX} ({max_replicas})"
+        return f"{WORKER_REPLICAS_PATH} is {replicas}; {AT_MOST_MAX}"
     return None
 
 

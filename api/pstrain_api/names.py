@@ -16,6 +16,8 @@ from .quote import quote
 DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS_1035_RULE = ("it must be a DNS-1035 label: lowercase letters, digits and '-', starting "
                  "with a letter and ending with a letter or digit")
+NAME_TOO_LONG = (f"the job's Service is named after it and must be at most {c.DNS_LABEL_MAX} "
+                 "characters")
 DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -71,10 +73,7 @@ def check_job_name(name: str) -> str | None:
     with a letter or digit, at most 63 characters.
     """
     if len(name) > c.DNS_LABEL_MAX:
-        return (
-            f"metadata.name is {quote(name, count=True)}; the job's Service is "
-            f"named after it and must be at most {c.DNS_LABEL_MAX} characters"
-        )
+        return f"metadata.name has {len(name)} characters; {NAME_TOO_LONG}"
     if not DNS_1035_LABEL.match(name):
         return (
             f"metadata.name is {quote(name)}; {DNS_1035_RULE}"

@@ -24,7 +24,7 @@ from . import constants as c
 from .quote import quote
 from . import template as tpl
 from .membership import AT_LEAST_MIN, AT_MOST_MAX
-from .names import DNS_1035_LABEL, DNS_1035_RULE
+from .names import DNS_1035_LABEL, DNS_1035_RULE, NAME_TOO_LONG
 from .template import RESERVED_ENV_RULE
 
 # Kubernetes' own Quantity pattern (resource.Quantity in the OpenAPI definitions),
@@ -133,15 +133,23 @@ def joined(path: str, text: str) -> str:
 
 
 # --------------------------------------------------------------------------- CEL
+# Kubernetes 1.28 estimates every rule's cost before it accepts the CRD. Its estimator
+# does not know how long `string(int)` or `string(int-or-string)` is, so a message that
+# concatenates such a value is refused ("exceeds budget by factor of more than 100x").
+# One `'TEXT {}'.replace('{}', VALUE)` is estimated from TEXT alone, so every message
+# here names at most one value, through `_with_value`. A quantity (int-or-string) rule
+# in CEL is refused for the same reason: quantities are checked by the schema
+# (QUANTITY_SCHEMA) instead.
 
 
 def _cel_string(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _cel_repr(expr: str) -> str:
-    """CEL for Python's repr of an int-or-string value: 2, or '2'."""
-    return f"(type({expr}) == string ? \"'\" + {expr} + \"'\" : string({expr}))"
+def _with_value(template: str, value: str) -> str:
+    """CEL for `template` with its one `{}` replaced by the string expression `value`."""
+    assert template.count("{}") == 1, template
+    return f"{_cel_string(template)}.replace('{{}}', {value})"
 
 
 @dataclass(frozen=True)
@@ -173,16 +181,18 @@ _HAS_MAIN = "has(self.containers) && self.containers.size() > 0"
 def _value_rule(field: str, rule: str, text: str) -> CelRule:
     """A rule about string field `field` of self: 'FIELD is 'VALUE'; TEXT'."""
     return CelRule(rule=rule, message=f"{field} {text}",
-                   message_expression=(f"\"{field} is '\" + self.{field} + \"'; \" + "
-                                       f"{_cel_string(text)}"))
+                   message_expression=_with_value(f"{field} is '{{}}'; {text}", f"self.{field}"))
 
 
-QUANTITY_CEL = CelRule(
-    rule=(f"type(self) == int ? self >= 0 : "
-          f"(self.size() <= {QUANTITY_MAX_LENGTH} && self.matches({_cel_string(QUANTITY_PATTERN)}))"),
-    message=QUANTITY_RULE,
-    message_expression=f"'is ' + {_cel_repr('self')} + {_cel_string('; ' + QUANTITY_RULE)}",
-)
+def _quoted_value(template: str, expr: str) -> str:
+    """CEL naming int-or-string `expr` as Python's repr does: 2, or '2'."""
+    return (f"type({expr}) == string ? {_with_value(template.replace('{}', chr(39) + '{}' + chr(39)), expr)}"
+            f" : {_with_value(template, f'string({expr})')}")
+
+
+# Quantities (requests and limits values): Kubernetes' pattern, as schema bounds.
+QUANTITY_SCHEMA = {"pattern": QUANTITY_PATTERN, "maxLength": QUANTITY_MAX_LENGTH,
+                   "minimum": 0}
 RESERVED_ENV_CEL = _value_rule(
     "name", f"!self.name.startsWith({_cel_string(c.RESERVED_ENV_PREFIX)}) && "
     + " && ".join(f"self.name != {_cel_string(n)}" for n in sorted(c.RESERVED_ENV_NAMES)),
@@ -190,12 +200,12 @@ RESERVED_ENV_CEL = _value_rule(
 GPUS_ONCE_CEL = CelRule(
     rule=f"!(has(self.gpus) && (({_HAS_GPU_LIMIT}) || ({_HAS_MAIN_GPU_LIMIT})))",
     message=f"gpus {GPUS_ONCE}",
-    message_expression=f"'gpus is ' + string(self.gpus) + {_cel_string(' ' + GPUS_ONCE)}",
+    message_expression=_with_value(f"gpus is {{}} {GPUS_ONCE}", "string(self.gpus)"),
 )
 PS_NO_GPUS_CEL = CelRule(
     rule="!has(self.gpus) || self.gpus == 0",
     message=f"gpus: {PS_NO_GPU}",
-    message_expression=f"'gpus is ' + string(self.gpus) + {_cel_string('; ' + PS_NO_GPU)}",
+    message_expression=_with_value(f"gpus is {{}}; {PS_NO_GPU}", "string(self.gpus)"),
 )
 
 
@@ -204,8 +214,7 @@ def _no_gpu_limit(has: str, where: str, path: str) -> CelRule:
     return CelRule(
         rule=f"!({has}) || string({limit}) == '0'",
         message=f"{path}: {PS_NO_GPU}",
-        message_expression=(f"{_cel_string(path + ' is ')} + {_cel_repr(limit)} + "
-                            f"{_cel_string('; ' + PS_NO_GPU)}"),
+        message_expression=_quoted_value(f"{path} is {{}}; {PS_NO_GPU}", limit),
     )
 
 
@@ -215,8 +224,8 @@ PS_NO_MAIN_GPU_LIMIT_CEL = _no_gpu_limit(_HAS_MAIN_GPU_LIMIT, _MAIN,
 MAIN_NAME_CEL = CelRule(
     rule=f"!({_HAS_MAIN}) || self.containers[0].name == {_cel_string(c.MAIN_CONTAINER)}",
     message=f"containers[0].name: {tpl.MAIN_NAME_RULE}",
-    message_expression=("\"containers[0].name is '\" + self.containers[0].name + \"'; \" + "
-                        f"{_cel_string(tpl.MAIN_NAME_RULE)}"),
+    message_expression=_with_value(f"containers[0].name is '{{}}'; {tpl.MAIN_NAME_RULE}",
+                                   "self.containers[0].name"),
 )
 MAIN_PORTS_CEL = CelRule(rule=f"!({_HAS_MAIN}) || !has(self.containers[0].ports)",
                          message=f"containers[0].ports {tpl.PORTS_RULE}")
@@ -229,12 +238,11 @@ POD_RULES = [
 ]
 
 
-def _bound_rule(field: str, rule: str, text: str, bound: str) -> CelRule:
-    """A worker-count bound on self (spec.replicas.worker): 'FIELD is N; TEXT (BOUND)'."""
+def _bound_rule(field: str, rule: str, text: str) -> CelRule:
+    """A worker-count bound on self (spec.replicas.worker): 'FIELD is N; TEXT'."""
     return CelRule(rule=rule, message=f"{field} {text.removeprefix('it ')}",
-                   message_expression=(f"'{field} is ' + string(self.{field}) + "
-                                       f"{_cel_string('; ' + text + ' (')} + "
-                                       f"string(self.{bound}) + ')'"))
+                   message_expression=_with_value(f"{field} is {{}}; {text}",
+                                                  f"string(self.{field})"))
 
 
 # Elastic workers (membership.bounds_problem): the scale subresource writes
@@ -243,21 +251,19 @@ def _bound_rule(field: str, rule: str, text: str, bound: str) -> CelRule:
 _CROSSED = ("has(self.minReplicas) && has(self.maxReplicas) && "
             "self.minReplicas > self.maxReplicas")
 WORKER_BOUNDS_CEL = [
-    _bound_rule("minReplicas", f"!({_CROSSED})", AT_MOST_MAX, "maxReplicas"),
+    _bound_rule("minReplicas", f"!({_CROSSED})", AT_MOST_MAX),
     _bound_rule("replicas", f"!has(self.minReplicas) || ({_CROSSED}) || "
-                "self.replicas >= self.minReplicas", AT_LEAST_MIN, "minReplicas"),
+                "self.replicas >= self.minReplicas", AT_LEAST_MIN),
     _bound_rule("replicas", f"!has(self.maxReplicas) || ({_CROSSED}) || "
-                "self.replicas <= self.maxReplicas", AT_MOST_MAX, "maxReplicas"),
+                "self.replicas <= self.maxReplicas", AT_MOST_MAX),
 ]
 
 # The job name (names.check_job_name): the CRD can see metadata.name from the root.
 NAME_LENGTH_CEL = CelRule(
     rule=f"self.metadata.name.size() <= {c.DNS_LABEL_MAX}",
-    message=f"metadata.name must be at most {c.DNS_LABEL_MAX} characters",
-    message_expression=(
-        "\"metadata.name is '\" + self.metadata.name + \"' (\" + "
-        "string(self.metadata.name.size()) + "
-        f"{_cel_string(' characters); the job' + chr(39) + 's Service is named after it and must be at most ' + str(c.DNS_LABEL_MAX) + ' characters')}"),
+    message=f"metadata.name {NAME_TOO_LONG}",
+    message_expression=_with_value(f"metadata.name has {{}} characters; {NAME_TOO_LONG}",
+                                   "string(self.metadata.name.size())"),
 )
 NAME_LABEL_CEL = _value_rule(
     "metadata.name", (f"self.metadata.name.size() > {c.DNS_LABEL_MAX} || "
@@ -281,10 +287,8 @@ for _role in c.ROLES:
         CRD_BOUNDS.append(((*_pod, _kind, "[]", "env"), {"maxItems": ENV_MAX}))
         CRD_BOUNDS.append(((*_pod, _kind, "[]", "env", "[]", "name"), {"maxLength": 256}))
     for _part in ("requests", "limits"):
-        CRD_RULES.append(((*_base, "resources", _part, "{}"), QUANTITY_CEL))
         CRD_BOUNDS.append(((*_base, "resources", _part), {"maxProperties": RESOURCES_MAX}))
-        CRD_BOUNDS.append(((*_base, "resources", _part, "{}"),
-                           {"maxLength": QUANTITY_MAX_LENGTH}))
+        CRD_BOUNDS.append(((*_base, "resources", _part, "{}"), QUANTITY_SCHEMA))
 CRD_RULES += [((*("spec", "replicas", c.ROLE_PS),), rule) for rule in (
     PS_NO_GPUS_CEL, PS_NO_GPU_LIMIT_CEL, PS_NO_MAIN_GPU_LIMIT_CEL)]
 CRD_RULES += [(("spec", "replicas", c.ROLE_WORKER), rule)

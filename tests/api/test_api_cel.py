@@ -23,10 +23,13 @@ celpy = pytest.importorskip("celpy")
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 ENV = celpy.Environment()
+# Kubernetes' CEL has the strings extension's replace(); cel-python does not.
+FUNCTIONS = {"replace": lambda text, old, new: celpy.celtypes.StringType(
+    str(text).replace(str(old), str(new)))}
 
 
 def _evaluate(expression: str, value: Any) -> Any:
-    program = ENV.program(ENV.compile(expression))
+    program = ENV.program(ENV.compile(expression), functions=FUNCTIONS)
     return program.evaluate({"self": celpy.json_to_cel(value)})
 
 
@@ -59,10 +62,6 @@ BAD = [
     ("gpus-set-twice", job().workers(2, gpus=1, resources={"limits": {"nvidia.com/gpu": 1}})),
     ("reserved-env", job().template("worker", env=[{"name": "A"}, TF_CONFIG])),
     ("reserved-prefix", job().template("chief", env=[{"name": "PSTRAIN_X", "value": "1"}])),
-    ("bad-quantity", job().workers(2, resources={"requests": {"memory": "lots"}})),
-    ("negative-quantity", job().workers(2, resources={"limits": {"cpu": -1}})),
-    ("negative-string-quantity", job().workers(2, resources={"limits": {"cpu": "-1"}})),
-    ("quantity-two-suffixes", job().workers(2, resources={"limits": {"memory": "2kK"}})),
     ("workers-over-max", job().workers(5, maxReplicas=4)),
     ("workers-under-min", job().workers(2, minReplicas=3)),
     ("worker-bounds-crossed", job().workers(3, minReplicas=4, maxReplicas=2)),
@@ -78,7 +77,10 @@ def test_crd_refuses_with_the_sentences_pstrain_validate_prints(builder) -> None
     _, problems = check_manifest(data)
     printed = sorted(p.message for p in problems)
     assert printed, "pstrain validate accepted a bad manifest"
-    assert sorted(cel_problems(openapi_schema(), data)) == printed
+    # Quantities are schema rules (pattern, minimum), not CEL: tests/kube checks them on
+    # the real API server.
+    assert sorted(cel_problems(openapi_schema(), data)) == [
+        p for p in printed if rules.QUANTITY_RULE not in p]
 
 
 def test_pstrain_validate_reports_every_error_of_a_replica_spec() -> None:

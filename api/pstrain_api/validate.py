@@ -7,6 +7,7 @@ traceback at the user for bad input: problems come back as `Problem`s.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic.alias_generators import to_camel
 
 from . import constants as c
 from . import rules
@@ -21,6 +23,12 @@ from .cluster import environment_problem
 from .manifest_yaml import ManifestLimitError, UnreadableManifest, load_all, read_manifest_text
 from .model import TrainingJob
 from .quote import MAX_QUOTED, quote
+
+# Kubernetes' ObjectMeta (meta/v1), every field the API server accepts under metadata.
+METADATA_FIELDS = ("annotations", "creationTimestamp", "deletionGracePeriodSeconds",
+                   "deletionTimestamp", "finalizers", "generateName", "generation", "labels",
+                   "managedFields", "name", "namespace", "ownerReferences", "resourceVersion",
+                   "selfLink", "uid")
 
 
 @dataclass(frozen=True)
@@ -150,8 +158,7 @@ def _describe(err: Mapping[str, Any], data: Any) -> str:
     if kind == "extra_forbidden":
         model = _model_at(loc)
         known = sorted(f.alias or n for n, f in model.model_fields.items()) if model else []
-        allowed = f"; known fields here are: {', '.join(known)}" if known else ""
-        return f"{path} is not a known field{allowed}."
+        return unknown_field(path, str(loc[-1]), known)
     if kind == "literal_error":
         return f"{path} is {shown}; it must be one of {ctx.get('expected')}."
     if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
@@ -185,6 +192,29 @@ def _describe(err: Mapping[str, Any], data: Any) -> str:
             return f"{reason}."
         return f"{prefix}{reason}."
     return f"{path} is {shown}; {err['msg'][0].lower()}{err['msg'][1:]}."
+
+
+def unknown_field(path: str, key: str, known: Sequence[str]) -> str:
+    """'PATH is not a known field', with the right spelling when there is one: the API
+    server refuses unknown fields (strict field validation), snake_case ones included."""
+    spelled = to_camel(key)
+    if spelled != key and spelled in known:
+        return f"{path} is not a known field; it is spelled {spelled}."
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+    hint = f"; did you mean {close[0]}?" if close else "."
+    listed = f" Known fields here are: {', '.join(known)}." if known else ""
+    return f"{path} is not a known field{hint}{listed}"
+
+
+def _metadata_problems(data: Mapping[str, Any], source: str) -> list[Problem]:
+    """Fields under metadata that Kubernetes' ObjectMeta does not have (pstrain reads a
+    few of them; the API server refuses any other)."""
+    meta = data.get("metadata")
+    if not isinstance(meta, Mapping):
+        return []
+    return [Problem(source, f"metadata.{key}",
+                    unknown_field(f"metadata.{_path([str(key)])}", str(key), METADATA_FIELDS))
+            for key in meta if key not in METADATA_FIELDS]
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -237,8 +267,11 @@ def check_manifest(data: Any, source: str = "") -> tuple[TrainingJob | None, lis
     problems.extend(_int64_problems(data, source))
     if problems:
         return None, _at_most(problems, source)
+    unknown_meta = _metadata_problems(data, source)
     try:
-        job = TrainingJob.model_validate(data)
+        # Only the wire spelling (camelCase), as on the API server: by_name would also
+        # take batch_size for batchSize.
+        job = TrainingJob.model_validate(data, by_name=False)
     except ValidationError as exc:
         errors = _strip_union_tags(exc.errors(), data)
         for err in errors[:MAX_PROBLEMS]:
@@ -253,7 +286,10 @@ def check_manifest(data: Any, source: str = "") -> tuple[TrainingJob | None, lis
                 seen.add(message)
                 problems.append(Problem(source, path, message))
                 extra += 1
-        return None, _at_most(problems, source, total=len(errors) + extra)
+        problems += unknown_meta
+        return None, _at_most(problems, source, total=len(errors) + extra + len(unknown_meta))
+    if unknown_meta:
+        return None, unknown_meta
     too_large = environment_problem(job)
     if too_large:
         path, message = too_large

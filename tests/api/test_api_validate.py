@@ -93,10 +93,25 @@ BAD = [
     pytest.param(job().chief(replicas=2).build(),
                  "spec.replicas.chief.replicas is 2; it must be at most 1.", id="two-chiefs"),
     pytest.param(job().set("spec.replicas.ps.replica", 2).build(),
-                 "spec.replicas.ps.replica is not a known field; known fields here are: gpus, "
+                 "spec.replicas.ps.replica is not a known field; did you mean replicas? Known fields here are: gpus, "
                  "readiness, replicas, resources, template.", id="unknown-field-typo"),
+    pytest.param(job().set("spec.training.batch_size", 32).build(),
+                 "spec.training.batch_size is not a known field; it is spelled batchSize.",
+                 id="snake-case-field"),
+    pytest.param(job().set("spec.training.optimizer.learning_rate", 0.1).build(),
+                 "spec.training.optimizer.learning_rate is not a known field; it is spelled "
+                 "learningRate.", id="snake-case-nested-field"),
+    pytest.param(job().set("spec.run_policy", {}).build(),
+                 "spec.run_policy is not a known field; it is spelled runPolicy.",
+                 id="snake-case-object"),
+    pytest.param(job().set("metadata.lables", {"a": "b"}).build(),
+                 "metadata.lables is not a known field; did you mean labels? Known fields here "
+                 "are: annotations, creationTimestamp, deletionGracePeriodSeconds, "
+                 "deletionTimestamp, finalizers, generateName, generation, labels, "
+                 "managedFields, name, namespace, ownerReferences, resourceVersion, selfLink, "
+                 "uid.", id="unknown-metadata-field"),
     pytest.param(job().set("spec.foo", 1).build(),
-                 "spec.foo is not a known field; known fields here are: replicas, runPolicy, "
+                 "spec.foo is not a known field. Known fields here are: replicas, runPolicy, "
                  "security, training.", id="unknown-spec-field"),
     pytest.param(job().ps(1, gpus=1).build(),
                  "spec.replicas.ps.gpus is 1; parameter servers keep parameters and optimizer "
@@ -266,8 +281,8 @@ BAD = [
                  "e.g. 'mypackage.model:make_task' (dotted module path, a colon, a function "
                  "name).", id="long-value-shortened"),
     pytest.param(job().set("spec." + "k" * 100_000, 1).build(),
-                 f"spec.'{'k' * 37}...{'k' * 38}' (100000 characters) is not a known field; "
-                 "known fields here are: replicas, runPolicy, security, training.", id="long-key-shortened"),
+                 f"spec.'{'k' * 37}...{'k' * 38}' (100000 characters) is not a known field. "
+                 "Known fields here are: replicas, runPolicy, security, training.", id="long-key-shortened"),
     pytest.param(job().set("spec.replicas.worker.replicas", list(range(100_000))).build(),
                  "spec.replicas.worker.replicas is [0, 1, 2, 3, 4, 5, ...]; it must be an "
                  "integer, not a list.", id="long-list-shortened"),

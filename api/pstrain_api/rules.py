@@ -78,7 +78,8 @@ def quantity_problems(resources: Mapping[str, Any]) -> Found:
     found: Found = []
     for part in ("requests", "limits"):
         for name, qty in _map(resources.get(part)).items():
-            if not is_quantity(qty):
+            # A value of another type is a type error (reported as such), not a quantity.
+            if isinstance(qty, (int, str)) and not is_quantity(qty):
                 found.append((f"{part}.{name}", f"is {quote(qty)}; {QUANTITY_RULE}"))
     return found
 

@@ -28,6 +28,7 @@ from . import constants as c
 from .quote import quote
 from . import names
 from .podschema import pod_template_schema
+from .spelling import spelling_hint
 
 Found = list[tuple[str, str]]
 KIND = "PodTemplateSpec"
@@ -102,8 +103,9 @@ def is_reserved_env(name: str) -> bool:
 
 
 def _closed(node: Any) -> Any:
-    """The schema with every object that lists its properties closed to others, as
-    `kubectl apply` (strict field validation) treats unknown fields."""
+    """The schema as the API server applies it: every object that lists its properties
+    closed to others (strict field validation), and an int-or-string (a quantity, a
+    port) refused when it is neither (the server refuses `cpu: 1.5`)."""
     if isinstance(node, list):
         return [_closed(n) for n in node]
     if not isinstance(node, dict):
@@ -111,6 +113,8 @@ def _closed(node: Any) -> Any:
     out = {k: _closed(v) for k, v in node.items()}
     if "properties" in out and "additionalProperties" not in out:
         out["additionalProperties"] = False
+    if out.get("x-kubernetes-int-or-string") and "type" not in out:
+        out["type"] = ["integer", "string"]
     return out
 
 
@@ -171,16 +175,19 @@ def schema_problems(template: Any) -> Found:
     for err in sorted(_validator().iter_errors(template), key=lambda e: list(e.absolute_path)):
         path = _where(err.absolute_path)
         if err.validator == "additionalProperties":
-            known = set(_map(err.schema).get("properties", {}))
-            for extra in sorted(set(_map(err.instance)) - known):
+            known = sorted(_map(err.schema).get("properties", {}))
+            for extra in sorted(set(_map(err.instance)) - set(known)):
                 found.append((_where([*err.absolute_path, extra]),
-                              f"is not a field of a Kubernetes {KIND}"))
+                              f"is not a field of a Kubernetes {KIND}"
+                              f"{spelling_hint(str(extra), known)}"))
         elif err.validator == "required":
             for name in err.validator_value:
                 if name not in _map(err.instance):
                     found.append((_where([*err.absolute_path, name]), "is required but missing"))
         elif err.validator == "type":
-            want = _TYPE_WORDS.get(str(err.validator_value), str(err.validator_value))
+            want = (" or ".join(_TYPE_WORDS[t] for t in err.validator_value)
+                    if isinstance(err.validator_value, list)
+                    else _TYPE_WORDS.get(str(err.validator_value), str(err.validator_value)))
             found.append((path, f"is {quote(err.instance)}; it must be {want}, not "
                                 f"{_kind_of(err.instance)}"))
         elif err.validator == "enum":

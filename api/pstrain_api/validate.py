@@ -7,7 +7,6 @@ traceback at the user for bad input: problems come back as `Problem`s.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,6 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
-from pydantic.alias_generators import to_camel
 
 from . import constants as c
 from . import rules
@@ -23,6 +21,7 @@ from .cluster import environment_problem
 from .manifest_yaml import ManifestLimitError, UnreadableManifest, load_all, read_manifest_text
 from .model import TrainingJob
 from .quote import MAX_QUOTED, quote
+from .spelling import spelling_hint
 
 # Kubernetes' ObjectMeta (meta/v1), every field the API server accepts under metadata.
 METADATA_FIELDS = ("annotations", "creationTimestamp", "deletionGracePeriodSeconds",
@@ -188,22 +187,20 @@ def _describe(err: Mapping[str, Any], data: Any) -> str:
     if kind == "value_error":
         reason = str(ctx.get("error", err["msg"]))
         prefix = f"{path}." if path else ""
-        if path == "metadata" or reason.startswith("metadata."):
+        if path == "metadata" or (not path and reason.startswith("metadata.")):
             return f"{reason}."
         return f"{prefix}{reason}."
     return f"{path} is {shown}; {err['msg'][0].lower()}{err['msg'][1:]}."
 
 
 def unknown_field(path: str, key: str, known: Sequence[str]) -> str:
-    """'PATH is not a known field', with the right spelling when there is one: the API
-    server refuses unknown fields (strict field validation), snake_case ones included."""
-    spelled = to_camel(key)
-    if spelled != key and spelled in known:
-        return f"{path} is not a known field; it is spelled {spelled}."
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
-    hint = f"; did you mean {close[0]}?" if close else "."
+    """'PATH is not a known field', with the right spelling or the closest field, and the
+    fields known there (the API server refuses unknown fields, snake_case ones too)."""
+    hint = spelling_hint(key, known)
+    if hint.startswith("; it is spelled"):
+        return f"{path} is not a known field{hint}."
     listed = f" Known fields here are: {', '.join(known)}." if known else ""
-    return f"{path} is not a known field{hint}{listed}"
+    return f"{path} is not a known field{hint}.{listed}"
 
 
 def _metadata_problems(data: Mapping[str, Any], source: str) -> list[Problem]:

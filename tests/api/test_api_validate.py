@@ -93,7 +93,7 @@ BAD = [
     pytest.param(job().chief(replicas=2).build(),
                  "spec.replicas.chief.replicas is 2; it must be at most 1.", id="two-chiefs"),
     pytest.param(job().set("spec.replicas.ps.replica", 2).build(),
-                 "spec.replicas.ps.replica is not a known field; did you mean replicas? Known fields here are: gpus, "
+                 "spec.replicas.ps.replica is not a known field; the closest known field is replicas. Known fields here are: gpus, "
                  "readiness, replicas, resources, template.", id="unknown-field-typo"),
     pytest.param(job().set("spec.training.batch_size", 32).build(),
                  "spec.training.batch_size is not a known field; it is spelled batchSize.",
@@ -105,8 +105,9 @@ BAD = [
                  "spec.run_policy is not a known field; it is spelled runPolicy.",
                  id="snake-case-object"),
     pytest.param(job().set("metadata.lables", {"a": "b"}).build(),
-                 "metadata.lables is not a known field; did you mean labels? Known fields here "
-                 "are: annotations, creationTimestamp, deletionGracePeriodSeconds, "
+                 "metadata.lables is not a known field; the closest known field is labels. "
+                 "Known fields here are: annotations, creationTimestamp, "
+                 "deletionGracePeriodSeconds, "
                  "deletionTimestamp, finalizers, generateName, generation, labels, "
                  "managedFields, name, namespace, ownerReferences, resourceVersion, selfLink, "
                  "uid.", id="unknown-metadata-field"),
@@ -164,7 +165,16 @@ BAD = [
                  "non-negative Kubernetes quantity such as 500m, 2, 4Gi.", id="bad-quantity"),
     pytest.param(job().template("ps", workingDirr="/w").build(),
                  "spec.replicas.ps.template.spec.containers[0].workingDirr is not a field of "
-                 "a Kubernetes PodTemplateSpec.", id="pod-template-typo"),
+                 "a Kubernetes PodTemplateSpec; the closest known field is workingDir.",
+                 id="pod-template-typo"),
+    pytest.param(job().set("spec.replicas.ps.template", {"spec": {"containers": [
+                     {"name": "pstrain", "resources": {"limits": {"cpu": 1.5}}}]}}).build(),
+                 "spec.replicas.ps.template.spec.containers[0].resources.limits.cpu is 1.5; it "
+                 "must be an integer or a string, not a number.", id="pod-template-float-quantity"),
+    pytest.param(job().set("spec.replicas.ps.template", {"spec": {"node_selector": {}}})
+                 .build(),
+                 "spec.replicas.ps.template.spec.node_selector is not a field of a Kubernetes "
+                 "PodTemplateSpec; it is spelled nodeSelector.", id="pod-template-snake-case"),
     pytest.param(job().template("ps", imagePullPolicy=5).build(),
                  "spec.replicas.ps.template.spec.containers[0].imagePullPolicy is 5; it must "
                  "be a string, not an integer.", id="pod-template-type"),

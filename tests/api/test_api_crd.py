@@ -173,7 +173,8 @@ NOT_IN_SCHEMA = {"gpu-on-ps", "gpu-limit-on-ps", "gpu-twice", "reserved-env", "b
                  "args-over-int64", "quantity-float", "label-key-space",
                  "label-key-bad-prefix", "training-args-200kb", "workers-4000",
                  "workers-a-billion", "workers-over-max", "workers-under-min",
-                 "worker-bounds-crossed", "unknown-metadata-field"}
+                 "worker-bounds-crossed", "unknown-metadata-field",
+                 "pod-template-float-quantity"}
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,7 @@ ITEMS: dict[str, str] = {
     "limits": "bench.limits:run",
     "transport": "bench.transport:run",
     "auth": "bench.auth:run",
+    "flood": "bench.flood:run",
     "ps_step": "bench.ps_step:run",
     "training": "bench.training:run",
     "overlap": "bench.training:overlap_throughput",

@@ -9,7 +9,7 @@ A line is `PSTRAIN_EVENT {"event": "<kind>", ...}`. Kinds and their fields:
 - `checkpoint`: step, path
 - `restored`: step, path, lost_steps (the chief after restoring a checkpoint; lost_steps
   is how many global steps of progress were thrown away), and `warning` when the
-  checkpoint is past the job's target step
+  checkpoint is past the job's target step or newer, damaged checkpoints were skipped
 - `done`: step, loss, accuracy, samples_per_sec, wall_seconds (the chief, at the end)
 - `ready`: role, index, address (a parameter server that serves)
 """

@@ -6,13 +6,18 @@ cannot compute the chief key.
 
 - The chief key authorizes every call, including Init (and so restore), Finish,
   ReportStatus and Shutdown.
-- The worker key authorizes pushes, pulls, Info and GetJobStatus.
-- A parameter server holds both keys, to check either.
+- The worker key is the job's shared one: it reads status (Info, GetJobStatus) and asks
+  for a checkpoint (RequestCheckpoint), but acts for no worker. Worker i trains with its
+  own key, derived from the worker key (`own_worker_key`), which lets it push and pull
+  as worker i only; the chief may act for any worker.
+- A parameter server holds both keys, to check either (and derives the workers' own).
 
 Keys reach a replica as files in one directory (`ENV_AUTH_DIR`), one file per role key,
 named after the role and holding the key in hex. In Kubernetes the directory is the
-job's Secret mounted read-only with only the keys that pod's role may hold; locally it
-is a private directory of the run. Keys never travel in environment variables.
+job's Secret mounted read-only with only the keys that pod's role may hold (a worker
+pod derives its own key from the worker key); locally each replica gets a private
+directory with only its own keys (worker i: `worker-<i>`). Keys never travel in
+environment variables.
 
 Pure: no I/O; `pstrain_runtime.auth` reads the files and speaks the protocols.
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from collections.abc import Mapping
 from typing import Final, Literal
@@ -42,6 +48,11 @@ KEY_CHIEF: Final = "chief"
 KEY_WORKER: Final = "worker"
 KEY_ROLES: Final = (KEY_CHIEF, KEY_WORKER)
 
+# Worker i's own key goes by this name (file, proof): "worker-<i>", i in 0..2**31-1.
+WORKER_OWN_PREFIX: Final = "worker-"
+MAX_WORKER_INDEX: Final = 2**31 - 1  # the wire's worker fields are int32
+_WORKER_OWN = re.compile(r"worker-(0|[1-9][0-9]{0,9})", re.ASCII)
+
 KeyHolder = Literal["ps", "chief", "worker"]
 # Which role keys each kind of replica holds (file names in ENV_AUTH_DIR, keys of the
 # Secret): a parameter server every key, the chief (the chief role, or worker 0 when
@@ -60,6 +71,7 @@ def key_holder(role: str, is_chief: bool) -> KeyHolder:
     return "chief" if is_chief else "worker"
 
 _LABEL = b"pstrain/v1 role key "
+_OWN_LABEL = b"pstrain/v1 own worker key "
 
 
 def new_token() -> bytes:
@@ -74,6 +86,30 @@ def derive_keys(token: bytes) -> dict[str, bytes]:
                          f"{TOKEN_BYTES}")
     return {role: hmac.new(token, _LABEL + role.encode(), hashlib.sha256).digest()
             for role in KEY_ROLES}
+
+
+def own_worker_name(index: int) -> str:
+    """The name of worker `index`'s own key (its key file and its proofs' identity)."""
+    if not 0 <= index <= MAX_WORKER_INDEX:
+        raise ValueError(f"a worker index is {index}; it must be in 0..{MAX_WORKER_INDEX}")
+    return f"{WORKER_OWN_PREFIX}{index}"
+
+
+def own_worker_index(name: str) -> int | None:
+    """The index in an own worker key's name ("worker-3" -> 3); None for any other
+    name (no sign, no leading zero, at most 2**31-1)."""
+    match = _WORKER_OWN.fullmatch(name)
+    if match is None:
+        return None
+    index = int(match.group(1))
+    return index if index <= MAX_WORKER_INDEX else None
+
+
+def own_worker_key(worker_key: bytes, index: int) -> bytes:
+    """Worker `index`'s own key: HMAC-SHA256(the job's worker key, label + name). Whoever
+    holds one worker's own key cannot compute another's, nor the worker key."""
+    return hmac.new(worker_key, _OWN_LABEL + own_worker_name(index).encode(),
+                    hashlib.sha256).digest()
 
 
 def encode_key(key: bytes) -> str:

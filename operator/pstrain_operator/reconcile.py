@@ -23,6 +23,7 @@ from pstrain_api import constants as c
 from pstrain_api.cluster import ClusterSpec, Task, kubernetes_cluster_spec
 from pstrain_api.model import (
     CheckpointStatus,
+    Condition,
     CreateRefusal,
     FailureCause,
     Progress,
@@ -54,6 +55,7 @@ PS_EXIT_GRACE_S = 30.0
 
 # Reasons (machine-readable, CamelCase) used in conditions and events.
 R_INVALID_SPEC = "InvalidSpec"
+R_SPEC_VALID = "SpecValid"
 R_PODS_CREATED = "PodsCreated"
 R_CREATED_SERVICE = "CreatedService"
 R_CREATED_PS = "CreatedPS"
@@ -306,6 +308,7 @@ def decide(obs: Observed, settings: PodSettings,
     events: list[Event] = []
     actions: list[Action] = []
     policy = job.spec.run_policy
+    st.conditions = _spec_valid_again(st, live, now)
 
     # 1. A finished job only cleans up and, after its TTL, deletes itself.
     if old.phase in c.TERMINAL_PHASES:
@@ -547,6 +550,21 @@ def decide(obs: Observed, settings: PodSettings,
         left = deadline - (now - st.start_time).total_seconds()
         requeue = max(0.5, min(requeue, left))
     return Plan(tuple(actions), _with_counts(job, st, obs.pods, actions), tuple(events), requeue)
+
+
+def _spec_valid_again(st: TrainingJobStatus, live: Sequence[ObservedPod],
+                      now: datetime) -> list[Condition]:
+    """The conditions of a job whose spec is valid (again): a `Created=False` of an
+    earlier invalid spec (`decide_invalid`) does not outlive it. It becomes True when the
+    job has pods or had started; else it goes (the first parameter servers set it)."""
+    stale = any(cond.type == c.COND_CREATED and cond.reason == R_INVALID_SPEC
+                for cond in st.conditions)
+    if not stale:
+        return st.conditions
+    if live or st.start_time is not None or st.phase in c.TERMINAL_PHASES:
+        return set_condition(st.conditions, c.COND_CREATED, "True", R_SPEC_VALID,
+                             "The spec is valid again.", now)
+    return [cond for cond in st.conditions if cond.type != c.COND_CREATED]
 
 
 def _exited_early(p: ObservedPod, now: datetime) -> bool:

@@ -1,29 +1,38 @@
 """Authentication and roles on both parameter-server channels.
 
 Keys: see `pstrain_api.security` (a job token, a chief key and a worker key derived
-from it, files in `PSTRAIN_AUTH_DIR`). `load_credentials` reads them.
+from it, and each worker's own key derived from the worker key; files in
+`PSTRAIN_AUTH_DIR`). `load_credentials` reads them. A caller's identity is the name of
+the key it proves: `chief`, `worker` (the job's shared worker key: status only) or
+`worker-<i>` (worker i's own key); `claims` checks that a call acts only for the worker
+its identity allows.
 
-gRPC: every call carries metadata `pstrain-auth: <role> <time ms> <nonce> <mac>`, where
-mac = HMAC-SHA256(role key, "grpc <method> <time ms> <nonce>"): the key never travels,
+gRPC: every call carries metadata `pstrain-auth: <identity> <time ms> <nonce> <mac>`,
+where mac = HMAC-SHA256(key, "grpc <method> <time ms> <nonce>"): the key never travels,
 and a proof only opens the method it was made for, within `GRPC_WINDOW_S` of its time;
-a nonce seen in that window is refused (replay). `ServerGuard`, a server interceptor,
-checks it in constant time (`hmac.compare_digest`) and answers UNAUTHENTICATED (no or
-bad proof) or PERMISSION_DENIED (a worker calling a chief-only method) before the
-handler runs, so a refused call changes nothing. The health service stays open for
-probes. `client_channel` adds the proof on the client side.
+a nonce is accepted once (`replay`). Every field is bounded (`_PROOF`): anything else is
+refused as malformed. `ServerGuard`, a server interceptor, checks it in constant time
+(`hmac.compare_digest`) and answers UNAUTHENTICATED (no or bad proof),
+RESOURCE_EXHAUSTED (the replay cache is full: retry) or PERMISSION_DENIED (a worker
+calling a chief-only method, or acting for another worker) before the store is touched,
+so a refused call changes nothing. The health service stays open for probes.
+`client_channel` adds the proof on the client side.
 
 Data plane: a connection opens with a handshake, before any call:
 
     server -> client   MAGIC (4 bytes), nonce (32 random bytes)
-    client -> server   role (1 byte: 1 chief, 2 worker), HMAC(role key, CONTEXT + nonce + role)
+    client -> server   code (1 byte: 1 chief, 2 worker), HMAC(key, CONTEXT + nonce + code)
+                       or, with worker i's own key: code 3, i (4 bytes, little-endian),
+                       HMAC(key, CONTEXT + nonce + code + i) cut to 28 bytes
     server -> client   1 byte: 1 accepted, 0 refused (then the server closes)
 
-`ConnectionGuard.admit` (server) answers it within `HANDSHAKE_TIMEOUT_S`, and at most
-`MAX_PENDING_HANDSHAKES` handshakes wait at a time: a connection over the limit is
-closed at once, so a flood holds neither threads nor memory for long. Refusals are
+The data server answers it without a thread per connection, within
+`ConnectionGuard.timeout_s` (`admission.py`, which checks the answer with
+`handshake_role`); `ConnectionGuard.admit` is the same opening done blocking, on a
+connection `may_start` let in (at most `MAX_PENDING_HANDSHAKES` at once). Refusals are
 logged with the peer and the reason (never a key or a proof), at most once a second.
 `offer_handshake` is the client side. Once admitted, the connection's role decides
-which calls it may make (`may_call`), as on gRPC.
+which calls it may make (`may_call`) and for which worker (`claims`), as on gRPC.
 
 Authentication stops whoever lacks the keys and cannot watch the job's traffic; on a
 network an attacker can watch or alter, use TLS as well (`spec.security.tls`).
@@ -34,8 +43,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import math
 import os
+import re
 import secrets
 import socket
 import ssl
@@ -49,6 +58,7 @@ from typing import Any
 import grpc
 from pstrain_api import security
 
+from .replay import REPLAY_CACHE_MAX, ReplayCache, ReplayCacheFull
 from .tls import TlsFiles, TrustedCa
 from .tls import accept as tls_accept
 
@@ -63,13 +73,20 @@ CHIEF_ONLY = frozenset({"Init", "Finish", "ReportStatus", "Shutdown", "SetWorker
                         "Sparse.configure", "Sparse.import"})
 METADATA_KEY = "pstrain-auth"
 GRPC_WINDOW_S = 300.0  # a proof's time may differ this much from the server's clock
-REPLAY_CACHE_MAX = 1 << 16
+# A proof: identity (a key name), time in ms (at most 15 digits), nonce (12 random
+# bytes in hex), mac (HMAC-SHA256 in hex); lowercase, one space apart, nothing else.
+MAX_PROOF_CHARS = 128
+_PROOF = re.compile(r"([a-z0-9-]{1,20}) ([0-9]{1,15}) ([0-9a-f]{24}) ([0-9a-f]{64})",
+                    re.ASCII)
+MALFORMED = "the call's credentials are malformed"
 
 MAGIC = b"PSA1"
 NONCE_BYTES = 32
 HANDSHAKE_CONTEXT = b"pstrain/v1 data plane "
 ROLE_CODES = {security.KEY_CHIEF: 1, security.KEY_WORKER: 2}
 ROLES_BY_CODE = {code: role for role, code in ROLE_CODES.items()}
+OWN_WORKER_CODE = 3  # a worker's own key: its index, then the MAC cut to 28 bytes
+INDEX_BYTES = 4
 ACCEPTED, REFUSED = b"\x01", b"\x00"
 HANDSHAKE_TIMEOUT_S = 5.0
 MAX_PENDING_HANDSHAKES = 64
@@ -91,16 +108,18 @@ class AuthError(Exception):
 
 @dataclass(frozen=True)
 class Credentials:
-    """The role keys one replica holds. A client proves the strongest it has (chief,
-    else worker); a server checks any of them."""
+    """The keys one replica holds, by name (`chief`, `worker`, `worker-<i>`). A client
+    proves the strongest it has (chief, else its own worker key, else the shared worker
+    key); a server checks any of them, and a worker's own key through the worker key."""
 
     keys: Mapping[str, bytes]
 
     def __post_init__(self) -> None:
-        unknown = set(self.keys) - set(security.KEY_ROLES)
+        unknown = [n for n in self.keys if n not in security.KEY_ROLES
+                   and security.own_worker_index(n) is None]
         if unknown or not self.keys:
             raise ValueError(f"credentials hold keys {sorted(self.keys)}; they must be "
-                             f"some of {list(security.KEY_ROLES)}")
+                             f"some of {list(security.KEY_ROLES)} or worker-<index>")
 
     @classmethod
     def from_token(cls, token: bytes) -> Credentials:
@@ -111,9 +130,41 @@ class Credentials:
         """These credentials restricted to `roles` (e.g. what a worker is given)."""
         return Credentials({r: k for r, k in self.keys.items() if r in roles})
 
+    def for_worker(self, index: int) -> Credentials:
+        """What worker `index` proves: the chief's key as it is (the chief may act for
+        any worker), else worker `index`'s own key (derived from the shared worker key
+        when that is what was given, which is then dropped). ValueError when these are
+        another worker's keys."""
+        if security.KEY_CHIEF in self.keys:
+            return self
+        name = security.own_worker_name(index)
+        if name in self.keys:
+            return Credentials({name: self.keys[name]})
+        shared = self.keys.get(security.KEY_WORKER)
+        if shared is None:
+            raise ValueError(f"{security.ENV_AUTH_DIR} holds the keys "
+                             f"{sorted(self.keys)}, not worker {index}'s")
+        return Credentials({name: security.own_worker_key(shared, index)})
+
+    def key_of(self, name: str) -> bytes | None:
+        """The key that proves identity `name` (a server's check): a key held by that
+        name, or a worker's own key derived from the worker key; None when unknown."""
+        key = self.keys.get(name)
+        if key is not None:
+            return key
+        index = security.own_worker_index(name)
+        shared = self.keys.get(security.KEY_WORKER)
+        if index is None or shared is None:
+            return None
+        return security.own_worker_key(shared, index)
+
     @property
     def role(self) -> str:
-        return security.KEY_CHIEF if security.KEY_CHIEF in self.keys else security.KEY_WORKER
+        """The identity this replica proves (the name of its strongest key)."""
+        if security.KEY_CHIEF in self.keys:
+            return security.KEY_CHIEF
+        own = sorted(n for n in self.keys if security.own_worker_index(n) is not None)
+        return own[0] if own else security.KEY_WORKER
 
     @property
     def key(self) -> bytes:
@@ -144,7 +195,12 @@ def load_credentials(environ: Mapping[str, str]) -> Credentials | None:
         return None
     directory = Path(raw)
     keys: dict[str, bytes] = {}
-    for role in security.KEY_ROLES:
+    try:
+        own = sorted(n for n in os.listdir(directory)
+                     if security.own_worker_index(n) is not None)
+    except OSError:
+        own = []  # reported below as a directory without key files
+    for role in (*security.KEY_ROLES, *own):
         path = directory / role
         try:
             text = path.read_text()
@@ -156,19 +212,20 @@ def load_credentials(environ: Mapping[str, str]) -> Credentials | None:
         keys[role] = security.decode_key(text, str(path))
     if not keys:
         raise ValueError(f"{security.ENV_AUTH_DIR} is {raw!r}; it holds no key file "
-                         f"({' or '.join(security.KEY_ROLES)})")
+                         f"({' or '.join(security.KEY_ROLES)} or worker-<index>)")
     return Credentials(keys)
 
 
 def role_of_call(metadata: Any) -> str | None:
-    """The role a gRPC call's credentials name (the interceptor has checked them), or
-    None for a call without credentials (a server without authentication)."""
+    """The identity a gRPC call's credentials name (the interceptor has checked them),
+    or None for a call without credentials (a server without authentication)."""
     value = next((v for k, v in metadata or () if k == METADATA_KEY), None)
     return value.split(" ", 1)[0] if isinstance(value, str) and value else None
 
 
 def may_call(role: str, method: str) -> bool:
-    """Whether a holder of `role`'s key may make the call `method` (a short name)."""
+    """Whether identity `role` may make the call `method` (a short name). Which worker
+    a call may act for is `claims`' question."""
     return role == security.KEY_CHIEF or method not in CHIEF_ONLY
 
 
@@ -214,71 +271,54 @@ def grpc_proof(credentials: Credentials, method: str, now: float | None = None) 
                                                               stamp, nonce)
 
 
-class _ReplayCache:
-    """Nonces seen lately, in two generations: the current one, and the one before it,
-    which is dropped when the current one is a window old or holds `limit` nonces. So a
-    nonce is remembered for at least one window (unless more than `limit` calls come in
-    one window) and memory stays bounded, at the cost of a set lookup per call."""
-
-    def __init__(self, window_s: float, limit: int = REPLAY_CACHE_MAX) -> None:
-        self.window_s = window_s
-        self.limit = limit
-        self._current: set[str] = set()
-        self._previous: set[str] = set()
-        self._rotate_at = -math.inf
-        self._lock = threading.Lock()
-
-    def first_use(self, nonce: str, now: float) -> bool:
-        with self._lock:
-            if now >= self._rotate_at or len(self._current) >= self.limit:
-                self._previous, self._current = self._current, set()
-                self._rotate_at = now + self.window_s
-            if nonce in self._current or nonce in self._previous:
-                return False
-            self._current.add(nonce)
-            return True
-
-
 class ServerGuard(grpc.ServerInterceptor):
     """Checks every call's `pstrain-auth` proof before its handler runs."""
 
     def __init__(self, credentials: Credentials, window_s: float = GRPC_WINDOW_S,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 replay_limit: int = REPLAY_CACHE_MAX) -> None:
         self.credentials = credentials
         self.window_s = window_s
         self.clock = clock
-        self._replays = _ReplayCache(window_s)
+        self.replays = ReplayCache(window_s, replay_limit)
         self.refusals = RefusalLog("gRPC")
 
-    def check(self, method: str, metadata: Any) -> None:
-        """Raise AuthError unless `metadata` proves the right to call `method`."""
+    def check(self, method: str, metadata: Any) -> str:
+        """The identity `metadata` proves; AuthError unless it proves the right to call
+        `method`."""
         value = next((v for k, v in metadata or () if k == METADATA_KEY), None)
         if value is None:
             raise AuthError("UNAUTHENTICATED", "the call carries no pstrain credentials")
-        parts = value.split(" ") if isinstance(value, str) else []
-        if len(parts) != 4:
-            raise AuthError("UNAUTHENTICATED", "the call's credentials are malformed")
-        role, stamp, nonce, mac = parts
-        key = self.credentials.keys.get(role)
+        match = (_PROOF.fullmatch(value) if isinstance(value, str)
+                 and len(value) <= MAX_PROOF_CHARS else None)
+        if match is None:
+            raise AuthError("UNAUTHENTICATED", MALFORMED)
+        role, stamp, nonce, mac = match.groups()
+        if role not in security.KEY_ROLES and security.own_worker_index(role) is None:
+            raise AuthError("UNAUTHENTICATED", MALFORMED)
+        key = self.credentials.key_of(role)
         if key is None:
             raise AuthError("UNAUTHENTICATED", "the call's credentials name an unknown role")
         now = self.clock()
-        try:
-            age = abs(now - int(stamp) / 1000.0)
-        except ValueError:
-            age = float("inf")
+        stamp_s = int(stamp) / 1000.0  # at most 15 digits: always a finite float
         good = hmac.compare_digest(_grpc_mac(key, method, stamp, nonce), mac)
         if not good:
             raise AuthError("UNAUTHENTICATED", "the call's credentials are not valid for "
                             "this job")
-        if age > self.window_s:
+        if abs(now - stamp_s) > self.window_s:
             raise AuthError("UNAUTHENTICATED", "the call's credentials are too old or from "
                             "the future (check the clocks)")
-        if not self._replays.first_use(nonce, now):
+        try:
+            first = self.replays.first_use(int(nonce, 16), stamp_s, now)
+        except ReplayCacheFull as exc:
+            raise AuthError("RESOURCE_EXHAUSTED", f"the server is remembering too many "
+                            f"recent calls ({exc}); retry later") from None
+        if not first:
             raise AuthError("UNAUTHENTICATED", "the call's credentials were used before")
         short = method[len(SERVICE_PREFIX):] if method.startswith(SERVICE_PREFIX) else method
         if not may_call(role, short):
             raise AuthError("PERMISSION_DENIED", f"{short} needs the chief's credentials")
+        return role
 
     def intercept_service(self, continuation: Callable[[Any], Any],
                           handler_call_details: Any) -> Any:
@@ -286,12 +326,22 @@ class ServerGuard(grpc.ServerInterceptor):
         if method.startswith(OPEN_PREFIXES):
             return continuation(handler_call_details)
         try:
-            self.check(method, handler_call_details.invocation_metadata)
+            identity = self.check(method, handler_call_details.invocation_metadata)
         except AuthError as exc:
             self.refusals.refused(f"a {method} call", exc.message)
             handler = continuation(handler_call_details)
             return _refusing_handler(handler, exc) if handler is not None else None
-        return continuation(handler_call_details)
+        except Exception as exc:  # noqa: BLE001 - never UNKNOWN for bad credentials
+            self.refusals.refused(f"a {method} call", f"{MALFORMED} ({type(exc).__name__})")
+            handler = continuation(handler_call_details)
+            return (_refusing_handler(handler, AuthError("UNAUTHENTICATED", MALFORMED))
+                    if handler is not None else None)
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        from . import claims  # the server's side only (it decodes requests: torch)
+
+        return claims.bind_handler(handler, identity, method.rsplit("/", 1)[-1])
 
 
 def _refusing_handler(handler: Any, exc: AuthError) -> Any:
@@ -376,6 +426,43 @@ def _handshake_mac(key: bytes, nonce: bytes, code: int) -> bytes:
     return hmac.new(key, HANDSHAKE_CONTEXT + nonce + bytes((code,)), hashlib.sha256).digest()
 
 
+def _handshake_proof(name: str, key: bytes, nonce: bytes) -> bytes:
+    """The answer (ANSWER_BYTES) proving identity `name` with `key`: its code and the
+    MAC; for a worker's own key, code 3, the index, and the MAC over both, cut to keep
+    the answer's length (224 bits)."""
+    index = security.own_worker_index(name)
+    if index is None:
+        code = ROLE_CODES[name]
+        return bytes((code,)) + _handshake_mac(key, nonce, code)
+    head = bytes((OWN_WORKER_CODE,)) + index.to_bytes(INDEX_BYTES, "little")
+    mac = hmac.new(key, HANDSHAKE_CONTEXT + nonce + head, hashlib.sha256).digest()
+    return head + mac[:len(mac) - INDEX_BYTES]
+
+
+def _answer_identity(answer: bytes) -> str | None:
+    """The identity an answer claims (not yet proven); None for an unknown code or an
+    index out of bounds."""
+    if not answer:
+        return None
+    if answer[0] != OWN_WORKER_CODE:
+        return ROLES_BY_CODE.get(answer[0])
+    index = int.from_bytes(answer[1:1 + INDEX_BYTES], "little")
+    return security.own_worker_name(index) if index <= security.MAX_WORKER_INDEX else None
+
+
+ANSWER_BYTES = 1 + hashlib.sha256().digest_size  # the client's answer to the hello
+
+
+def handshake_role(credentials: Credentials, nonce: bytes, answer: bytes) -> str | None:
+    """The role an `answer` (ANSWER_BYTES) to the hello with `nonce` proves, or None
+    when it proves none of `credentials`' keys (checked in constant time)."""
+    role = _answer_identity(answer) if len(answer) == ANSWER_BYTES else None
+    key = credentials.key_of(role) if role else None
+    if key is None or not hmac.compare_digest(_handshake_proof(role, key, nonce), answer):
+        return None
+    return role
+
+
 def _recv_exactly(sock: socket.socket, size: int, deadline: float) -> bytes:
     """`size` bytes, all before `deadline` (a slow sender does not get more time by
     sending a byte at a time); b"" when the peer closed first."""
@@ -441,15 +528,13 @@ class ConnectionGuard:
         try:
             sock.settimeout(self.timeout_s)
             sock.sendall(MAGIC + nonce)
-            answer = _recv_exactly(sock, 1 + hashlib.sha256().digest_size, deadline)
+            answer = _recv_exactly(sock, ANSWER_BYTES, deadline)
             if not answer:
                 self.refusals.refused(peer, "the peer closed the connection during the "
                                       "handshake")
                 return None
-            role = ROLES_BY_CODE.get(answer[0])
-            key = credentials.keys.get(role) if role else None
-            if key is None or not hmac.compare_digest(_handshake_mac(key, nonce, answer[0]),
-                                                      answer[1:]):
+            role = handshake_role(credentials, nonce, answer)
+            if role is None:
                 self.refusals.refused(peer, "the handshake did not prove this job's "
                                       "credentials")
                 sock.sendall(REFUSED)
@@ -473,19 +558,9 @@ def offer_handshake(sock: socket.socket, credentials: Credentials,
     if hello[:len(MAGIC)] != MAGIC:
         raise ConnectionError("the server did not open a pstrain handshake (is its "
                               "authentication off?)")
-    code = ROLE_CODES[credentials.role]
-    sock.sendall(bytes((code,)) + _handshake_mac(credentials.key, hello[len(MAGIC):], code))
+    sock.sendall(_handshake_proof(credentials.role, credentials.key, hello[len(MAGIC):]))
     verdict = _recv_exactly(sock, 1, deadline)
     if verdict != ACCEPTED:
         raise AuthError("UNAUTHENTICATED", "the server refused this job's credentials on "
                         "the data connection")
     sock.settimeout(None)
-
-
-def write_replica_keys(directory: Path, token: bytes) -> dict[str, Path]:
-    """For a local run: one private key directory per key holder (`security.key_holder`)
-    under `directory`, each with only the keys it may hold. Returns holder -> directory,
-    the value of each replica's `PSTRAIN_AUTH_DIR`."""
-    every = Credentials.from_token(token)
-    return {holder: write_credentials(directory / holder, every.only(*keys))
-            for holder, keys in security.KEYS_FOR_HOLDER.items()}

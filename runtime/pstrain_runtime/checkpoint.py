@@ -10,16 +10,26 @@ rejects a file of another format version or another model with a message that sa
 which, and a file whose tensors do not fit the model (whatever fingerprint it claims)
 before anything is installed; such a mismatch is a configuration error
 (`CheckpointMismatch`): no restart can fix it.
+
+A damaged file (`CheckpointCorrupt`) is found when it is read: torch cannot load it, its
+fields are malformed, its tensors do not match the CRC-32 written with them (torch does
+not check its own, so a flipped byte would otherwise load as a wrong number), or a
+parameter holds NaN or inf (which no server accepts). `CheckpointStore.latest` then
+restores the newest intact checkpoint and names the damaged ones; when none is intact,
+it fails with `NoUsableCheckpoint`, a configuration error: a restart reads the same
+bytes, so the job fails at once with one line instead of restarting to the same end.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
 import shutil
 import tempfile
 import time
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +42,12 @@ from .failure import ConfigurationError
 FORMAT = "pstrain-checkpoint"
 FORMAT_VERSION = 1
 FILE_RE = re.compile(r"^ckpt-(\d{12})\.pt$")
+# Errors of the storage rather than of the file: reading again later may succeed.
+STORAGE_ERRNOS = frozenset({errno.EIO, errno.EAGAIN, errno.EINTR, errno.ESTALE,
+                            errno.ETIMEDOUT, errno.ENOTCONN, errno.ECONNRESET,
+                            errno.EHOSTDOWN, errno.EHOSTUNREACH, errno.ENOLINK,
+                            errno.EACCES, errno.EPERM, errno.EMFILE, errno.ENFILE,
+                            errno.ENOMEM})
 T = TypeVar("T")
 
 
@@ -42,6 +58,27 @@ class CheckpointError(ValueError):
 class CheckpointMismatch(CheckpointError, ConfigurationError):
     """A readable checkpoint of another model or optimizer: no restart can fix it, so
     the replica that finds it reports a configuration error."""
+
+
+class CheckpointCorrupt(CheckpointError):
+    """A damaged file: not loadable, malformed, or not the bytes that were written."""
+
+
+class NoUsableCheckpoint(CheckpointError, ConfigurationError):
+    """Every checkpoint of a directory is damaged: a restart would read the same bytes."""
+
+
+def content_crc32(params: Mapping[str, torch.Tensor],
+                  slots: Mapping[str, Mapping[str, torch.Tensor]]) -> int:
+    """CRC-32 of every tensor's bytes, parameters then slots, in name order."""
+    crc = 0
+    tensors = [params[name] for name in sorted(params)] + [
+        slots[name][slot] for name in sorted(slots) for slot in sorted(slots[name])]
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor):  # anything else is refused by check_tensors
+            flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+            crc = zlib.crc32(flat.numpy(), crc)
+    return crc
 
 
 def fingerprint(shapes: Mapping[str, tuple[tuple[int, ...], str]]) -> str:
@@ -69,6 +106,8 @@ class Checkpoint:
     # Per worker (index = worker), the batches it had drawn from its data when these
     # parameters were saved: where its `batches` resumes. Empty in files from before.
     positions: list[int] = field(default_factory=list)
+    # The CRC-32 the file says its tensors had when written (None: a file from before).
+    crc32: int | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -83,14 +122,15 @@ class Checkpoint:
             "wall_time": self.wall_time or time.time(),
             "sparse": self.sparse,
             "positions": list(self.positions),
+            "crc32": content_crc32(self.params, self.slots),
         }
 
     @classmethod
     def from_dict(cls, data: object, where: str) -> Checkpoint:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise CheckpointError(f"{where} is not a pstrain checkpoint")
+            raise CheckpointCorrupt(f"{where} is not a pstrain checkpoint")
         if data.get("version") != FORMAT_VERSION:
-            raise CheckpointError(
+            raise CheckpointCorrupt(
                 f"{where} has format version {data.get('version')!r}; this runtime reads "
                 f"version {FORMAT_VERSION}"
             )
@@ -105,9 +145,23 @@ class Checkpoint:
                 wall_time=float(data.get("wall_time", 0.0)),
                 sparse=dict(data.get("sparse") or {}),
                 positions=[_position(p) for p in data.get("positions", [])],
+                crc32=None if data.get("crc32") is None else int(data["crc32"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise CheckpointError(f"{where} is missing or has malformed field: {exc}") from exc
+            raise CheckpointCorrupt(f"{where} is missing or has malformed field: "
+                                    f"{exc}") from exc
+
+    def check_intact(self, where: str) -> None:
+        """The tensors are those that were written (CRC-32) and every parameter is
+        finite; else CheckpointCorrupt."""
+        if self.crc32 is not None and content_crc32(self.params, self.slots) != self.crc32:
+            raise CheckpointCorrupt(f"{where} is corrupt: its tensors do not match the "
+                                    "CRC-32 written with them")
+        for name, tensor in sorted(self.params.items()):
+            if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and not bool(
+                    torch.isfinite(tensor).all()):
+                raise CheckpointCorrupt(f"{where} is corrupt: parameter {name!r} holds NaN "
+                                        "or inf")
 
     def check_matches(self, expected_fingerprint: str, optimizer: str, where: str) -> None:
         if self.fingerprint != expected_fingerprint:
@@ -194,15 +248,26 @@ def save_checkpoint(ckpt: Checkpoint, path: Path) -> Path:
 
 
 def load_checkpoint(path: Path) -> Checkpoint:
+    """The checkpoint in `path`, intact; CheckpointCorrupt when the file is damaged,
+    CheckpointError when it cannot be read now (missing, an I/O error)."""
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError as exc:
         raise CheckpointError(f"checkpoint {path} does not exist") from exc
-    except Exception as exc:  # torch.load raises many types for corrupt files
-        raise CheckpointError(
+    except OSError as exc:
+        if exc.errno in STORAGE_ERRNOS:  # the storage failed: a later read may work
+            raise CheckpointError(f"checkpoint {path} could not be read "
+                                  f"({type(exc).__name__}: {exc})") from exc
+        raise CheckpointCorrupt(  # torch's reader fails so on a truncated file (EINVAL)
             f"checkpoint {path} is corrupt or unreadable ({type(exc).__name__}: {exc})"
         ) from exc
-    return Checkpoint.from_dict(data, str(path))
+    except Exception as exc:  # torch.load raises many types for corrupt files
+        raise CheckpointCorrupt(
+            f"checkpoint {path} is corrupt or unreadable ({type(exc).__name__}: {exc})"
+        ) from exc
+    ckpt = Checkpoint.from_dict(data, str(path))
+    ckpt.check_intact(f"checkpoint {path}")
+    return ckpt
 
 
 class CheckpointStore:
@@ -240,18 +305,29 @@ class CheckpointStore:
                 shutil.rmtree(entry, ignore_errors=True)
 
     def latest(self) -> tuple[Checkpoint, Path, list[str]] | None:
-        """The newest readable checkpoint and the problems with newer unreadable ones.
+        """The newest intact checkpoint and the problems with newer ones.
 
         A corrupt newest file (a crash outside our atomic write, a bad disk) does not
-        stop a restore: the next older one is used and the problem is reported.
+        stop a restore: the next older one is used and the problem is reported. When
+        none is usable: NoUsableCheckpoint (permanent) if every file is damaged, else
+        CheckpointError (a read that failed may work later).
         """
         problems: list[str] = []
+        damaged = True
         for step in reversed(self.steps()):
             path = self.path_for(step)
             try:
                 return load_checkpoint(path), path, problems
+            except CheckpointCorrupt as exc:
+                problems.append(str(exc))
             except CheckpointError as exc:
                 problems.append(str(exc))
-        if problems:
-            raise CheckpointError("no usable checkpoint: " + "; ".join(problems))
-        return None
+                damaged = False
+        if not problems:
+            return None
+        found = "no usable checkpoint: " + "; ".join(problems)
+        if damaged:
+            raise NoUsableCheckpoint(f"{found}; a restart would read the same files: "
+                                     f"remove them from {self.directory} to start afresh, "
+                                     "or point checkpoint.directory at intact ones")
+        raise CheckpointError(found)

@@ -7,10 +7,12 @@ Torch-free, so `pstrain run` checks the directory before it starts a single proc
   removes a probe file in it: a regular file, a path under a regular file, a read-only
   or immutable directory, or a pseudo-filesystem (`/proc/...`) is refused with one line
   that names the path and the cause, before any training is done.
-- `fallback_directories`: where the chief saves the final parameters when the configured
-  directory fails at the end of training (the temporary directory, which TMPDIR moves,
-  then the home and the working directory); the first that passes the check is used,
-  and its path is reported.
+- `fallback_bases` and `private_directory`: where the chief saves the final parameters
+  when the configured directory fails at the end of training. In the temporary
+  directory (which TMPDIR moves), else the home, else the working directory, the chief
+  creates a fresh directory of its own (`tempfile.mkdtemp`: an unpredictable name, mode
+  0700, never one that exists already, so never one another user made first); the
+  first that can be created and written is used, and its path is reported.
 """
 
 from __future__ import annotations
@@ -51,12 +53,21 @@ def check_directory(directory: str | os.PathLike[str], what: str = "checkpoint.d
     return path
 
 
-def fallback_directories(job: str) -> list[Path]:
-    """Candidates for the final parameters when the configured directory failed."""
-    name = "pstrain-fallback-" + "".join(ch if ch.isalnum() or ch in "-_." else "-"
-                                         for ch in job)
-    bases = [Path(tempfile.gettempdir()), Path.home(), Path.cwd()]
-    return [base / name for base in bases]
+def fallback_bases() -> list[Path]:
+    """Where a fallback directory may be made, in order of preference."""
+    return [Path(tempfile.gettempdir()), Path.home(), Path.cwd()]
+
+
+def private_directory(base: Path, job: str) -> Path:
+    """A new directory in `base` that only this user can enter (0700), with a fresh,
+    unpredictable name that starts `pstrain-fallback-<job>-`; ConfigurationError naming
+    `base` and the cause when it cannot be made."""
+    name = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in job)
+    try:
+        return Path(tempfile.mkdtemp(prefix=f"pstrain-fallback-{name}-", dir=base))
+    except OSError as exc:
+        raise ConfigurationError(f"no private directory can be made in {str(base)!r}: "
+                                 f"{_why(exc)}") from exc
 
 
 def _file_above(path: Path) -> Path | None:

@@ -19,13 +19,13 @@ Lengths are little-endian. The server reads the whole request before it answers,
 when it refuses it, so the connection stays usable after an error. A frame longer than
 `wire.MAX_MESSAGE_BYTES` or an unknown op breaks the protocol: that connection closes.
 With credentials, a connection opens with the handshake of `auth` before its first
-call, and its role decides which calls it may make (a worker's Init is refused with
+call (done by `admission`, one thread for every connection still opening), and its role
+decides which calls it may make (a worker's Init is refused with
 PERMISSION_DENIED, the request read and dropped, the store untouched).
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import select
 import socket
@@ -35,7 +35,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from . import auth, tls, wire
+from . import auth, claims, tls, wire
+from .admission import Admission
 from .proto import ps_pb2 as pb
 from .sparse import service as sparse_service
 from .store import ParameterStore, PSError
@@ -55,7 +56,7 @@ CONNECT_TIMEOUT_S = 10.0
 # holds one (its store's waits end within `store.MAX_WAIT`); then the call fails with
 # UNAVAILABLE and takes the usual retry path (a server that stopped answering).
 IO_TIMEOUT_S = 120.0
-ACCEPT_BACKOFF_S = (0.01, 1.0)  # first and longest pause after a failed accept
+LISTEN_BACKLOG = 4096  # connections the kernel holds until accepted (capped by somaxconn)
 _log = logging.getLogger(__name__)
 
 
@@ -318,8 +319,9 @@ def _only_frame(frames: Iterator[memoryview], call: str) -> memoryview:
 
 
 class DataServer:
-    """Serves a `ParameterStore`'s tensor calls on a TCP port, a thread per connection
-    (a sync push holds its connection until its step is applied)."""
+    """Serves a `ParameterStore`'s tensor calls on a TCP port, a thread per open
+    connection (a sync push holds its connection until its step is applied). Connections
+    are accepted and opened (TLS, handshake) by one thread for all (`admission`)."""
 
     def __init__(self, store: ParameterStore, host: str, port: int = 0,
                  guard: auth.ConnectionGuard | None = None) -> None:
@@ -327,19 +329,19 @@ class DataServer:
         self.guard = guard  # None: no handshake, every call served
         host = host.strip("[]") or "0.0.0.0"
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._listener = socket.create_server((host, port), family=family, backlog=128)
+        self._listener = socket.create_server((host, port), family=family,
+                                              backlog=LISTEN_BACKLOG)
         self.port = self._listener.getsockname()[1]
         self._links: set[Link] = set()
         self._lock = threading.Lock()
         self._quiet = threading.Condition(self._lock)  # notified when a call ends
         self._busy = 0  # calls being answered
         self._closed = False
-        self._stopping = threading.Event()  # wakes the accept loop's backoff
-        self._thread = threading.Thread(target=self._accept, name="ps-data-accept",
-                                        daemon=True)
+        self.admission: Admission | None = None
 
     def start(self) -> int:
-        self._thread.start()
+        self.admission = Admission(self._listener, self.guard, self._admitted)
+        self.admission.start()
         return self.port
 
     def stop(self, grace: float = 0.0) -> None:
@@ -348,7 +350,8 @@ class DataServer:
         still running fail."""
         with self._lock:
             self._closed = True
-        self._stopping.set()
+        if self.admission is not None:
+            self.admission.stop()
         try:
             self._listener.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -365,43 +368,20 @@ class DataServer:
             except OSError:
                 pass
 
-    def _accept(self) -> None:
-        """Accept connections until stopped. A failed accept (out of file descriptors,
-        a connection aborted before it was accepted, ...) is logged and retried after a
-        pause that grows while it keeps failing: the listener never dies of it."""
-        pause = ACCEPT_BACKOFF_S[0]
-        while True:
-            try:
-                sock, peer = self._listener.accept()
-            except OSError as exc:
-                if self._stopping.is_set():
-                    return  # closed by stop()
-                _log.warning("data plane: accept failed (%s); retrying in %.2f s",
-                             errno.errorcode.get(exc.errno or 0, exc), pause)
-                if self._stopping.wait(pause):
-                    return
-                pause = min(pause * 2, ACCEPT_BACKOFF_S[1])
-                continue
-            pause = ACCEPT_BACKOFF_S[0]
-            if self.guard is not None and not self.guard.may_start(str(peer)):
-                sock.close()
-                continue
-            link = Link(sock)
-            with self._lock:
-                if self._closed:
-                    link.close()
-                    return
-                self._links.add(link)
-            threading.Thread(target=self._serve, args=(link, str(peer)), name="ps-data",
-                             daemon=True).start()
+    def _admitted(self, sock: socket.socket, role: str | None, peer: str) -> None:
+        """A connection the admission opened: served by a thread of its own."""
+        link = Link(sock)
+        link.role = role
+        with self._lock:
+            if self._closed:
+                link.close()
+                return
+            self._links.add(link)
+        threading.Thread(target=self._serve, args=(link,), name="ps-data",
+                         daemon=True).start()
 
-    def _serve(self, link: Link, peer: str = "") -> None:
+    def _serve(self, link: Link) -> None:
         try:
-            if self.guard is not None:
-                admitted = self.guard.admit(link.sock, peer)
-                if admitted is None:
-                    return  # refused (logged): the connection closes
-                link.sock, link.role = admitted
             while True:
                 op = link.recv_op()
                 if op is None:
@@ -433,6 +413,7 @@ class DataServer:
         try:
             if link.role is not None and not auth.may_call(link.role, call):
                 raise PSError("PERMISSION_DENIED", f"{call} needs the chief's credentials")
+            request = claims.checked_frames(link.role, call, request)  # acts for itself
             reply = self._dispatch(op, call, request, link.role, link.peer_gone)
         except PSError as exc:
             error = exc

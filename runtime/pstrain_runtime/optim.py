@@ -31,6 +31,14 @@ SLOT_NAMES: dict[str, tuple[str, ...]] = {
     "adam": ("exp_avg", "exp_avg_sq"),
 }
 
+# The hyperparameters each optimizer reads; the others are ignored (and may be left 0).
+HYPERPARAMETERS: dict[str, tuple[str, ...]] = {
+    "sgd": ("learning_rate", "weight_decay"),
+    "momentum": ("learning_rate", "weight_decay", "momentum", "nesterov"),
+    "adagrad": ("learning_rate", "weight_decay", "eps", "initial_accumulator_value"),
+    "adam": ("learning_rate", "weight_decay", "beta1", "beta2", "eps"),
+}
+
 
 @dataclass(frozen=True)
 class OptimizerConfig:
@@ -62,6 +70,29 @@ class OptimizerConfig:
 class OptimizerState:
     step: int = 0
     slots: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def hyperparameter_problem(config: OptimizerConfig) -> str | None:
+    """What is wrong with `config`'s hyperparameters, as one line naming the field and
+    its value, or None. The rules are the API's (`pstrain_api.model.Optimizer`: finite,
+    learning rate > 0, momentum and betas in [0, 1), eps > 0, ...), checked on the fields
+    the named optimizer reads; every other number must be finite."""
+    from pstrain_api.model import Optimizer  # pydantic: only where configs come in
+    from pydantic import ValidationError
+
+    for name in sorted(OptimizerConfig.__dataclass_fields__):
+        value = getattr(config, name)
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"optimizer.{name} is {value}; it must be a finite number"
+    used = {name: getattr(config, name) for name in HYPERPARAMETERS.get(config.name, ())}
+    try:
+        Optimizer.model_validate({"name": config.name, **used})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join(str(part) for part in error["loc"]) or "name"
+        rule = error["msg"].replace("Input should be", "it must be", 1)
+        return f"optimizer.{field} is {error.get('input')!r}; {rule}"
+    return None
 
 
 def init_state(config: OptimizerConfig, param: torch.Tensor) -> OptimizerState:

@@ -11,7 +11,8 @@ this task, the chief), PSTRAIN_TRAINING (the `Training` settings as JSON) and TF
 - Keys: from the files in PSTRAIN_AUTH_DIR (`auth.load_credentials`); unset means
   authentication is off. TLS: the files in PSTRAIN_TLS_DIR (`tls.load_tls`); unset
   means plain TCP. A server checks every call against them; a trainer proves
-  the strongest key it holds.
+  the chief key if it holds it, else its own worker key (derived from the job's worker
+  key when that is what it was given), so it can act only as itself.
 - role `worker`/`chief`: train; the chief (identity.is_chief) initialises, checkpoints,
   evaluates and finally shuts the servers down. Every trainer exits 0 when the job is
   done, and non-zero on a real failure.
@@ -163,6 +164,8 @@ def run_trainer(identity: ReplicaIdentity, environ: Mapping[str, str], overlap: 
                               2, environ)
     try:
         credentials, tls = _security(environ, identity.task.role)
+        if credentials is not None:  # a worker proves its own key: it acts as itself only
+            credentials = credentials.for_worker(index)
     except ValueError as exc:
         return report_failure(f"pstrain replica: {exc}", 2, environ)
     if not startup_barrier(ps, environ, tls):

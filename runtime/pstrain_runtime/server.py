@@ -250,7 +250,10 @@ class PSServer:
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers,
                                        thread_name_prefix=f"ps{ps_index}"),
-            options=list(wire.GRPC_OPTIONS),
+            # gRPC binds with SO_REUSEPORT by default: a second server on an address in
+            # use would bind too, and the kernel would share the connections between
+            # them (workers of one job reaching another job's server). Refuse instead.
+            options=[*wire.GRPC_OPTIONS, ("grpc.so_reuseport", 0)],
             interceptors=auth.server_interceptors(credentials),
         )
         self.tensor_slots = TensorCallSlots(max_workers - CONTROL_THREADS, ps_index)

@@ -47,7 +47,8 @@ import torch
 from pstrain_api.membership import WorkerSet
 
 from . import wire
-from .optim import SLOT_NAMES, OptimizerConfig, OptimizerState, apply_gradients
+from .optim import (SLOT_NAMES, OptimizerConfig, OptimizerState, apply_gradients,
+                    hyperparameter_problem)
 from .proto import ps_pb2 as pb
 from .snapshots import StepSnapshot, snapshot_if_due
 
@@ -245,8 +246,10 @@ class Namespace:
 
 
 def optimizer_from_pb(spec: pb.OptimizerSpec) -> OptimizerConfig:
+    """The optimizer an Init asks for; INVALID_ARGUMENT naming the field and its value
+    when it is out of the API's bounds (`optim.hyperparameter_problem`)."""
     try:
-        return OptimizerConfig(
+        config = OptimizerConfig(
             name=spec.name or "sgd",  # type: ignore[arg-type]
             learning_rate=spec.learning_rate, momentum=spec.momentum,
             nesterov=spec.nesterov, weight_decay=spec.weight_decay, beta1=spec.beta1,
@@ -255,6 +258,10 @@ def optimizer_from_pb(spec: pb.OptimizerSpec) -> OptimizerConfig:
         )
     except ValueError as exc:
         raise _invalid(f"init: {exc}") from exc
+    problem = hyperparameter_problem(config)
+    if problem is not None:
+        raise _invalid(f"init: {problem}")
+    return config
 
 
 def optimizer_to_pb(config: OptimizerConfig) -> pb.OptimizerSpec:

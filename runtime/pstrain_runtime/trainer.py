@@ -41,7 +41,8 @@ Checkpoint storage: the chief refuses an unusable checkpoint directory before it
 trains (`checkpoint_dir.check_directory`, a configuration error). A checkpoint write
 that fails mid-run is reported and training carries on (the next interval tries
 again). When the final checkpoint cannot be written, the trained parameters go to a
-fallback directory, which is reported, and then the chief fails with a configuration
+fallback directory (fresh and private: `checkpoint_dir.private_directory`), which is
+reported, and then the chief fails with a configuration
 error, so the job fails at once with that line instead of restarting the chief.
 """
 
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import math
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -61,7 +63,7 @@ from pstrain_api.model import Training
 from pstrain_api.quote import one_line
 
 from .checkpoint import Checkpoint, CheckpointError, CheckpointStore, model_fingerprint
-from .checkpoint_dir import check_directory, fallback_directories
+from .checkpoint_dir import check_directory, fallback_bases, private_directory
 from .client import ShardedClient, Transport, retry_unavailable
 from .elastic import AppliedSamples, admitted, not_a_member
 from .failure import ConfigurationError
@@ -310,12 +312,16 @@ class Trainer:
         lost = (f"the final checkpoint (step {ckpt.global_step}) could not be written to "
                 f"{where} ({_why(error)})")
         problems = []
-        for directory in fallback_directories(self.role.namespace):
-            try:
+        for base in fallback_bases():
+            directory = None
+            try:  # a fresh private directory: never one another user could have made
+                directory = private_directory(base, self.role.namespace)
                 check_directory(directory, "the fallback directory")
                 path = CheckpointStore(directory).save(ckpt)
             except (ConfigurationError, OSError, RuntimeError) as exc:
                 problems.append(_why(exc))
+                if directory is not None:
+                    shutil.rmtree(directory, ignore_errors=True)
                 continue
             print(f"pstrain: the trained parameters of step {ckpt.global_step} were saved to "
                   f"{path}", flush=True)
@@ -389,7 +395,10 @@ class Trainer:
                       sparse_rows=ckpt.sparse, num_workers=live)
         self.last_ckpt_step = ckpt.global_step
 
-    def _latest_checkpoint(self) -> tuple[Checkpoint, Path] | None:
+    def _latest_checkpoint(self) -> tuple[Checkpoint, Path, dict[str, str]] | None:
+        """The newest intact checkpoint, and the `warning` field for the restored event
+        when newer ones were skipped as damaged (each named in the log as well). Every
+        checkpoint damaged: NoUsableCheckpoint, a configuration error (no restart)."""
         if self.ckpt_store is None:
             return None
         found = self.ckpt_store.latest()
@@ -398,7 +407,13 @@ class Trainer:
         ckpt, path, problems = found
         for problem in problems:
             print(f"pstrain: skipping checkpoint: {problem}", flush=True)
-        return ckpt, path
+        if not problems:
+            return ckpt, path, {}
+        skipped = (f"{len(problems)} newer checkpoint{'s' if len(problems) > 1 else ''} "
+                   f"skipped as damaged; restored the previous intact one, {path} (step "
+                   f"{ckpt.global_step})")
+        print(f"pstrain: {skipped}", flush=True)
+        return ckpt, path, {"warning": skipped}
 
     def _start_chief(self) -> None:
         if self.ckpt_store is not None:  # refuse an unusable directory before training
@@ -413,7 +428,7 @@ class Trainer:
             return
         latest = self._latest_checkpoint()
         if latest is not None:
-            ckpt, path = latest
+            ckpt, path, skipped = latest
             self._restore_all(ckpt, path)
             self.last_step = ckpt.global_step
             past = ckpt.global_step > self.training.steps
@@ -423,8 +438,9 @@ class Trainer:
                        "parameters")
             if past:
                 print(f"pstrain: warning: {warning}", flush=True)
+            warnings = [w for w in (skipped.get("warning"), past and warning) if w]
             self.emit("restored", step=ckpt.global_step, path=str(path), lost_steps=0,
-                      **({"warning": warning} if past else {}))
+                      **({"warning": "; ".join(warnings)} if warnings else {}))
             return
         self._install(self.mirror, None, 0)
         self.last_step = 0
@@ -438,13 +454,13 @@ class Trainer:
         before = max(self.last_step, max(i.global_step for i in infos))
         latest = self._latest_checkpoint()
         if latest is not None:
-            ckpt, path = latest
+            ckpt, path, skipped = latest
             self._restore_all(ckpt, path)
             lost_steps = max(0, before - ckpt.global_step)
             self.lost_steps += lost_steps
             self.last_step = ckpt.global_step
             self.emit("restored", step=ckpt.global_step, path=str(path),
-                      lost_steps=lost_steps, servers=lost)
+                      lost_steps=lost_steps, servers=lost, **skipped)
             return
         step = infos[0].global_step if 0 not in lost else self.last_step
         self._install(self.mirror, None, step, only=lost)

@@ -451,3 +451,26 @@ def test_restarting_event_says_the_cause_once_and_quotes_the_last_output() -> No
     assert event.message == ("restarting pod j-worker-1: it failed (OOMKilled, exit code "
                              "137); restart 1 of 3; its last output: allocating 4 GiB for "
                              "the embedding table")
+
+
+def test_a_spec_valid_again_leaves_no_stale_invalid_spec_condition() -> None:
+    """A running job whose spec was invalid for a while (an API server without the CRD's
+    CEL rules lets a scale beyond maxReplicas through) and is valid again: Created is
+    True again, with no InvalidSpec left, and the job goes on."""
+    j = make_job()
+    first = decide(Observed(j.build(), tuple(running(j)), True, T0), SETTINGS)
+    assert first.status.phase == "Running"
+    invalid = decide_invalid(first.status, ["spec.replicas.worker.replicas is 5."], 2, at(1))
+    assert {x.type: x.reason for x in invalid.status.conditions}[c.COND_CREATED] == "InvalidSpec"
+    job = j.build().model_copy(update={"status": invalid.status})
+    again = decide(Observed(job, tuple(running(j)), True, at(2)), SETTINGS)
+    created = {x.type: x for x in again.status.conditions}[c.COND_CREATED]
+    assert (created.status, created.reason) == ("True", "SpecValid")
+    assert again.status.phase == "Running" and again.actions == ()
+    # A job that was invalid from the start (no pods yet) gets Created from its first pods.
+    fresh = decide_invalid(TrainingJobStatus(), ["spec.x is bad."], 1, T0)
+    job = j.build().model_copy(update={"status": fresh.status})
+    made = decide(Observed(job, (), False, at(1)), SETTINGS)
+    created = {x.type: x for x in made.status.conditions}[c.COND_CREATED]
+    assert (created.status, created.reason) == ("True", "PodsCreated")
+    assert [x.type for x in made.status.conditions].count(c.COND_CREATED) == 1

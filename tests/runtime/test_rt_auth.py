@@ -45,7 +45,7 @@ SHAPES = {"w": (4,)}
 JOB_A = security.new_token()
 JOB_B = security.new_token()
 CHIEF_A = auth.Credentials.from_token(JOB_A).only(security.KEY_CHIEF)
-WORKER_A = auth.Credentials.from_token(JOB_A).only(security.KEY_WORKER)
+WORKER_A = auth.Credentials.from_token(JOB_A).only(security.KEY_WORKER).for_worker(1)
 BAD: dict[str, auth.Credentials | None] = {
     "no-token": None,
     "made-up-key": auth.Credentials({security.KEY_CHIEF: os.urandom(32)}),
@@ -230,7 +230,7 @@ def test_a_worker_key_trains_but_cannot_init_finish_report_or_shut_down(
     worker = sharded(server, WORKER_A, transport)
     try:
         out = {"w": torch.empty(4)}
-        step = worker.pull(out)
+        step = worker.pull(out, worker=1)
         replies = worker.push({"w": torch.ones(4)}, worker=1)
         assert replies[0].applied and replies[0].info.global_step == step + 1
         before = state_of(server)
@@ -300,9 +300,11 @@ def test_a_grpc_proof_opens_one_method_once_near_its_time() -> None:
     assert "too old" in refused(pull, auth.grpc_proof(CHIEF_A, pull, now=now[0] - 61))
     assert "too old" in refused(pull, auth.grpc_proof(CHIEF_A, pull, now=now[0] + 61))
     assert "malformed" in refused(pull, "chief 1 2")
-    assert "unknown role" in refused(pull, "root 1 2 3")
+    assert "malformed" in refused(pull, "root 1 2 3")
     role, stamp, nonce, mac = auth.grpc_proof(WORKER_A, pull, now=now[0]).split()
+    assert "malformed" in refused(pull, f"root {stamp} {nonce} {mac}")
     assert "not valid" in refused(pull, f"chief {stamp} {nonce} {mac}")  # role is bound
+    assert "not valid" in refused(pull, f"worker-2 {stamp} {nonce} {mac}")  # so is the index
 
 
 # ---------------------------------------------------------------------- flood

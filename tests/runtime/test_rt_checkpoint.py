@@ -10,11 +10,14 @@ import torch
 
 from pstrain_runtime.checkpoint import (
     Checkpoint,
+    CheckpointCorrupt,
     CheckpointError,
     CheckpointStore,
+    NoUsableCheckpoint,
     load_checkpoint,
     model_fingerprint,
 )
+from pstrain_runtime.failure import ConfigurationError
 
 
 def make_ckpt(step: int = 7) -> Checkpoint:
@@ -107,3 +110,79 @@ def test_mismatched_model_or_optimizer_is_refused() -> None:
         ckpt.check_matches("0" * 64, "adam", "ckpt")
     with pytest.raises(CheckpointError, match="holds adam optimizer state, but the job uses sgd"):
         ckpt.check_matches(ckpt.fingerprint, "sgd", "ckpt")
+
+
+# ---------------------------------------------------------------------- damage (issue 27.5)
+
+
+def flip_a_tensor_byte(path: Path, tensor: torch.Tensor) -> None:
+    """Change one byte inside `tensor`'s data in the file, as a bad disk would: torch
+    still loads it (it does not check its CRC), with a wrong number."""
+    data = bytearray(path.read_bytes())
+    at = data.find(tensor.numpy().tobytes())
+    assert at > 0
+    data[at + 5] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def test_a_flipped_byte_is_found_by_the_crc(tmp_path: Path) -> None:
+    original = make_ckpt(10)
+    path = CheckpointStore(tmp_path).save(original)
+    flip_a_tensor_byte(path, original.params["w"])
+    with pytest.raises(CheckpointCorrupt, match="its tensors do not match the CRC-32"):
+        load_checkpoint(path)
+
+
+def test_a_parameter_holding_nan_is_damage(tmp_path: Path) -> None:
+    ckpt = make_ckpt(10)
+    ckpt.params["b"][1] = float("nan")
+    path = CheckpointStore(tmp_path).save(ckpt)  # its CRC matches: NaN was written
+    with pytest.raises(CheckpointCorrupt, match="parameter 'b' holds NaN or inf"):
+        load_checkpoint(path)
+
+
+def test_latest_restores_the_previous_intact_checkpoint_and_names_the_damaged(
+        tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    store.save(make_ckpt(10))
+    newest = make_ckpt(20)
+    store.save(newest)
+    flip_a_tensor_byte(store.path_for(20), newest.params["w"])
+    found = store.latest()
+    assert found is not None
+    ckpt, path, problems = found
+    assert (ckpt.global_step, path) == (10, store.path_for(10))
+    assert problems == [f"checkpoint {store.path_for(20)} is corrupt: its tensors do not "
+                        "match the CRC-32 written with them"]
+
+
+def test_every_checkpoint_damaged_is_a_configuration_error(tmp_path: Path) -> None:
+    """A restart reads the same bytes: the job must fail at once (no restarts)."""
+    store = CheckpointStore(tmp_path)
+    store.path_for(10).write_bytes(b"junk")
+    newest = make_ckpt(20)
+    store.save(newest)
+    flip_a_tensor_byte(store.path_for(20), newest.params["b"])
+    with pytest.raises(NoUsableCheckpoint) as caught:
+        store.latest()
+    assert isinstance(caught.value, ConfigurationError)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"no usable checkpoint: checkpoint {store.path_for(20)} is "
+                              "corrupt: its tensors do not match the CRC-32")
+    assert f"checkpoint {store.path_for(10)} is corrupt or unreadable" in message
+    assert message.endswith(f"remove them from {tmp_path} to start afresh, or point "
+                            "checkpoint.directory at intact ones")
+
+
+def test_a_read_that_fails_is_not_taken_for_damage(tmp_path: Path, monkeypatch) -> None:
+    store = CheckpointStore(tmp_path)
+    store.save(make_ckpt(10))
+
+    def failing_load(*args: object, **kwargs: object) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(torch, "load", failing_load)
+    with pytest.raises(CheckpointError, match="could not be read") as caught:
+        store.latest()
+    assert not isinstance(caught.value, ConfigurationError)  # a restart may read it

@@ -6,6 +6,8 @@ reported fallback directory before the job fails."""
 from __future__ import annotations
 
 import errno
+import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -129,14 +131,28 @@ def test_a_failed_write_mid_run_is_reported_and_retried(tmp_path, capsys) -> Non
 
 
 def test_a_failed_final_write_saves_the_parameters_elsewhere_then_fails(
-        tmp_path, monkeypatch) -> None:
+        tmp_path, monkeypatch, capsys) -> None:
+    """Issue 27.1: the fallback directory is a fresh private one (0700, an unpredictable
+    name), never the predictable name another user may have made first."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
+    planted = tmp_path / "tmp" / "pstrain-fallback-ns"  # made first by someone else
+    planted.mkdir(mode=0o777)
+    if os.geteuid() == 0:
+        os.chown(planted, 65534, 65534)  # nobody's
     emitted: list = []
     chief = chief_with(tmp_path, None, emitted)
     with pytest.raises(ConfigurationError) as caught:
         run_chief(chief)
-    saved = tmp_path / "tmp" / "pstrain-fallback-ns" / "ckpt-000000000060.pt"
+    assert list(planted.iterdir()) == []
+    made = [p for p in (tmp_path / "tmp").iterdir() if p != planted]
+    assert len(made) == 1 and made[0].name.startswith("pstrain-fallback-ns-")
+    assert len(made[0].name) > len("pstrain-fallback-ns-") + 6  # mkdtemp's random part
+    assert stat.S_IMODE(made[0].stat().st_mode) == 0o700
+    assert made[0].stat().st_uid == os.geteuid()
+    saved = made[0] / "ckpt-000000000060.pt"
+    assert stat.S_IMODE(saved.stat().st_mode) == 0o600
+    assert f"were saved to {saved}" in capsys.readouterr().out
     assert str(caught.value) == (
         f"the final checkpoint (step 60) could not be written to {tmp_path / 'ckpt'} "
         f"(OSError: [Errno 28] No space left on device); the trained parameters were saved "
@@ -242,3 +258,44 @@ def test_a_checkpoint_past_the_target_step_is_reported(tmp_path, capsys) -> None
     metrics = fold(Metrics(total_steps=5), "j-worker-0", {"event": "restored", **restored})
     assert format_event("j-worker-0", {"event": "restored", **restored}, metrics) == (
         f"j-worker-0: restored checkpoint from step 999999; 0 steps lost; {warning}")
+
+
+# --------------------------------------------------------------------------- damaged files
+
+
+def saved_by(chief: Trainer, directory: Path, step: int) -> Path:
+    return CheckpointStore(directory).save(Checkpoint(
+        global_step=step, fingerprint=chief.fingerprint, optimizer=chief.optimizer.name,
+        params={n: t.clone() for n, t in chief.mirror.items()},
+        slots={n: {"momentum_buffer": torch.zeros_like(t)} for n, t in chief.mirror.items()}))
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_and_says_which(
+        tmp_path, capsys) -> None:
+    """Issue 27.5: restore the previous intact checkpoint, named in the log and in the
+    restored event."""
+    training = digits_training(steps=5, checkpoint={"directory": str(tmp_path)})
+    emitted: list = []
+    chief = Trainer(training, WorkerRole("ns", 0, 1), [LocalTransport(ParameterStore())],
+                    emit=lambda kind, **f: emitted.append((kind, f)))
+    good = saved_by(chief, tmp_path, 3)
+    damaged = saved_by(chief, tmp_path, 4)
+    damaged.write_bytes(damaged.read_bytes()[:-100])  # truncated
+    run_chief(chief)
+    [restored] = [f for k, f in emitted if k == "restored"]
+    assert (restored["step"], restored["path"]) == (3, str(good))
+    assert restored["warning"] == ("1 newer checkpoint skipped as damaged; restored the "
+                                   f"previous intact one, {good} (step 3)")
+    out = capsys.readouterr().out
+    assert f"pstrain: skipping checkpoint: checkpoint {damaged} is corrupt" in out
+
+
+def test_only_damaged_checkpoints_fail_at_once_before_anything_is_installed(
+        tmp_path) -> None:
+    training = digits_training(steps=5, checkpoint={"directory": str(tmp_path)})
+    store = ParameterStore()
+    chief = Trainer(training, WorkerRole("ns", 0, 1), [LocalTransport(store)])
+    CheckpointStore(tmp_path).path_for(4).write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigurationError, match="^no usable checkpoint: checkpoint "):
+        run_chief(chief)
+    assert not store.info("ns").initialized

@@ -202,3 +202,39 @@ def test_request_checkpoint_flags_the_chief_until_a_checkpoint_is_reported(
         transport.close()
         client.close()
     assert request_checkpoint("127.0.0.1:1", timeout=0.5) is None
+
+
+def test_a_replaced_server_is_found_again_within_seconds(monkeypatch: pytest.MonkeyPatch,
+                                                        ) -> None:
+    """A parameter server pod that is replaced comes back under the same DNS name at a new
+    address. gRPC's defaults (a name resolved again at most every 30 s, reconnects backed
+    off up to 120 s) left the chief half a minute without it on a real cluster; the
+    workers' channels resolve again after 1 s and retry every 2 s at most."""
+    import pstrain_runtime.client as client_module
+
+    seen: list[dict[str, object]] = []
+    real = client_module.auth.client_channel
+
+    def capture(address: str, credentials: object, options: list[tuple[str, object]],
+                tls: object = None) -> grpc.Channel:
+        seen.append(dict(options))
+        return real(address, credentials, options, tls)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(client_module.auth, "client_channel", capture)
+    transport = GrpcTransport("ps-0.job.ns.svc:2222")
+    transport.channel.close()
+    (options,) = seen
+    assert options["grpc.dns_min_time_between_resolutions_ms"] <= 1000
+    assert options["grpc.max_reconnect_backoff_ms"] <= 2000
+    assert options["grpc.max_receive_message_length"] == wire.MAX_MESSAGE_BYTES
+
+
+def test_a_second_server_on_an_address_in_use_is_refused(servers: list[PSServer]) -> None:
+    """gRPC binds with SO_REUSEPORT by default, so a second parameter server on the same
+    address would start too and the kernel would share the connections between the two
+    (a worker's calls reaching another job's server). It must fail to bind instead."""
+    taken = servers[0].address
+    second = PSServer(taken, ps_index=0, data_port=None)
+    with pytest.raises((OSError, RuntimeError)):
+        second.start()
+    second.stop(0)

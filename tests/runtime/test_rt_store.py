@@ -265,6 +265,37 @@ def test_init_rejects_nan_parameters_and_bad_settings() -> None:
     assert not client.info(0).initialized
 
 
+@pytest.mark.parametrize("config, message", [
+    (OptimizerConfig(name="sgd", learning_rate=float("inf")),
+     "init: optimizer.learning_rate is inf; it must be a finite number"),
+    (OptimizerConfig(name="sgd", learning_rate=0.1, weight_decay=float("nan")),
+     "init: optimizer.weight_decay is nan; it must be a finite number"),
+    (OptimizerConfig(name="adam", learning_rate=0.1, beta2=1.0),
+     "init: optimizer.beta2 is 1.0; it must be less than 1"),
+    (OptimizerConfig(name="adagrad", learning_rate=0.1, eps=0.0),
+     "init: optimizer.eps is 0.0; it must be greater than 0"),
+    (OptimizerConfig(name="momentum", learning_rate=0.1, momentum=-0.5),
+     "init: optimizer.momentum is -0.5; it must be greater than or equal to 0"),
+], ids=["inf-lr", "nan-decay", "beta2-1", "eps-0", "negative-momentum"])
+def test_init_refuses_hyperparameters_outside_the_apis_bounds(
+        config: OptimizerConfig, message: str) -> None:
+    """Issue 26.3: the server refuses them as it refuses wrong sizes, and whatever the
+    namespace held stays."""
+    store, client = ready_store()
+    before = snapshot(store)
+    with pytest.raises(PSError) as err:
+        client.init(params(), config, mode="async", num_workers=1, staleness_bound=None,
+                    fingerprint=FP)
+    assert err.value.code == "INVALID_ARGUMENT"
+    assert err.value.message == message
+    assert same(snapshot(store), before)
+    fresh = connect(ParameterStore())
+    with pytest.raises(PSError, match="it must be"):
+        fresh.init(params(), config, mode="async", num_workers=1, staleness_bound=None,
+                   fingerprint=FP)
+    assert not fresh.info(0).initialized
+
+
 def test_finish_tells_workers_the_job_is_done() -> None:
     store, client = ready_store(num_workers=2)
     client.finish()

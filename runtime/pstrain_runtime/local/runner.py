@@ -38,11 +38,13 @@ from pstrain_api.names import replica_name
 from pstrain_api.readiness import runs_pstrain_runtime, user_command
 
 from ..checkpoint_dir import check_directory
-from ..auth import Credentials, load_credentials, write_replica_keys
+from ..auth import Credentials
 from ..status_client import request_checkpoint, set_workers
 from .capacity import available_memory, capacity_warning
 from .control import Answer, ControlServer, Inbox
 from .devices import ENV_VISIBLE, DeviceRequest, assign_gpus, visible_gpus
+from .keys import LocalKeys
+from .keys import remove_stale as remove_stale_keys
 from .metrics import Metrics, build_summary, fold
 from .processes import (DEFAULT_REPLICA_COMMAND, Line, ProcessTable, find_free_ports,
                         replica_environment)
@@ -167,21 +169,20 @@ def run_job(job: TrainingJob, options: RunOptions = RunOptions(),
         # A restarted parameter server can only come back from a checkpoint.
         temp_dir = tempfile.mkdtemp(prefix=f"pstrain-{job.name}-ckpt-")
         job = with_checkpoint_dir(job, temp_dir)
-    # A fresh job token per run, in a private directory (0700, files 0600) that goes
-    # with the run; each replica is given the path, never the key.
-    auth_dir = (tempfile.mkdtemp(prefix=f"pstrain-{job.name}-auth-")
-                if job.spec.security.authentication else None)
+    # A fresh job token per run; each replica gets a private directory with only its
+    # own keys (`keys`), given the path, never the key. Runs killed with SIGKILL left
+    # theirs behind: remove those first.
+    remove_stale_keys()
+    keys = LocalKeys(job.name) if job.spec.security.authentication else None
     try:
-        key_dirs = ({} if auth_dir is None else
-                    write_replica_keys(Path(auth_dir), security.new_token()))
         return _run(job, options, stdout or sys.stdout,
                     (stderr or sys.stderr) if options.json else (stdout or sys.stdout),
-                    temp_dir, key_dirs)
+                    temp_dir, keys)
     finally:
         if temp_dir and not options.keep_temp_checkpoints:
             shutil.rmtree(temp_dir, ignore_errors=True)
-        if auth_dir:
-            shutil.rmtree(auth_dir, ignore_errors=True)
+        if keys is not None:
+            keys.remove()
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,7 @@ class _Environments:
 
     threads: int
     last_words: Path
-    key_dirs: Mapping[str, Path]
+    keys: LocalKeys | None
 
     def build(self, spec: ClusterSpec, gpus: Mapping[str, str]) -> dict[str, dict[str, str]]:
         out = {}
@@ -202,9 +203,11 @@ class _Environments:
                 env[ENV_VISIBLE] = gpus[name]
             env[ENV_TERMINATION_LOG] = str(self.last_words / name)
             env.pop(security.ENV_AUTH_DIR, None)  # never the runner's own
-            if self.key_dirs:
-                env[security.ENV_AUTH_DIR] = str(
-                    self.key_dirs[security.key_holder(task.role, spec.is_chief(task))])
+            if self.keys is not None:
+                holder = security.key_holder(task.role, spec.is_chief(task))
+                trainer = (spec.worker_tasks().index(task) if task.role != c.ROLE_PS
+                           else 0)
+                env[security.ENV_AUTH_DIR] = str(self.keys.directory(name, holder, trainer))
             out[name] = env
         return out
 
@@ -377,7 +380,7 @@ class _Executor:
 
 
 def _run(job: TrainingJob, options: RunOptions, out: TextIO, log_stream: TextIO,
-         temp_dir: str | None, key_dirs: dict[str, Path]) -> RunResult:
+         temp_dir: str | None, keys: LocalKeys | None) -> RunResult:
     clock = time.monotonic
     spec = local_cluster_spec(job, find_free_ports(task_count(job)))
     tasks = spec.tasks()
@@ -385,7 +388,7 @@ def _run(job: TrainingJob, options: RunOptions, out: TextIO, log_stream: TextIO,
     # Each replica leaves its last error line here; the supervisor quotes it.
     last_words = tempfile.TemporaryDirectory(prefix=f"pstrain-{job.name}-exit-")
     builder = _Environments(threads=max(1, (os.cpu_count() or 1) // max(len(tasks), 1)),
-                            last_words=Path(last_words.name), key_dirs=key_dirs)
+                            last_words=Path(last_words.name), keys=keys)
     gpus = _gpus(job, spec)
     environments = builder.build(spec, gpus)
     run_policy = job.spec.run_policy
@@ -405,9 +408,7 @@ def _run(job: TrainingJob, options: RunOptions, out: TextIO, log_stream: TextIO,
                          commands=own_commands(job, spec))
     metrics = Metrics(total_steps=job.spec.training.steps)
     reporter = _make_reporter(options, log_stream, names, job)
-    worker_key, chief_key = ((load_credentials({security.ENV_AUTH_DIR: str(key_dirs[k])})
-                              for k in (security.KEY_WORKER, security.KEY_CHIEF))
-                             if key_dirs else (None, None))
+    worker_key, chief_key = (keys.worker, keys.chief) if keys is not None else (None, None)
     control = Inbox(table.post)
     # The worker set goes to parameter servers that run the pstrain runtime (a program
     # of its own, such as TensorFlow's, learns its workers from TF_CONFIG alone).

@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from ..optim import OptimizerConfig
+from ..optim import OptimizerConfig, hyperparameter_problem
 
 ROW_OPTIMIZERS = ("sgd", "adagrad", "adam")
 ROW_SLOTS: dict[str, tuple[str, ...]] = {"sgd": (), "adagrad": ("sum",),
@@ -102,6 +102,9 @@ class TableSpec:
 
 
 def check_row_optimizer(config: OptimizerConfig, where: str) -> None:
+    problem = hyperparameter_problem(config)
+    if problem is not None:
+        raise ValueError(f"{where}: {problem}")
     if config.name not in ROW_OPTIMIZERS:
         raise ValueError(f"{where}: optimizer {config.name!r} has no row-wise form; sparse "
                          f"tables use one of {list(ROW_OPTIMIZERS)} (give the table its "

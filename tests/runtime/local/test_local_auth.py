@@ -20,6 +20,7 @@ import pytest
 from pstrain_api import security
 from pstrain_runtime import auth
 from pstrain_runtime.client import GrpcTransport
+from pstrain_runtime.local.keys import LocalKeys
 from pstrain_runtime.store import PSError
 
 from .local_builders import make_job
@@ -32,16 +33,24 @@ HEX_KEY = re.compile(r"[0-9a-fA-F]{64}")
 FLOOD_ROUNDS = 400  # per port: bounded whatever the run does
 
 
-def test_each_role_gets_only_its_keys_in_a_private_directory(tmp_path: Path) -> None:
+def test_each_replica_gets_only_its_own_keys_in_a_private_directory(tmp_path: Path) -> None:
     token = security.new_token()
-    dirs = auth.write_replica_keys(tmp_path, token)
+    keys = LocalKeys("j", token, temp_dir=str(tmp_path))
     every = security.derive_keys(token)
-    for holder, keys in security.KEYS_FOR_HOLDER.items():
-        assert stat.S_IMODE(dirs[holder].stat().st_mode) == 0o700
-        assert sorted(p.name for p in dirs[holder].iterdir()) == sorted(keys)
-        loaded = auth.load_credentials({security.ENV_AUTH_DIR: str(dirs[holder])})
-        assert loaded is not None and dict(loaded.keys) == {k: every[k] for k in keys}
-    assert not (dirs["worker"] / "chief").exists()
+    own_2 = security.own_worker_key(every[security.KEY_WORKER], 2)
+    expected = {("j-ps-0", "ps", 0): every, ("j-chief-0", "chief", 0):
+                {"chief": every["chief"]}, ("j-worker-1", "worker", 2): {"worker-2": own_2}}
+    for (name, holder, index), want in expected.items():
+        directory = keys.directory(name, holder, index)
+        assert directory.parent == keys.root and directory.name == name
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+        assert sorted(p.name for p in directory.iterdir()) == sorted(want)
+        assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in directory.iterdir())
+        loaded = auth.load_credentials({security.ENV_AUTH_DIR: str(directory)})
+        assert loaded is not None and dict(loaded.keys) == want
+    assert stat.S_IMODE(keys.root.stat().st_mode) == 0o700
+    keys.remove()
+    assert not keys.root.exists()
 
 
 @pytest.mark.parametrize(("role", "is_chief", "holder"), [
@@ -160,6 +169,8 @@ def test_the_runner_gives_each_replica_only_its_keys(fake, authentication: bool)
     assert any("spec.security.tls names a Kubernetes Secret; pstrain run cannot read it"
                in line for line in lines)
     got = {s["name"]: s.get("auth") for s in starts}
+    dirs = [record["dir"] for record in filter(None, got.values())]
+    assert len(set(dirs)) == len(dirs), "replicas share a key directory"
     for record in filter(None, got.values()):
         assert not os.path.exists(record.pop("dir")), "the run's keys outlive it"
     if not authentication:
@@ -168,5 +179,5 @@ def test_the_runner_gives_each_replica_only_its_keys(fake, authentication: bool)
     assert got == {
         "j-ps-0": {"mode": "0o700", "keys": ["chief", "worker"]},
         "j-worker-0": {"mode": "0o700", "keys": ["chief"]},  # worker 0 is the chief
-        "j-worker-1": {"mode": "0o700", "keys": ["worker"]},
+        "j-worker-1": {"mode": "0o700", "keys": ["worker-1"]},  # its own key only
     }

@@ -49,3 +49,16 @@ def test_an_entry_point_that_raises_fails_the_run_at_once(tmp_path) -> None:
     assert "calling raises_when_called(**spec.training.args) raised KeyError: " \
         "'feature_columns'" in summary["message"]
     assert "Traceback" not in err
+
+
+def test_a_corrupt_checkpoint_fails_the_run_at_once(tmp_path) -> None:
+    """Issue 27.5: a restart reads the same damaged file, so none is spent on it."""
+    directory = tmp_path / "ckpt"
+    directory.mkdir()
+    (directory / "ckpt-000000000010.pt").write_bytes(b"junk that torch cannot load")
+    code, summary, err = run(manifest(tmp_path, checkpoint={"directory": str(directory)}))
+    assert code == 1, err[-3000:]
+    assert (summary["phase"], summary["reason"]) == ("Failed", "ConfigurationError")
+    assert summary["restarts"] == 0
+    assert (f"no usable checkpoint: checkpoint {directory / 'ckpt-000000000010.pt'} is "
+            "corrupt or unreadable") in summary["message"]

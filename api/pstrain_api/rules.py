@@ -187,7 +187,8 @@ def _value_rule(field: str, rule: str, text: str) -> CelRule:
 
 def _quoted_value(template: str, expr: str) -> str:
     """CEL naming int-or-string `expr` as Python's repr does: 2, or '2'."""
-    return (f"type({expr}) == string ? {_with_value(template.replace('{}', chr(39) + '{}' + chr(39)), expr)}"
+    quoted = template.replace("{}", "'{}'")
+    return (f"type({expr}) == string ? {_with_value(quoted, expr)}"
             f" : {_with_value(template, f'string({expr})')}")
 
 

@@ -11,7 +11,7 @@ import hashlib
 import re
 
 from . import constants as c
-from .quote import quote
+from .quote import named
 
 DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS_1035_RULE = ("it must be a DNS-1035 label: lowercase letters, digits and '-', starting "
@@ -22,6 +22,14 @@ DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 DNS_SUBDOMAIN_MAX = 253
+# A label key in one pattern (RE2 and Python alike, for the CRD's CEL rule): an optional
+# DNS-1123 subdomain and '/', then a name of 1 to 63 characters. The prefix's bound
+# (DNS_SUBDOMAIN_MAX) is checked apart.
+LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                       r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+LABEL_KEY_RULE = ("it must be a label key: an optional DNS subdomain and '/', then at most "
+                  f"{c.DNS_LABEL_MAX} letters, digits, '-', '_' and '.', starting and ending "
+                  "with a letter or digit")
 HASH_LEN = 5
 
 
@@ -32,7 +40,7 @@ HASH_LEN = 5
 
 def dns_label_problem(value: str) -> str | None:
     """Namespaces, volume names: RFC 1123 labels."""
-    if len(value) <= c.DNS_LABEL_MAX and DNS_1123_LABEL.match(value):
+    if len(value) <= c.DNS_LABEL_MAX and DNS_1123_LABEL.fullmatch(value):
         return None
     return (f"it must be a DNS-1123 label: at most {c.DNS_LABEL_MAX} lowercase letters, "
             "digits and '-', starting and ending with a letter or digit")
@@ -40,14 +48,14 @@ def dns_label_problem(value: str) -> str | None:
 
 def dns_subdomain_problem(value: str) -> str | None:
     """Service accounts, priority classes, secrets: RFC 1123 subdomains."""
-    if len(value) <= DNS_SUBDOMAIN_MAX and DNS_1123_SUBDOMAIN.match(value):
+    if len(value) <= DNS_SUBDOMAIN_MAX and DNS_1123_SUBDOMAIN.fullmatch(value):
         return None
     return (f"it must be a DNS-1123 subdomain: at most {DNS_SUBDOMAIN_MAX} lowercase "
             "letters, digits, '-' and '.', starting and ending with a letter or digit")
 
 
 def label_value_problem(value: str) -> str | None:
-    if len(value) <= c.DNS_LABEL_MAX and LABEL_VALUE.match(value):
+    if len(value) <= c.DNS_LABEL_MAX and LABEL_VALUE.fullmatch(value):
         return None
     return (f"it must be a label value: empty, or at most {c.DNS_LABEL_MAX} letters, "
             "digits, '-', '_' and '.', starting and ending with a letter or digit")
@@ -60,9 +68,7 @@ def label_key_problem(value: str) -> str | None:
     if (name and label_value_problem(name) is None
             and (not slash or dns_subdomain_problem(prefix) is None)):
         return None
-    return ("it must be a label key: an optional DNS subdomain and '/', then at most "
-            f"{c.DNS_LABEL_MAX} letters, digits, '-', '_' and '.', starting and ending "
-            "with a letter or digit")
+    return LABEL_KEY_RULE
 
 
 def check_job_name(name: str) -> str | None:
@@ -74,10 +80,8 @@ def check_job_name(name: str) -> str | None:
     """
     if len(name) > c.DNS_LABEL_MAX:
         return f"metadata.name has {len(name)} characters; {NAME_TOO_LONG}"
-    if not DNS_1035_LABEL.match(name):
-        return (
-            f"metadata.name is {quote(name)}; {DNS_1035_RULE}"
-        )
+    if not DNS_1035_LABEL.fullmatch(name):
+        return f"metadata.name is {named(name)}; {DNS_1035_RULE}"
     return None
 
 

@@ -40,6 +40,16 @@ def quote(value: Any, *, count: bool = False) -> str:
     return shown
 
 
+def named(value: str) -> str:
+    """A string value as the CRD's CEL messages name it, so that `pstrain validate` and
+    the API server print the same sentence: in single quotes as it is (no escapes) when
+    it has at most MAX_QUOTED characters and no line break (a message may not hold
+    one), else by its length: `a string of 300 characters`."""
+    if len(value) <= MAX_QUOTED and "\n" not in value:
+        return f"'{value}'"
+    return f"a string of {len(value)} characters"
+
+
 def one_line(text: str, limit: int = 1000) -> str:
     """`text` with its lines joined by spaces, cut to `limit` characters."""
     flat = " ".join(part.strip() for part in str(text).splitlines() if part.strip())

@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import constants as c
-from .quote import quote
+from .quote import MAX_QUOTED, quote
 from . import template as tpl
 from .membership import AT_LEAST_MIN, AT_MOST_MAX
-from .names import DNS_1035_LABEL, DNS_1035_RULE, NAME_TOO_LONG
+from .names import (DNS_1035_LABEL, DNS_1035_RULE, DNS_SUBDOMAIN_MAX, LABEL_KEY,
+                    LABEL_KEY_RULE, LABEL_VALUE, NAME_TOO_LONG)
 from .template import RESERVED_ENV_RULE
 
 # Kubernetes' own Quantity pattern (resource.Quantity in the OpenAPI definitions),
@@ -33,9 +34,6 @@ QUANTITY_PATTERN = (r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTP
                     r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
 QUANTITY_RE = re.compile(QUANTITY_PATTERN)
 QUANTITY_MAX_LENGTH = 64
-RESOURCES_MAX = 32  # resource names per requests/limits map (bounds the CEL cost)
-ENV_MAX = 256
-CONTAINERS_MAX = 32
 
 QUANTITY_RULE = "it must be a non-negative Kubernetes quantity such as 500m, 2, 4Gi"
 GPUS_ONCE = (f"and a container limit also sets {c.GPU_RESOURCE}; set the GPU count in one "
@@ -179,10 +177,20 @@ _HAS_MAIN_GPU_LIMIT = (
 _HAS_MAIN = "has(self.containers) && self.containers.size() > 0"
 
 
+def _named_value(template: str, expr: str) -> str:
+    """CEL for `template` naming string `expr` as `quote.named` does: 'VALUE' when it is
+    short and on one line, else by its length."""
+    short = f"{expr}.size() <= {MAX_QUOTED} && !{expr}.contains('\\n')"
+    quoted = _with_value(template.replace("{}", "'{}'"), expr)
+    counted = _with_value(template.replace("{}", "a string of {} characters"),
+                          f"string({expr}.size())")
+    return f"{short} ? {quoted} : {counted}"
+
+
 def _value_rule(field: str, rule: str, text: str) -> CelRule:
     """A rule about string field `field` of self: 'FIELD is 'VALUE'; TEXT'."""
     return CelRule(rule=rule, message=f"{field} {text}",
-                   message_expression=_with_value(f"{field} is '{{}}'; {text}", f"self.{field}"))
+                   message_expression=_named_value(f"{field} is {{}}; {text}", f"self.{field}"))
 
 
 def _quoted_value(template: str, expr: str) -> str:
@@ -226,8 +234,8 @@ PS_NO_MAIN_GPU_LIMIT_CEL = _no_gpu_limit(_HAS_MAIN_GPU_LIMIT, _MAIN,
 MAIN_NAME_CEL = CelRule(
     rule=f"!({_HAS_MAIN}) || self.containers[0].name == {_cel_string(c.MAIN_CONTAINER)}",
     message=f"containers[0].name: {tpl.MAIN_NAME_RULE}",
-    message_expression=_with_value(f"containers[0].name is '{{}}'; {tpl.MAIN_NAME_RULE}",
-                                   "self.containers[0].name"),
+    message_expression=_named_value(f"containers[0].name is {{}}; {tpl.MAIN_NAME_RULE}",
+                                    "self.containers[0].name"),
 )
 MAIN_PORTS_CEL = CelRule(rule=f"!({_HAS_MAIN}) || !has(self.containers[0].ports)",
                          message=f"containers[0].ports {tpl.PORTS_RULE}")
@@ -238,6 +246,17 @@ POD_RULES = [
     MAIN_NAME_CEL,
     MAIN_PORTS_CEL,
 ]
+
+
+# A pod template's label keys (names.label_key_problem): the first bad key is named.
+_LABEL_KEY_OK = (f"k.matches({_cel_string(LABEL_KEY.pattern)}) && "
+                 f"k.lastIndexOf('/') <= {DNS_SUBDOMAIN_MAX}")
+TEMPLATE_LABEL_KEYS_CEL = CelRule(
+    rule=f"self.all(k, {_LABEL_KEY_OK})",
+    message=f"has a key that is not a label key; {LABEL_KEY_RULE}",
+    message_expression=_named_value(f"has the key {{}}; {LABEL_KEY_RULE}",
+                                    f"self.filter(k, !({_LABEL_KEY_OK}))[0]"),
+)
 
 
 def _bound_rule(field: str, rule: str, text: str) -> CelRule:
@@ -276,21 +295,22 @@ NAME_LABEL_CEL = _value_rule(
 # "[]" means the items of an array and "{}" the values of a map.
 CRD_RULES: list[tuple[tuple[str, ...], CelRule]] = [((), NAME_LENGTH_CEL),
                                                      ((), NAME_LABEL_CEL)]
-# Size bounds that let the API server estimate the rules' cost within its budget.
-CRD_BOUNDS: list[tuple[tuple[str, ...], dict[str, int]]] = []
+# Schema rules the CRD adds: quantities, and a pod template's labels (the values as
+# Kubernetes checks them when it creates the pod; at most TEMPLATE_LABELS_MAX, which
+# keeps the CEL rule on their keys within the API server's cost budget).
+CRD_BOUNDS: list[tuple[tuple[str, ...], dict[str, Any]]] = []
 for _role in c.ROLES:
     _base = ("spec", "replicas", _role)
     _pod = (*_base, "template", "spec")
     CRD_RULES.append((_base, GPUS_ONCE_CEL))
     CRD_RULES += [(_pod, rule) for rule in POD_RULES]
+    CRD_RULES.append(((*_base, "template", "metadata", "labels"), TEMPLATE_LABEL_KEYS_CEL))
     for _kind in ("containers", "initContainers"):
         CRD_RULES.append(((*_pod, _kind, "[]", "env", "[]"), RESERVED_ENV_CEL))
-        CRD_BOUNDS.append(((*_pod, _kind), {"maxItems": CONTAINERS_MAX}))
-        CRD_BOUNDS.append(((*_pod, _kind, "[]", "env"), {"maxItems": ENV_MAX}))
-        CRD_BOUNDS.append(((*_pod, _kind, "[]", "env", "[]", "name"), {"maxLength": 256}))
     for _part in ("requests", "limits"):
-        CRD_BOUNDS.append(((*_base, "resources", _part), {"maxProperties": RESOURCES_MAX}))
         CRD_BOUNDS.append(((*_base, "resources", _part, "{}"), QUANTITY_SCHEMA))
+    CRD_BOUNDS += [((*_base, "template", *path), bounds)
+                   for path, bounds in tpl.TEMPLATE_BOUNDS]
 CRD_RULES += [((*("spec", "replicas", c.ROLE_PS),), rule) for rule in (
     PS_NO_GPUS_CEL, PS_NO_GPU_LIMIT_CEL, PS_NO_MAIN_GPU_LIMIT_CEL)]
 CRD_RULES += [(("spec", "replicas", c.ROLE_WORKER), rule)

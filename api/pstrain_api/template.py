@@ -20,12 +20,13 @@ Pure: plain data in, (path, sentence) pairs out.
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from . import constants as c
-from .quote import quote
+from .quote import named, quote
 from . import names
 from .podschema import pod_template_schema
 from .spelling import spelling_hint
@@ -40,6 +41,17 @@ PORTS_RULE = (f"is set; pstrain declares the main container's ports ({c.REPLICA_
               f"{c.DATA_PORT} on a parameter server, {c.METRICS_PORT} for metrics)")
 DNS_NAME_RULE = "pstrain sets it so that each replica has the DNS name its cluster spec gives"
 RESTART_RULE = "it must be 'Never' (pstrain restarts replicas by spec.runPolicy)"
+# What the CRD adds to Kubernetes' schema of a template (paths as crd.schema_at takes
+# them, "{}" the values of a map), checked here too: label values as Kubernetes checks
+# them when it creates the pod, and at most TEMPLATE_LABELS_MAX labels (a bound that
+# keeps the CEL rule on label keys within the API server's cost budget).
+TEMPLATE_LABELS_MAX = 64
+TEMPLATE_BOUNDS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+    (("metadata", "labels"), {"maxProperties": TEMPLATE_LABELS_MAX}),
+    (("metadata", "labels", "{}"), {"maxLength": c.DNS_LABEL_MAX,
+                                    "pattern": names.LABEL_VALUE.pattern}),
+]
+LABELS_MAX_RULE = f"a pod template may have at most {TEMPLATE_LABELS_MAX} labels"
 
 
 def _map(value: Any) -> Mapping[str, Any]:
@@ -68,25 +80,30 @@ def containers(template: Mapping[str, Any] | None) -> Iterable[tuple[str, Mappin
             yield f"spec.{kind}[{i}]", _map(container)
 
 
+def _shown(value: Any) -> str:
+    """A value as the CRD's CEL messages name it (`named`, for a string)."""
+    return named(value) if isinstance(value, str) else quote(value)
+
+
 def owned_field_problems(template: Mapping[str, Any]) -> Found:
     """Every pstrain-owned field the template sets (paths relative to the template)."""
     found: Found = []
     spec = pod_spec(template)
     main = main_container(template)
     if main and main.get("name") != c.MAIN_CONTAINER:
-        found.append(("spec.containers[0].name", f"is {quote(main.get('name'))}; {MAIN_NAME_RULE}"))
+        found.append(("spec.containers[0].name", f"is {_shown(main.get('name'))}; {MAIN_NAME_RULE}"))
     if "ports" in main:
         found.append(("spec.containers[0].ports", PORTS_RULE))
     for field in OWNED_POD_FIELDS:
         if field in spec:
-            found.append((f"spec.{field}", f"is {quote(spec[field])}; {DNS_NAME_RULE}"))
+            found.append((f"spec.{field}", f"is {_shown(spec[field])}; {DNS_NAME_RULE}"))
     if spec.get("restartPolicy", "Never") != "Never":
-        found.append(("spec.restartPolicy", f"is {quote(spec['restartPolicy'])}; {RESTART_RULE}"))
+        found.append(("spec.restartPolicy", f"is {_shown(spec['restartPolicy'])}; {RESTART_RULE}"))
     for path, container in containers(template):
         for i, var in enumerate(_list(container.get("env"))):
             name = _map(var).get("name")
             if isinstance(name, str) and is_reserved_env(name):
-                found.append((f"{path}.env[{i}].name", f"is {quote(name)}; {RESERVED_ENV_RULE}"))
+                found.append((f"{path}.env[{i}].name", f"is {named(name)}; {RESERVED_ENV_RULE}"))
     return found
 
 
@@ -118,11 +135,33 @@ def _closed(node: Any) -> Any:
     return out
 
 
+def _bounded(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` (a copy) with TEMPLATE_BOUNDS added where they go."""
+    out = copy.deepcopy(schema)
+    for path, bounds in TEMPLATE_BOUNDS:
+        node = out
+        for part in path:
+            node = node["additionalProperties"] if part == "{}" else node["properties"][part]
+        node.update(bounds)
+    return out
+
+
 @functools.cache
 def _validator() -> Any:
     import jsonschema
 
-    return jsonschema.Draft202012Validator(_closed(pod_template_schema()))
+    return jsonschema.Draft202012Validator(_closed(_bounded(pod_template_schema())))
+
+
+def _label_bound(err: Any) -> Found | None:
+    """A TEMPLATE_BOUNDS refusal as pstrain says it ([] for a label value, which
+    `name_problems` names), or None for any other error."""
+    where = list(err.absolute_path)
+    if where[:2] != ["metadata", "labels"]:
+        return None
+    if err.validator == "maxProperties":
+        return [("metadata.labels", f"has {len(err.instance)} labels; {LABELS_MAX_RULE}")]
+    return [] if err.validator in ("maxLength", "pattern") else None
 
 
 def _where(parts: Iterable[Any]) -> str:
@@ -161,20 +200,82 @@ def name_problems(template: Mapping[str, Any]) -> Found:
             value = _map(mount).get("name")
             if isinstance(value, str) and (why := names.dns_label_problem(value)):
                 found.append((f"{path}.volumeMounts[{i}].name", f"is {quote(value)}; {why}"))
-    for key, value in _map(_map(_map(template).get("metadata")).get("labels")).items():
-        if isinstance(key, str) and (why := names.label_key_problem(key)):
-            found.append(("metadata.labels", f"has the key {quote(key)}; {why}"))
-        elif isinstance(value, str) and (why := names.label_value_problem(value)):
+    labels = _map(_map(_map(template).get("metadata")).get("labels"))
+    bad_key = next((k for k in labels if isinstance(k, str) and names.label_key_problem(k)),
+                   None)
+    if bad_key is not None:  # the first, as the CRD's rule names it
+        found.append(("metadata.labels", f"has the key {named(bad_key)}; "
+                                         f"{names.LABEL_KEY_RULE}"))
+    for key, value in labels.items():
+        if (isinstance(key, str) and isinstance(value, str)
+                and (why := names.label_value_problem(value))):
             found.append((f"metadata.labels.{key}", f"is {quote(value)}; {why}"))
     return found
 
 
+def _key_of(item: Mapping[str, Any], keys: list[str], schema: Mapping[str, Any]) -> Any:
+    """The values of a list-map item's keys (a key's default where it is unset)."""
+    props = _map(schema.get("properties"))
+    return tuple(item.get(k, _map(props.get(k)).get("default")) for k in keys)
+
+
+def _duplicates(path: str, field: str, value: list[Any], schema: Mapping[str, Any]) -> Found:
+    """Items of a list-map with the keys of an earlier item, or of a set equal to an
+    earlier item: the API server refuses them as duplicate values."""
+    found: Found = []
+    seen: dict[Any, int] = {}
+    kind = schema.get("x-kubernetes-list-type")
+    keys = list(schema.get("x-kubernetes-list-map-keys") or [])
+    item_schema = _map(schema.get("items"))
+    for i, item in enumerate(value):
+        if kind == "map" and isinstance(item, Mapping):
+            key = _key_of(item, keys, item_schema)
+            if None in key:
+                continue  # a missing key: the schema's `required` reports it
+            shown = " and ".join(f"{k} {quote(v)}" for k, v in zip(keys, key))
+            rule = f"each item of {field} must have a unique {' and '.join(keys)}"
+        elif kind == "set" and isinstance(item, (str, int, float, bool)):
+            key, shown, rule = item, quote(item), f"the items of {field} must be unique"
+        else:
+            continue
+        first = seen.setdefault(key, i)
+        if first != i:
+            where = f"{path}[{first}]"
+            found.append((f"{path}[{i}]", f"has {shown}, as {where} has; {rule}"))
+    return found
+
+
+def list_map_problems(value: Any, schema: Mapping[str, Any], path: str = "") -> Found:
+    """Duplicate items anywhere in `value` of lists that `schema` declares list-maps
+    (containers, env, volumes, ports, ... keyed by name) or sets."""
+    found: Found = []
+    if isinstance(value, Mapping):
+        props = _map(schema.get("properties"))
+        extra = schema.get("additionalProperties")
+        for key, item in value.items():
+            sub = props.get(key, extra if isinstance(extra, Mapping) else None)
+            if isinstance(sub, Mapping):
+                where = f"{path}.{key}" if path else str(key)
+                found += list_map_problems(item, sub, where)
+    elif isinstance(value, list):
+        field = path.rsplit(".", 1)[-1]
+        found += _duplicates(path, field, value, schema)
+        items = _map(schema.get("items"))
+        for i, item in enumerate(value):
+            found += list_map_problems(item, items, f"{path}[{i}]")
+    return found
+
+
 def schema_problems(template: Any) -> Found:
-    """Where the template departs from Kubernetes' PodTemplateSpec schema."""
+    """Where the template departs from Kubernetes' PodTemplateSpec schema, duplicate
+    list items (as the API server refuses them) included."""
     found: Found = []
     for err in sorted(_validator().iter_errors(template), key=lambda e: list(e.absolute_path)):
         path = _where(err.absolute_path)
-        if err.validator == "additionalProperties":
+        bound = _label_bound(err)
+        if bound is not None:
+            found += bound
+        elif err.validator == "additionalProperties":
             known = sorted(_map(err.schema).get("properties", {}))
             for extra in sorted(set(_map(err.instance)) - set(known)):
                 found.append((_where([*err.absolute_path, extra]),
@@ -194,4 +295,4 @@ def schema_problems(template: Any) -> Found:
             found.append((path, f"is {quote(err.instance)}; it must be one of {err.validator_value}"))
         else:
             found.append((path, f"is {quote(err.instance)}; {err.message}"))
-    return found
+    return found + list_map_problems(template, pod_template_schema())

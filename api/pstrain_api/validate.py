@@ -7,6 +7,7 @@ traceback at the user for bad input: problems come back as `Problem`s.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,6 +215,56 @@ def _metadata_problems(data: Mapping[str, Any], source: str) -> list[Problem]:
             for key in meta if key not in METADATA_FIELDS]
 
 
+# ObjectMeta's bound on all annotations together (keys and values), in bytes.
+ANNOTATIONS_MAX_BYTES = 256 * 1024
+
+
+def _annotations_problems(data: Mapping[str, Any], source: str) -> list[Problem]:
+    meta = data.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+    if not isinstance(annotations, Mapping):
+        return []
+    size = sum(len(str(k).encode()) + len(str(v).encode()) for k, v in annotations.items()
+               if isinstance(v, str))
+    if size <= ANNOTATIONS_MAX_BYTES:
+        return []
+    return [Problem(source, "metadata.annotations",
+                    f"metadata.annotations are {size} bytes in all; they must be at most "
+                    f"{ANNOTATIONS_MAX_BYTES} (256 KiB).")]
+
+
+def as_the_server_reads(data: dict[str, Any]) -> dict[str, Any]:
+    """A manifest as the API server takes it on create: without `status` (a
+    subresource: ignored), and without null fields (no field of the CRD is nullable,
+    so the server drops them, then defaults them)."""
+    def drop_nulls(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: drop_nulls(v) for k, v in value.items() if v is not None}
+        if isinstance(value, list):
+            return [drop_nulls(v) for v in value]
+        return value
+
+    return drop_nulls({k: v for k, v in data.items() if k != "status"})
+
+
+def _integral_floats(data: Any, errors: Sequence[Mapping[str, Any]]) -> Any | None:
+    """`data` with each integer field written as a whole float (100.0) made an integer,
+    as the API server reads it; None when no error is one of those."""
+    fixes = []
+    for err in errors:
+        found, value = _lookup(data, err["loc"])
+        if (err["type"] == "int_type" and found and isinstance(value, float)
+                and value.is_integer() and INT64_MIN <= value <= INT64_MAX):
+            fixes.append(tuple(err["loc"]))
+    if not fixes:
+        return None
+    out = copy.deepcopy(data)
+    for loc in fixes:
+        parent = _lookup(out, loc[:-1])[1]
+        parent[loc[-1]] = int(parent[loc[-1]])
+    return out
+
+
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
@@ -250,6 +301,19 @@ def _at_most(problems: list[Problem], source: str, total: int | None = None) -> 
             Problem(source, "", f"... and {more} more problems like these.")]
 
 
+def _model(data: dict[str, Any]) -> TrainingJob:
+    """The TrainingJob of a manifest, from the wire spelling only (camelCase, as on the
+    API server: by_name would also take batch_size for batchSize), integers written as
+    whole floats taken as the API server takes them."""
+    try:
+        return TrainingJob.model_validate(data, by_name=False)
+    except ValidationError as exc:
+        fixed = _integral_floats(data, exc.errors())
+        if fixed is None:
+            raise
+    return TrainingJob.model_validate(fixed, by_name=False)
+
+
 def check_manifest(data: Any, source: str = "") -> tuple[TrainingJob | None, list[Problem]]:
     """Validate one parsed manifest; return the job or the problems, never both."""
     if not isinstance(data, dict):
@@ -264,11 +328,10 @@ def check_manifest(data: Any, source: str = "") -> tuple[TrainingJob | None, lis
     problems.extend(_int64_problems(data, source))
     if problems:
         return None, _at_most(problems, source)
-    unknown_meta = _metadata_problems(data, source)
+    data = as_the_server_reads(data)
+    unknown_meta = _metadata_problems(data, source) + _annotations_problems(data, source)
     try:
-        # Only the wire spelling (camelCase), as on the API server: by_name would also
-        # take batch_size for batchSize.
-        job = TrainingJob.model_validate(data, by_name=False)
+        job = _model(data)
     except ValidationError as exc:
         errors = _strip_union_tags(exc.errors(), data)
         for err in errors[:MAX_PROBLEMS]:

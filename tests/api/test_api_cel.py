@@ -125,8 +125,10 @@ def test_every_role_carries_the_rules() -> None:
                  if r.to_crd() in spec["x-kubernetes-validations"]]
         assert len(found) == (3 if role == "ps" else 1), role
         pod = spec["properties"]["template"]["properties"]["spec"]
-        env = pod["properties"]["containers"]["items"]["properties"]["env"]
-        assert env["maxItems"] == rules.ENV_MAX  # bounds the rules' estimated cost
+        labels = spec["properties"]["template"]["properties"]["metadata"]["properties"][
+            "labels"]
+        assert labels["maxProperties"] == 64  # bounds the key rule's estimated cost
+        assert labels["x-kubernetes-validations"] == [rules.TEMPLATE_LABEL_KEYS_CEL.to_crd()]
         assert [r.to_crd() for r in rules.POD_RULES] == pod["x-kubernetes-validations"]
 
 

@@ -191,9 +191,6 @@ BAD = [
     pytest.param(job().training(steps=1e30).build(),
                  "spec.training.steps is 1e+30; it must be an integer, not a number.",
                  id="steps-float"),
-    pytest.param(job().training(batchSize=200.0).build(),
-                 "spec.training.batchSize is 200.0; it must be an integer, not a number.",
-                 id="batch-size-float"),
     pytest.param(job().training(optimizer={"learningRate": "0.1"}).build(),
                  "spec.training.optimizer.learningRate is '0.1'; it must be a number, not a "
                  "string.", id="learning-rate-quoted"),
@@ -221,9 +218,6 @@ BAD = [
     pytest.param(job().template("worker", command="python train.py").build(),
                  "spec.replicas.worker.template.spec.containers[0].command is 'python train.py'; it must be a "
                  "list, not a string.", id="command-a-string"),
-    pytest.param(job().set("spec.replicas.worker.replicas", None).build(),
-                 "spec.replicas.worker.replicas is null; it must be an integer, not null.",
-                 id="replicas-null"),
     # Rules the CRD's schema cannot say: finite numbers, int64, Kubernetes names.
     pytest.param(job().training(optimizer={"learningRate": float("inf")}).build(),
                  "spec.training.optimizer.learningRate is .inf; it must be a finite number.",
@@ -441,3 +435,20 @@ def test_anchors_and_merge_keys_within_bounds_still_work(text):
     doc.pop("x")
     parsed, problems = check_manifest(doc)
     assert problems == [] and parsed is not None
+
+
+def test_a_manifest_is_read_as_the_api_server_reads_it() -> None:
+    """Whole floats in integer fields are integers, null fields are dropped (then
+    defaulted), and `status` is ignored on create: the API server accepts all three."""
+    data = (job().training(batchSize=200.0, seed=None)
+            .set("spec.replicas.worker.replicas", None)
+            .set("status", {"phase": "Bogus"}).build())
+    found, problems = check_manifest(data)
+    assert problems == [] and found is not None
+    assert found.spec.training.batch_size == 200
+    absent = job().set("spec.replicas.worker.template", {}).build()
+    del absent["spec"]["replicas"]["worker"]["template"]
+    default, _ = check_manifest(absent)
+    assert default is not None
+    assert found.spec.replicas.worker.replicas == default.spec.replicas.worker.replicas
+    assert found.status is None

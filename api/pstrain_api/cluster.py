@@ -78,6 +78,11 @@ class ClusterSpec:
     def is_chief(self, task: Task) -> bool:
         return task == self.chief
 
+    def trainer_index(self, task: Task) -> int:
+        """`task`'s index among the trainers (`worker_tasks`, the chief's 0): the worker
+        index it trains and proves itself as. ValueError for a parameter server."""
+        return self.worker_tasks().index(task)
+
     def replica_name(self, task: Task) -> str:
         """Pod name on Kubernetes, process name locally."""
         return replica_name(self.job_name, task.role, task.index)

@@ -12,12 +12,14 @@ cannot compute the chief key.
   as worker i only; the chief may act for any worker.
 - A parameter server holds both keys, to check either (and derives the workers' own).
 
-Keys reach a replica as files in one directory (`ENV_AUTH_DIR`), one file per role key,
-named after the role and holding the key in hex. In Kubernetes the directory is the
-job's Secret mounted read-only with only the keys that pod's role may hold (a worker
-pod derives its own key from the worker key); locally each replica gets a private
-directory with only its own keys (worker i: `worker-<i>`). Keys never travel in
-environment variables.
+Keys reach a replica as files in one directory (`ENV_AUTH_DIR`), one file per key,
+named after it and holding the key in hex. Each replica gets only its own keys: a
+parameter server `chief` and `worker`, the chief `chief`, worker i only `worker-<i>`.
+In Kubernetes the directory is a Secret mounted read-only: the job's Secret (the role
+keys) for the parameter servers and the chief, and worker i's own Secret
+(`worker_secret_name`, holding `worker-<i>` only) for worker i, so that no worker pod
+holds a key that could act for another. Locally each replica gets a private directory.
+Keys never travel in environment variables.
 
 Pure: no I/O; `pstrain_runtime.auth` reads the files and speaks the protocols.
 """
@@ -54,13 +56,13 @@ MAX_WORKER_INDEX: Final = 2**31 - 1  # the wire's worker fields are int32
 _WORKER_OWN = re.compile(r"worker-(0|[1-9][0-9]{0,9})", re.ASCII)
 
 KeyHolder = Literal["ps", "chief", "worker"]
-# Which role keys each kind of replica holds (file names in ENV_AUTH_DIR, keys of the
-# Secret): a parameter server every key, the chief (the chief role, or worker 0 when
-# there is none) the chief key, any other worker only the worker key.
+# Which role keys of the job's Secret each kind of replica holds (file names in
+# ENV_AUTH_DIR): a parameter server both, the chief (the chief role, or worker 0 when
+# there is none) the chief key. Any other worker holds none of them, only its own key
+# (`own_worker_name`), from its own Secret.
 KEYS_FOR_HOLDER: Final[Mapping[str, tuple[str, ...]]] = {
     c.ROLE_PS: (KEY_CHIEF, KEY_WORKER),
     KEY_CHIEF: (KEY_CHIEF,),
-    KEY_WORKER: (KEY_WORKER,),
 }
 
 
@@ -133,3 +135,10 @@ def decode_key(text: str, where: str) -> bytes:
 def secret_name(job_name: str) -> str:
     """The deterministic name of a job's credentials Secret (a DNS subdomain)."""
     return f"{job_name}-pstrain-auth"[: c.DNS_SUBDOMAIN_MAX]
+
+
+def worker_secret_name(job_name: str, trainer: int) -> str:
+    """The deterministic name of worker `trainer`'s own credentials Secret (a DNS
+    subdomain; `trainer` is its index among the trainers, the chief's being 0)."""
+    suffix = f"-pstrain-auth-{own_worker_name(trainer)}"
+    return f"{job_name[: c.DNS_SUBDOMAIN_MAX - len(suffix)]}{suffix}"

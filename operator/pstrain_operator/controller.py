@@ -66,6 +66,7 @@ from .refusals import cleared, record_refusal
 from .security import (
     ensure_auth_secret,
     ensure_network_policy,
+    ensure_own_key_secret,
     probe_security,
     stored_worker_keys,
 )
@@ -283,6 +284,8 @@ class Reconciler:
                     skipped.add(action.name)
                     continue
                 try:
+                    if isinstance(action, CreatePod):
+                        ensure_own_key_secret(self.kube, action.manifest)
                     created = self.kube.create(action.manifest)
                 except KubeError as exc:
                     if exc.namespace_terminating:

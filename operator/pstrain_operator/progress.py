@@ -39,6 +39,10 @@ FETCH_TIMEOUT_S = 1.0
 # otherwise end before the first regular read and never show a step).
 EARLY_PROGRESS_S = 2.0
 
+# Significant digits of `status.progress.loss`: `kubectl get trainingjobs` prints the
+# number whole in its Loss column (0.0006786651997649411 reads as 0.0006787).
+LOSS_DIGITS = 4
+
 # Keys the runtime may use for each Progress field, first match wins.
 _KEYS = {
     "global_step": ("global_step", "globalStep", "step"),
@@ -114,6 +118,12 @@ def default_asker() -> AskCheckpoint:
     return ask
 
 
+def rounded(value: float, digits: int = LOSS_DIGITS) -> float:
+    """`value` to `digits` significant digits, still a number (the CRD's column and
+    field stay `number`); nan and infinities pass through."""
+    return float(f"{value:.{digits}g}")
+
+
 def progress_from_status(data: Mapping[str, Any] | None, now: datetime) -> Progress | None:
     """The Progress in the runtime's status reply, or None when it carries none."""
     if not data:
@@ -129,7 +139,7 @@ def progress_from_status(data: Mapping[str, Any] | None, now: datetime) -> Progr
     try:
         return Progress(
             global_step=max(0, int(values["global_step"])),
-            loss=float(values["loss"]) if "loss" in values else None,
+            loss=rounded(float(values["loss"])) if "loss" in values else None,
             samples_per_second=(float(values["samples_per_second"])
                                 if "samples_per_second" in values else None),
             eval_accuracy=(float(values["eval_accuracy"])

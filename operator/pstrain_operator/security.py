@@ -1,14 +1,19 @@
-"""A job's security children: its credentials Secret, how pods mount it (and the TLS
-Secret the user names), and the per-job NetworkPolicy. Pure constructors, plus
-`ensure_auth_secret`, the one "get, else create" the executor runs before deciding.
+"""A job's security children: its credentials Secrets, how pods mount them (and the
+TLS Secret the user names), and the per-job NetworkPolicy. Pure constructors, plus the
+"get, else create" steps the executor runs: `ensure_auth_secret` before deciding,
+`ensure_own_key_secret` before it creates a worker's pod.
 
 Invariants:
-- the Secret is named `security.secret_name(job)`, owned by the job (garbage-collected
-  with it), immutable, and holds only the role keys derived from a fresh 256-bit token
-  (`pstrain_api.security`); it is created once and never rewritten, so restarted pods
-  get the same keys;
-- a pod mounts only the keys its replica may hold (a non-chief worker only `worker`),
-  read-only, and is told the directory in PSTRAIN_AUTH_DIR, never a key;
+- the job's Secret is named `security.secret_name(job)`, owned by the job (garbage-
+  collected with it), immutable, and holds only the role keys derived from a fresh
+  256-bit token (`pstrain_api.security`); it is created once and never rewritten, so
+  restarted pods get the same keys;
+- worker i (a trainer that is not the chief) has a Secret of its own,
+  `security.worker_secret_name(job, i)`, owned by the job and immutable, holding only
+  `worker-<i>`, its own key derived from the job's worker key: a worker pod holds no
+  key that acts for another worker;
+- a pod mounts only the keys its replica may hold, read-only, and is told the
+  directory in PSTRAIN_AUTH_DIR, never a key;
 - no key is logged, posted as an event, or written to the job's status.
 """
 
@@ -22,6 +27,7 @@ from typing import Any
 
 from pstrain_api import constants as c
 from pstrain_api import security
+from pstrain_api.cluster import ClusterSpec, Task
 from pstrain_api.model import TrainingJob
 
 from .build import job_labels, owner_reference
@@ -53,6 +59,65 @@ def build_auth_secret(job: TrainingJob, token: bytes) -> dict[str, Any]:
         "data": {role: base64.b64encode(security.encode_key(key).encode()).decode()
                  for role, key in keys.items()},
     }
+
+
+def build_own_key_secret(pod: Mapping[str, Any], trainer: int,
+                         worker_key: bytes) -> dict[str, Any]:
+    """Worker `trainer`'s own credentials Secret, for the pod that mounts it (same
+    namespace, job labels and owner): only its own key, derived from `worker_key`."""
+    meta = pod["metadata"]
+    job_name = meta["labels"][c.LABEL_JOB]
+    name = security.own_worker_name(trainer)
+    key = security.own_worker_key(worker_key, trainer)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": security.worker_secret_name(job_name, trainer),
+            "namespace": meta["namespace"],
+            "labels": {k: meta["labels"][k] for k in (c.LABEL_JOB, c.LABEL_MANAGED_BY)},
+            "ownerReferences": copy.deepcopy(meta["ownerReferences"]),
+        },
+        "type": "Opaque",
+        "immutable": True,
+        "data": {name: base64.b64encode(security.encode_key(key).encode()).decode()},
+    }
+
+
+def own_key_trainer(pod: Mapping[str, Any]) -> int | None:
+    """The trainer index whose own key `pod` mounts (a worker pod that is not the
+    chief's, with authentication on), else None."""
+    for volume in (pod.get("spec") or {}).get("volumes") or []:
+        if volume.get("name") != security.AUTH_VOLUME:
+            continue
+        for item in (volume.get("secret") or {}).get("items") or []:
+            index = security.own_worker_index(item.get("key", ""))
+            if index is not None:
+                return index
+    return None
+
+
+def ensure_own_key_secret(kube: Kube, pod: Mapping[str, Any]) -> None:
+    """Before `pod` is created: when it mounts a worker's own key, make sure that
+    worker's Secret exists (created from the job's worker key if absent; never
+    rewritten). Without the job's Secret nothing is made: the pod then waits for its
+    volume, as it would for a missing Secret."""
+    trainer = own_key_trainer(pod)
+    if trainer is None:
+        return
+    meta = pod["metadata"]
+    name = security.worker_secret_name(meta["labels"][c.LABEL_JOB], trainer)
+    if kube.get_secret(meta["namespace"], name) is not None:
+        return
+    job_secret = kube.get_secret(meta["namespace"],
+                                 security.secret_name(meta["labels"][c.LABEL_JOB]))
+    worker_key = worker_keys(job_secret or {}).get(security.KEY_WORKER)
+    if worker_key is None:
+        log.warning("%s/%s: no worker key to derive %s from", meta["namespace"],
+                    meta["name"], name)
+        return
+    if kube.create(build_own_key_secret(pod, trainer, worker_key)):
+        log.info("created the credentials Secret %s/%s", meta["namespace"], name)
 
 
 def worker_keys(secret: Mapping[str, Any],
@@ -100,9 +165,25 @@ def _volume_mount(volume: str, path: str) -> dict[str, Any]:
     return {"name": volume, "mountPath": path, "readOnly": True}
 
 
-def secure_pod(pod: dict[str, Any], job: TrainingJob, role: str,
-               is_chief: bool) -> dict[str, Any]:
-    """`pod` (a built replica pod) with the job's credentials mounted in its main
+def _auth_volume(job: TrainingJob, cluster: ClusterSpec, task: Task) -> dict[str, Any]:
+    """The credentials volume of `task`'s pod: the job's Secret with the keys its
+    replica may hold (a parameter server, the chief), or a worker's own Secret."""
+    if task.role == c.ROLE_PS or cluster.is_chief(task):
+        holder = security.key_holder(task.role, cluster.is_chief(task))
+        name, keys = security.secret_name(job.name), security.KEYS_FOR_HOLDER[holder]
+    else:
+        trainer = cluster.trainer_index(task)
+        name = security.worker_secret_name(job.name, trainer)
+        keys = (security.own_worker_name(trainer),)
+    return {"name": security.AUTH_VOLUME, "secret": {
+        "secretName": name, "defaultMode": KEY_FILE_MODE,
+        "items": [{"key": key, "path": key} for key in keys],
+    }}
+
+
+def secure_pod(pod: dict[str, Any], job: TrainingJob, cluster: ClusterSpec,
+               task: Task) -> dict[str, Any]:
+    """`pod` (the built pod of `task`) with its credentials mounted in its main
     container, and the TLS Secret when the job names one. Unchanged when both are off."""
     sec = job.spec.security
     if not sec.authentication and sec.tls is None:
@@ -114,13 +195,7 @@ def secure_pod(pod: dict[str, Any], job: TrainingJob, role: str,
     mounts = main.setdefault("volumeMounts", [])
     env = main.setdefault("env", [])
     if sec.authentication:
-        holder = security.key_holder(role, is_chief)
-        volumes.append({"name": security.AUTH_VOLUME, "secret": {
-            "secretName": security.secret_name(job.name),
-            "defaultMode": KEY_FILE_MODE,
-            "items": [{"key": key, "path": key}
-                      for key in security.KEYS_FOR_HOLDER[holder]],
-        }})
+        volumes.append(_auth_volume(job, cluster, task))
         mounts.append(_volume_mount(security.AUTH_VOLUME, security.AUTH_MOUNT_PATH))
         env.insert(0, {"name": security.ENV_AUTH_DIR, "value": security.AUTH_MOUNT_PATH})
     if sec.tls is not None:

@@ -267,7 +267,8 @@ def test_final_status_comes_from_the_chiefs_termination_message(
     summary = chief_summary(ns)
     assert summary["global_step"] == 600 and summary["done"] is True, summary
     assert final["progress"]["globalStep"] == summary["global_step"], final
-    assert final["progress"]["loss"] == pytest.approx(summary["loss"]), final
+    # The status keeps 4 significant digits of the loss (progress.LOSS_DIGITS).
+    assert final["progress"]["loss"] == pytest.approx(summary["loss"], rel=1e-3), final
     assert final["lastCheckpoint"]["step"] == summary["checkpoint_step"] == 600, final
     assert final["lastCheckpoint"]["path"] == summary["checkpoint_path"], final
     assert Path(summary["checkpoint_path"]).is_file()
@@ -311,15 +312,24 @@ def test_auth_secret_is_mounted_and_a_wrong_key_is_refused(e2e: E2E, ns: Namespa
     assert secret["metadata"]["ownerReferences"][0]["kind"] == c.KIND
     keys = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
     assert set(keys) == set(security.KEY_ROLES)
-    # Each replica sees exactly the keys it may hold, with the Secret's values.
-    for pod_name, holder in ((f"{JOB}-ps-0", "ps"), (f"{JOB}-worker-0", "chief"),
-                             (f"{JOB}-worker-1", "worker")):
+    # Each replica sees exactly the keys it may hold, with the Secrets' values: worker 1
+    # only its own key, from a Secret of its own (it cannot act for another worker).
+    for pod_name, holder in ((f"{JOB}-ps-0", "ps"), (f"{JOB}-worker-0", "chief")):
         files = volume_files(ns, pod_name, security.AUTH_VOLUME)
         assert files == {k: keys[k] for k in security.KEYS_FOR_HOLDER[holder]}, pod_name
+    own = ns.get_json("secret", security.worker_secret_name(JOB, 1))
+    assert own["immutable"] is True
+    assert own["metadata"]["ownerReferences"] == secret["metadata"]["ownerReferences"]
+    worker_key = security.decode_key(keys["worker"], "worker")
+    assert {k: base64.b64decode(v).decode() for k, v in own["data"].items()} == {
+        "worker-1": security.encode_key(security.own_worker_key(worker_key, 1))}
+    assert volume_files(ns, f"{JOB}-worker-1", security.AUTH_VOLUME) == {
+        "worker-1": security.encode_key(security.own_worker_key(worker_key, 1))}
 
     # A replica of the job with keys of another job: the parameter server refuses it.
-    wrong = {role: base64.b64encode(security.encode_key(key).encode()).decode()
-             for role, key in security.derive_keys(security.new_token()).items()}
+    other = security.derive_keys(security.new_token())[security.KEY_WORKER]
+    wrong = {"worker-1": base64.b64encode(security.encode_key(
+        security.own_worker_key(other, 1)).encode()).decode()}
     ns.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "wrong-keys"},
               "data": wrong})
     worker = pod(ns, f"{JOB}-worker-1")

@@ -64,15 +64,20 @@ def _mounts(pod: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]], str |
     main = pod["spec"]["containers"][0]
     volume = next(v for v in pod["spec"]["volumes"] if v["name"] == security.AUTH_VOLUME)
     env = {e["name"]: e.get("value") for e in main["env"]}
-    return ([i["key"] for i in volume["secret"]["items"]],
+    return ([f"{volume['secret']['secretName']}:{i['key']}"
+             for i in volume["secret"]["items"]],
             [m for m in main["volumeMounts"] if m["name"] == security.AUTH_VOLUME],
             env.get(security.ENV_AUTH_DIR))
 
 
 @pytest.mark.parametrize(("chief_role", "expected"), [
-    (False, {"j-ps-0": ["chief", "worker"], "j-worker-0": ["chief"], "j-worker-1": ["worker"]}),
-    (True, {"j-ps-0": ["chief", "worker"], "j-chief-0": ["chief"], "j-worker-0": ["worker"],
-            "j-worker-1": ["worker"]}),
+    (False, {"j-ps-0": ["j-pstrain-auth:chief", "j-pstrain-auth:worker"],
+             "j-worker-0": ["j-pstrain-auth:chief"],
+             "j-worker-1": ["j-pstrain-auth-worker-1:worker-1"]}),
+    (True, {"j-ps-0": ["j-pstrain-auth:chief", "j-pstrain-auth:worker"],
+            "j-chief-0": ["j-pstrain-auth:chief"],
+            "j-worker-0": ["j-pstrain-auth-worker-1:worker-1"],
+            "j-worker-1": ["j-pstrain-auth-worker-2:worker-2"]}),
 ], ids=["worker-0-is-chief", "chief-role"])
 def test_each_pod_mounts_only_the_keys_its_replica_may_hold(
         chief_role: bool, expected: dict[str, list[str]]) -> None:
@@ -82,8 +87,7 @@ def test_each_pod_mounts_only_the_keys_its_replica_may_hold(
     cluster = kubernetes_cluster_spec(job)
     got = {}
     for task in cluster.tasks():
-        pod = secure_pod(build_pod(job, cluster, task, PodSettings()), job, task.role,
-                         cluster.is_chief(task))
+        pod = secure_pod(build_pod(job, cluster, task, PodSettings()), job, cluster, task)
         keys, mounts, env = _mounts(pod)
         assert mounts == [{"name": "pstrain-auth", "mountPath": "/var/run/pstrain/auth",
                            "readOnly": True}]
@@ -100,7 +104,7 @@ def test_tls_mounts_the_users_secret_and_authentication_can_be_turned_off() -> N
     job = make_job().security(authentication=False, tls={"secretName": "my-cert"}).build()
     cluster = kubernetes_cluster_spec(job)
     task = cluster.tasks()[0]
-    pod = secure_pod(build_pod(job, cluster, task, PodSettings()), job, task.role, False)
+    pod = secure_pod(build_pod(job, cluster, task, PodSettings()), job, cluster, task)
     assert [v["name"] for v in pod["spec"]["volumes"]] == ["pstrain-tls"]
     assert pod["spec"]["volumes"][0]["secret"]["secretName"] == "my-cert"
     env = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
@@ -108,7 +112,7 @@ def test_tls_mounts_the_users_secret_and_authentication_can_be_turned_off() -> N
     kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
     off = make_job().security(authentication=False).build()
     built = build_pod(off, cluster, task, PodSettings())
-    assert secure_pod(built, off, task.role, False) == built
+    assert secure_pod(built, off, cluster, task) == built
 
 
 def test_ensure_creates_the_secret_once_and_keeps_it() -> None:
@@ -159,10 +163,47 @@ def test_the_executor_makes_the_secret_first_and_never_shows_a_key(
         caplog.text,
         generate_latest(op.metrics.registry).decode(),
     ])
-    for role, value in secret["data"].items():
+    stored = [(role, value) for one in kube.secrets.values()
+              for role, value in one["data"].items()]
+    assert len(stored) == 3  # the role keys and worker 1's own
+    for role, value in stored:
         key = security.decode_key(base64.b64decode(value).decode(), role)
         for form in (value, key.hex(), base64.b64encode(key).decode()):
             assert form not in shown
+
+
+def test_each_worker_gets_a_secret_of_its_own_before_its_pod() -> None:
+    kube, events, status = FakeKube(), Recorder(), FakeStatus()
+    kube.add_job(make_job().chief().body())  # a chief, workers 0 and 1 (trainers 1, 2)
+    op = make_reconciler(kube, events, status)
+    op.reconcile("ns", "j")
+    kube.set_pod("ns", "j-ps-0", "Running", ready=True)
+    op.reconcile("ns", "j")
+    op.reconcile("ns", "j")
+    creates = [what for verb, what in kube.calls if verb == "create"]
+    worker_key = worker_keys(kube.secrets[("ns", "j-pstrain-auth")])["worker"]
+    job = make_job().chief().build()
+    for replica, trainer in (("j-worker-0", 1), ("j-worker-1", 2)):
+        name = f"j-pstrain-auth-worker-{trainer}"
+        assert creates.count(f"Secret/{name}") == 1
+        assert creates.index(f"Secret/{name}") < creates.index(f"Pod/{replica}")
+        secret = kube.secrets[("ns", name)]
+        assert secret["immutable"] is True
+        assert secret["metadata"]["ownerReferences"] == [owner_reference(job)]
+        assert secret["data"] == {
+            f"worker-{trainer}": _b64(security.own_worker_key(worker_key, trainer))}
+        kubernetes_validate.validate({k: v for k, v in secret.items() if k != "status"},
+                                     K8S_VERSION, strict=True)
+    # The chief and the parameter servers mount the job's Secret: no own Secret for them.
+    assert sorted(n for _, n in kube.secrets) == [
+        "j-pstrain-auth", "j-pstrain-auth-worker-1", "j-pstrain-auth-worker-2"]
+
+
+def test_a_long_job_name_keeps_each_own_secret_name_distinct_and_valid() -> None:
+    name = "j" * 253
+    for index in (1, 12, 2**31 - 1):
+        secret = security.worker_secret_name(name, index)
+        assert len(secret) == 253 and secret.endswith(f"-pstrain-auth-worker-{index}")
 
 
 @pytest.mark.parametrize("body", [

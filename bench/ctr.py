@@ -26,12 +26,12 @@ from __future__ import annotations
 import math
 import os
 import re
-import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .core import GB, Config, Figure, ratio, run_parts
+from .usage import mem_available, parse_ss, rss_bytes, wire_bytes
 
 ENTRYPOINT = "pstrain_runtime.examples.ctr:make_task"
 NUM_TABLES = 26
@@ -75,51 +75,6 @@ def ddp_bytes_needed(total_rows: int, sparse: bool) -> int:
     plus DDP's bucket; sparse: small), Adagrad's per-element sum."""
     copies = 2 if sparse else DDP_STATE_COPIES
     return WORKERS * copies * table_bytes(total_rows)
-
-
-_SS_PID = re.compile(r"pid=(\d+)")
-_SS_BYTES = re.compile(r"\bbytes_(sent|received):(\d+)")
-
-
-def parse_ss(text: str) -> dict[int, int]:
-    """Bytes sent + received per process id, from `ss -tinpH` output (a socket line
-    naming its processes, then an indented line of TCP info)."""
-    out: dict[int, int] = {}
-    owners: list[int] = []
-    for line in text.splitlines():
-        if not line.startswith((" ", "\t")):
-            owners = [int(p) for p in _SS_PID.findall(line)]
-            continue
-        moved = sum(int(n) for _, n in _SS_BYTES.findall(line))
-        for pid in owners[:1]:  # a socket shared after fork counts once
-            out[pid] = out.get(pid, 0) + moved
-    return out
-
-
-def wire_bytes(pids: Sequence[int]) -> int:
-    """TCP bytes sent + received so far over the open sockets of `pids`."""
-    text = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True,
-                          timeout=10).stdout
-    moved = parse_ss(text)
-    return sum(moved.get(p, 0) for p in pids)
-
-
-def rss_bytes(pid: int) -> int:
-    from pathlib import Path
-
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
-def mem_available() -> int:
-    from pathlib import Path
-
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 @dataclass(frozen=True)
@@ -454,4 +409,4 @@ def lookup_path(cfg: Config) -> list[Figure]:
                   pull_gbs, tcp_gbs)]
 
 
-__all__ = ["GB", "derive", "parse_ss", "run", "spread"]
+__all__ = ["GB", "derive", "parse_ss", "run", "spread", "wire_bytes"]

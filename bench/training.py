@@ -34,6 +34,7 @@ from typing import Any
 from . import rt
 from .core import Config, Figure, run_parts
 from .procs import LOOPBACK, cpu_seconds, find_free_ports, free_port, run_group
+from .usage import rss_bytes, wire_bytes
 
 WORKERS = 2
 EVAL_EVERY = 10
@@ -183,8 +184,6 @@ def _ps_job_peer(rank: int, ports: list[int], jobs: list[dict[str, Any]], timeou
                     if events[-1][1] == "progress":
                         events[-1][2]["cpu"] = [cpu_seconds(p) for p in pids[:]]
                         if memory:  # the CTR item: RSS of all, TCP bytes of the workers
-                            from .ctr import rss_bytes, wire_bytes
-
                             events[-1][2]["rss"] = [rss_bytes(p) for p in pids[:]]
                             events[-1][2]["wire"] = wire_bytes(pids[num_ps:])
                     return enough(events)

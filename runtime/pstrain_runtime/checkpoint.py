@@ -33,7 +33,7 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import torch
 
@@ -241,6 +241,36 @@ def write_atomically(path: Path, write: Callable[[BinaryIO], T]) -> T:
     return result
 
 
+def check_rows_size(path: Path, check: Mapping[str, Any] | None) -> None:
+    """CheckpointCorrupt when a sparse rows file is missing or not of the size written
+    (`check` as the checkpoint's manifest records it; nothing to check without one)."""
+    if not check:
+        return
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        raise CheckpointCorrupt(f"sparse rows {path} are missing") from None
+    except OSError as exc:
+        raise CheckpointError(f"sparse rows {path} cannot be read: {exc}") from exc
+    if size != check.get("bytes"):
+        raise CheckpointCorrupt(f"sparse rows {path} have {size} bytes; "
+                                f"{check.get('bytes')} were written")
+
+
+def check_sparse_files(directory: Path, manifest: Mapping[str, Any]) -> None:
+    """Every rows file a checkpoint's sparse manifest names, by its recorded size."""
+    tables = manifest.get("tables") if manifest else None
+    if not isinstance(tables, Mapping):
+        return
+    base = directory / str(manifest.get("dir", ""))
+    for entry in tables.values():
+        if not isinstance(entry, Mapping):
+            continue
+        checks = entry.get("checks") or {}
+        for filename in entry.get("files") or []:
+            check_rows_size(base / filename, checks.get(filename))
+
+
 def save_checkpoint(ckpt: Checkpoint, path: Path) -> Path:
     """Write `ckpt` to `path` atomically."""
     write_atomically(path, lambda fh: torch.save(ckpt.to_dict(), fh))
@@ -317,7 +347,9 @@ class CheckpointStore:
         for step in reversed(self.steps()):
             path = self.path_for(step)
             try:
-                return load_checkpoint(path), path, problems
+                ckpt = load_checkpoint(path)
+                check_sparse_files(self.directory, ckpt.sparse)
+                return ckpt, path, problems
             except CheckpointCorrupt as exc:
                 problems.append(str(exc))
             except CheckpointError as exc:

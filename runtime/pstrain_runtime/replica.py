@@ -41,6 +41,8 @@ from pstrain_api.quote import one_line
 from .failure import ConfigurationError, report_failure, write_termination_message
 
 if TYPE_CHECKING:
+    from pstrain_api.model import Training
+
     from .auth import Credentials
     from .tls import TlsFiles
 
@@ -134,10 +136,24 @@ def run_ps(identity: ReplicaIdentity, environ: Mapping[str, str]) -> int:
     return 0
 
 
+def _training_settings(environ: Mapping[str, str]) -> Training | int:
+    """The `Training` settings in PSTRAIN_TRAINING, or the exit code after saying why
+    there are none."""
+    from pstrain_api.model import Training
+
+    raw = environ.get(c.ENV_TRAINING)
+    if not raw:
+        return report_failure(f"pstrain replica: {c.ENV_TRAINING} is not set; the runner "
+                              "or the operator sets it", 2, environ)
+    try:
+        return Training.model_validate_json(raw)
+    except ValueError as exc:
+        return report_failure(f"pstrain replica: {c.ENV_TRAINING} is not valid: "
+                              f"{one_line(str(exc))}", 2, environ)
+
+
 def run_trainer(identity: ReplicaIdentity, environ: Mapping[str, str], overlap: bool) -> int:
     import torch
-
-    from pstrain_api.model import Training
 
     from .checkpoint import CheckpointError
     from .client import connect
@@ -145,15 +161,9 @@ def run_trainer(identity: ReplicaIdentity, environ: Mapping[str, str], overlap: 
     from .summary import final_summary, write_summary
     from .trainer import Trainer, TrainingDiverged, WorkerRole
 
-    raw = environ.get(c.ENV_TRAINING)
-    if not raw:
-        return report_failure(f"pstrain replica: {c.ENV_TRAINING} is not set; the runner "
-                              "or the operator sets it", 2, environ)
-    try:
-        training = Training.model_validate_json(raw)
-    except ValueError as exc:
-        return report_failure(f"pstrain replica: {c.ENV_TRAINING} is not valid: "
-                              f"{one_line(str(exc))}", 2, environ)
+    training = _training_settings(environ)
+    if isinstance(training, int):
+        return training
     if not torch.cuda.is_available() and "OMP_NUM_THREADS" not in environ:
         torch.set_num_threads(int(environ.get(ENV_NUM_THREADS, "1")))
     index, count = worker_index(identity)

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent import futures
+from contextlib import contextmanager
 from typing import Any
 
 import grpc
@@ -38,18 +39,16 @@ DEFAULT_SHUTDOWN_GRACE = 30.0
 CONTROL_THREADS = 16  # handler threads that tensor calls may never take
 
 
-def _abort(context: grpc.ServicerContext, exc: PSError) -> None:
-    code = getattr(grpc.StatusCode, exc.code, grpc.StatusCode.UNKNOWN)
-    context.abort(code, exc.message)
-
-
-def _answer(context: grpc.ServicerContext, call: Callable[[], Any]) -> Any:
-    """`call()`'s reply; a PSError it raises aborts the RPC with its code and message."""
+@contextmanager
+def aborting(context: grpc.ServicerContext) -> Iterator[None]:
+    """The one translation of refusals into gRPC statuses: a PSError raised inside
+    aborts the RPC with its code and message (`context.abort` raises)."""
     try:
-        return call()
+        yield
     except PSError as exc:
-        _abort(context, exc)
-        raise
+        code = getattr(grpc.StatusCode, exc.code, grpc.StatusCode.UNKNOWN)
+        context.abort(code, exc.message)
+        raise  # unreachable: abort raises
 
 
 def _caller(context: grpc.ServicerContext) -> dict[str, Any]:
@@ -89,9 +88,9 @@ class TensorCallSlots:
 
 
 class ParameterServerService:
-    """RPC handlers; each one translates PSError into a gRPC status. Tensor calls hold
-    one of `slots` while they run, and their waits in the store end at the client's
-    deadline or when it goes away."""
+    """RPC handlers; each one translates PSError into a gRPC status (`aborting`).
+    Tensor calls hold one of `slots` while they run, and their waits in the store end
+    at the client's deadline or when it goes away."""
 
     def __init__(self, store: ParameterStore, server: PSServer, slots: TensorCallSlots) -> None:
         self.store = store
@@ -100,47 +99,29 @@ class ParameterServerService:
 
     def push(self, request_iterator: Iterator[bytes],
              context: grpc.ServicerContext) -> pb.PushReply:
-        with self.slots.take(context):
-            try:
-                return self.store.push(iter(request_iterator), **_caller(context))
-            except PSError as exc:
-                _abort(context, exc)
-                raise  # unreachable: abort raises
+        with self.slots.take(context), aborting(context):
+            return self.store.push(iter(request_iterator), **_caller(context))
 
     def init(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> pb.StepInfo:
-        with self.slots.take(context):
-            try:
-                return self.store.init(iter(request_iterator))
-            except PSError as exc:
-                _abort(context, exc)
-                raise
+        with self.slots.take(context), aborting(context):
+            return self.store.init(iter(request_iterator))
 
     def pull(self, request: pb.PullRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         with self.slots.take(context):
-            try:
+            with aborting(context):
                 frames = self.store.pull(request, **_caller(context))
-            except PSError as exc:
-                _abort(context, exc)
-                raise
             yield from frames
 
     def push_pull(self, request_iterator: Iterator[bytes],
                   context: grpc.ServicerContext) -> Iterator[bytes]:
         with self.slots.take(context):
-            try:
+            with aborting(context):
                 frames = self.store.push_pull(iter(request_iterator), **_caller(context))
-            except PSError as exc:
-                _abort(context, exc)
-                raise
             yield from frames
 
     def push_pull_small(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        with self.slots.take(context):
-            try:
-                return self.store.push_pull_small(request, **_caller(context))
-            except PSError as exc:
-                _abort(context, exc)
-                raise
+        with self.slots.take(context), aborting(context):
+            return self.store.push_pull_small(request, **_caller(context))
 
     def info(self, request: pb.NamespaceRequest, context: grpc.ServicerContext) -> pb.StepInfo:
         reply = self.store.info(request.namespace, request.worker)
@@ -148,7 +129,8 @@ class ParameterServerService:
         return reply
 
     def finish(self, request: pb.FinishRequest, context: grpc.ServicerContext) -> pb.StepInfo:
-        return _answer(context, lambda: self.store.finish(request.namespace))
+        with aborting(context):
+            return self.store.finish(request.namespace)
 
     def shutdown(self, request: pb.ShutdownRequest,
                  context: grpc.ServicerContext) -> pb.ShutdownReply:
@@ -157,33 +139,31 @@ class ParameterServerService:
         return pb.ShutdownReply(accepted=True)
 
     def report_status(self, request: pb.StatusReport, context: grpc.ServicerContext) -> pb.Empty:
-        try:
+        with aborting(context):
             self.store.report(request)
-        except PSError as exc:
-            _abort(context, exc)
         return pb.Empty()
 
     def sparse(self, request_iterator: Iterator[bytes],
                context: grpc.ServicerContext) -> Iterator[bytes]:
-        try:
+        with aborting(context):
             role = auth.role_of_call(context.invocation_metadata())
             frames = sparse_service.handle(self.store, list(request_iterator), role)
-        except PSError as exc:
-            _abort(context, exc)
-            raise
         yield from frames
 
     def get_job_status(self, request: pb.NamespaceRequest,
                        context: grpc.ServicerContext) -> pb.JobStatus:
-        return _answer(context, lambda: self.store.job_status(request.namespace))
+        with aborting(context):
+            return self.store.job_status(request.namespace)
 
     def request_checkpoint(self, request: pb.NamespaceRequest,
                            context: grpc.ServicerContext) -> pb.StepInfo:
-        return _answer(context, lambda: self.store.request_checkpoint(request.namespace))
+        with aborting(context):
+            return self.store.request_checkpoint(request.namespace)
 
     def set_workers(self, request: pb.WorkersRequest,
                     context: grpc.ServicerContext) -> pb.StepInfo:
-        return _answer(context, lambda: self.store.set_workers(request.namespace, request.workers))
+        with aborting(context):
+            return self.store.set_workers(request.namespace, request.workers)
 
 
 def build_handler(service: ParameterServerService) -> grpc.GenericRpcHandler:

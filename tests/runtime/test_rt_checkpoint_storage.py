@@ -257,7 +257,7 @@ def test_a_checkpoint_past_the_target_step_is_reported(tmp_path, capsys) -> None
     assert f"pstrain: warning: {warning}" in capsys.readouterr().out
     metrics = fold(Metrics(total_steps=5), "j-worker-0", {"event": "restored", **restored})
     assert format_event("j-worker-0", {"event": "restored", **restored}, metrics) == (
-        f"j-worker-0: restored checkpoint from step 999999; 0 steps lost; {warning}")
+        f"j-worker-0: resumed from the checkpoint at step 999999 ({path}); {warning}")
 
 
 # --------------------------------------------------------------------------- damaged files

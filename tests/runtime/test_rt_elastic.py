@@ -357,7 +357,7 @@ def test_a_removed_worker_pushes_no_more_and_waits_without_failing(mode: str) ->
 def test_applied_samples_count_each_step_with_the_workers_it_applied() -> None:
     """The chief's samples/s after a scale: 10 sync steps of 2 workers x 64, then 10
     of 4 x 64; a restore takes the step back and counting goes on from there."""
-    from pstrain_runtime.elastic import AppliedSamples
+    from pstrain_runtime.worker.membership import AppliedSamples
 
     applied = AppliedSamples(step=5)
     applied.advance(15, 2 * 64)
@@ -370,7 +370,7 @@ def test_applied_samples_count_each_step_with_the_workers_it_applied() -> None:
 
 
 def test_a_push_refused_for_membership_is_told_apart_from_other_refusals() -> None:
-    from pstrain_runtime.elastic import admitted, not_a_member
+    from pstrain_runtime.worker.membership import admitted, not_a_member
 
     store, _ = ready_store(num_workers=2)
     store.set_workers("ns", {0})

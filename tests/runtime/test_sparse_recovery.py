@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 import torch
 
-from pstrain_runtime.checkpoint import CheckpointError, CheckpointStore, load_checkpoint
+from pstrain_runtime.checkpoint import (CheckpointCorrupt, CheckpointError, CheckpointStore,
+                                        NoUsableCheckpoint, load_checkpoint)
+from pstrain_runtime.failure import ConfigurationError
 from pstrain_runtime.client import LocalTransport
 from pstrain_runtime.sparse import client as sparse_client
 from pstrain_runtime.optim import OptimizerConfig
@@ -87,11 +89,70 @@ def test_a_truncated_rows_file_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "t.rows"
     block = RowBlock(ids=torch.arange(5), rows=torch.ones(5, 3), slots={},
                      last=torch.zeros(5, dtype=torch.int64))
-    assert write_rows(path, spec, (), [block, block]) == 10
-    assert [len(b.ids) for b in read_rows(path, spec, ())] == [5, 5]
+    written = write_rows(path, spec, (), [block, block])
+    assert written.rows == 10 and written.size == path.stat().st_size
+    assert [len(b.ids) for b in read_rows(path, spec, (), written.check())] == [5, 5]
     path.write_bytes(path.read_bytes()[:-20])
-    with pytest.raises(CheckpointError, match="truncated"):
+    with pytest.raises(CheckpointCorrupt, match="truncated"):
         list(read_rows(path, spec, ()))
+    with pytest.raises(CheckpointCorrupt, match=f"have {written.size - 20} bytes; "
+                                                f"{written.size} were written"):
+        list(read_rows(path, spec, (), written.check()))
+
+
+def test_a_rows_file_that_is_not_the_bytes_written_is_damage(tmp_path: Path) -> None:
+    spec = TableSpec("t", None, 3, 0.1, optimizer=OptimizerConfig(name="sgd"))
+    path = tmp_path / "t.rows"
+    block = RowBlock(ids=torch.arange(5), rows=torch.ones(5, 3), slots={},
+                     last=torch.zeros(5, dtype=torch.int64))
+    written = write_rows(path, spec, (), [block])
+    data = bytearray(path.read_bytes())
+    data[-30] ^= 0xFF  # a row value: same size, other bytes
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointCorrupt, match="not the bytes written"):
+        list(read_rows(path, spec, (), written.check()))
+    path.unlink()
+    with pytest.raises(CheckpointCorrupt, match="are missing"):
+        list(read_rows(path, spec, (), written.check()))
+
+
+def _sparse_file(directory: Path, step: int) -> Path:
+    ckpt = load_checkpoint(CheckpointStore(directory).path_for(step))
+    entry = ckpt.sparse["tables"]["items"]
+    return directory / ckpt.sparse["dir"] / entry["files"][0]
+
+
+def test_a_damaged_rows_file_falls_back_or_fails_at_once(tmp_path: Path) -> None:
+    job = training(steps=20, batchSize=16, mode="sync",
+                   checkpoint={"directory": str(tmp_path), "intervalSteps": 10})
+    run_job(job, [LocalTransport(ParameterStore(i)) for i in range(2)])
+    store = CheckpointStore(tmp_path)
+    assert store.steps() == [10, 20]
+
+    # A short file is found before the restore picks its checkpoint: step 10 is used.
+    newest = _sparse_file(tmp_path, 20)
+    intact = newest.read_bytes()
+    newest.write_bytes(intact[:-7])
+    found = store.latest()
+    assert found is not None
+    ckpt, _, problems = found
+    assert ckpt.global_step == 10
+    assert problems == [f"sparse rows {newest} have {len(intact) - 7} bytes; "
+                        f"{len(intact)} were written"]
+
+    # Bytes changed in place are found while the rows stream back: the job fails at
+    # once (a configuration error, no restart), naming the file and what to do.
+    damaged = bytearray(intact)
+    damaged[-30] ^= 0xFF
+    newest.write_bytes(bytes(damaged))
+    with pytest.raises(NoUsableCheckpoint) as caught:
+        run_job(job.model_copy(update={"steps": 25}),
+                [LocalTransport(ParameterStore(i)) for i in range(2)])
+    assert isinstance(caught.value, ConfigurationError)
+    message = str(caught.value)
+    assert message.startswith(f"sparse rows {newest} are not the bytes written")
+    assert message.endswith(f"remove ckpt-000000000020.sparse and its checkpoint file from "
+                            f"{tmp_path} to restore the previous checkpoint")
 
 
 def test_a_checkpoint_of_other_tables_is_refused(tmp_path: Path) -> None:

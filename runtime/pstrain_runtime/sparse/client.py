@@ -27,6 +27,9 @@ class SparseClient:
         self.namespace = namespace
         self.num_ps = len(self.transports)
         self.max_call_bytes = max_call_bytes
+        # Per server, the generation its last pull reply named (0: none yet): pushes
+        # send it back, and a server initialised since refuses them (ABORTED).
+        self.generations: list[int] = [0] * self.num_ps
         self.pool = cf.ThreadPoolExecutor(max_workers=max(1, self.num_ps),
                                           thread_name_prefix="sparse-client")
 
@@ -85,9 +88,10 @@ class SparseClient:
                     calls[-1].append((k, chunk))
                     size += nbytes
             for call in calls:
-                _, frames = self._call(ps, {"op": "pull", "tables": [
+                reply, frames = self._call(ps, {"op": "pull", "tables": [
                     {"name": specs[k].name, "count": int(c.numel())} for k, c in call]},
                     [ids[k][c] for k, c in call])
+                self.generations[ps] = int(reply.get("generation", 0))
                 if len(frames) != len(call):
                     raise PSError("INTERNAL", f"parameter server {ps} answered a pull of "
                                   f"{len(call)} tables with {len(frames)} frames")
@@ -108,7 +112,8 @@ class SparseClient:
              steps: Sequence[int]) -> list[dict[str, Any]]:
         """Push each table's (unique ids, gradient rows) to their owners: per server, the
         rows of every table in as few calls as the size limit allows (numbered parts
-        of one step), all servers at once. Returns the replies of the servers called."""
+        of one step), all servers at once, each with the generation of the rows last
+        pulled from it. Returns the replies of the servers called."""
         per_ps: list[list[tuple[str, torch.Tensor, torch.Tensor]]] = [
             [] for _ in range(self.num_ps)]
         for name, (ids, rows) in sorted(grads.items()):
@@ -132,6 +137,7 @@ class SparseClient:
             for part, entries in enumerate(calls):
                 reply, _ = self._call(ps, {
                     "op": "push", "worker": worker, "step": int(steps[ps]), "part": part,
+                    "generation": self.generations[ps],
                     "tables": [{"name": n, "count": int(i.numel())} for n, i, _ in entries]},
                     [t for _, ids, rows in entries for t in (ids, rows)])
             return reply

@@ -5,20 +5,28 @@
     block  = u64 count (> 0), ids int64[count], rows float32[count, dim],
              each slot float32[count, dim] (in header order), last int64[count]
     end    = u64 0
+
+Writing a file returns its size and CRC-32 (`Written`), which the checkpoint records
+beside its name; reading checks both. A file that is missing, of another size, not a
+rows file, truncated, or not the bytes written is damaged (`CheckpointCorrupt`): a
+restart would read the same bytes. An I/O error is a `CheckpointError` (it may pass).
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterable, Iterator, Sequence
+import zlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
 
-from ..checkpoint import CheckpointError, write_atomically
+from ..checkpoint import (CheckpointCorrupt, CheckpointError, CheckpointMismatch,
+                          check_rows_size, write_atomically)
 from .spec import TableSpec
 from .table import RowBlock
 
@@ -26,11 +34,44 @@ MAGIC = b"PSTRAIN-ROWS 1\n"
 _COUNT = struct.Struct("<Q")
 
 
+@dataclass(frozen=True)
+class Written:
+    """What `write_rows` wrote: rows, and the file's size and CRC-32 (its check)."""
+
+    rows: int
+    size: int
+    crc32: int
+
+    def check(self) -> dict[str, int]:
+        return {"bytes": self.size, "crc32": self.crc32}
+
+
+class _Summing:
+    """A file wrapper that counts and CRCs every byte that passes through it."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self.fh, self.size, self.crc = fh, 0, 0
+
+    def _seen(self, data: bytes) -> bytes:
+        self.size += len(data)
+        self.crc = zlib.crc32(data, self.crc)
+        return data
+
+    def write(self, data: bytes) -> None:
+        self.fh.write(self._seen(data))
+
+    def read(self, size: int) -> bytes:
+        return self._seen(self.fh.read(size))
+
+    def readline(self) -> bytes:
+        return self._seen(self.fh.readline())
+
+
 def write_rows(path: Path, spec: TableSpec, slots: Sequence[str],
-               blocks: Iterable[RowBlock]) -> int:
-    """Write `blocks` to `path` atomically; the number of rows written."""
-    def write(fh: BinaryIO) -> int:
-        total = 0
+               blocks: Iterable[RowBlock]) -> Written:
+    """Write `blocks` to `path` atomically; the rows written and the file's check."""
+    def write(raw: BinaryIO) -> Written:
+        fh, total = _Summing(raw), 0
         fh.write(MAGIC)
         fh.write(json.dumps({"table": spec.name, "dim": spec.embedding_dim,
                              "slots": list(slots)}).encode() + b"\n")
@@ -44,38 +85,47 @@ def write_rows(path: Path, spec: TableSpec, slots: Sequence[str],
                 fh.write(tensor.contiguous().numpy().tobytes())
             total += count
         fh.write(_COUNT.pack(0))
-        return total
+        return Written(total, fh.size, fh.crc)
 
     return write_atomically(path, write)
 
 
-def _read_exact(fh, size: int, path: Path) -> bytes:  # type: ignore[no-untyped-def]
+def _read_exact(fh: _Summing, size: int, path: Path) -> bytes:
     data = fh.read(size)
     if len(data) != size:
-        raise CheckpointError(f"sparse rows {path} are truncated")
+        raise CheckpointCorrupt(f"sparse rows {path} are truncated")
     return data
 
 
-def read_rows(path: Path, spec: TableSpec, slots: Sequence[str]) -> Iterator[RowBlock]:
-    """The blocks of a file written by `write_rows`, one at a time."""
+def read_rows(path: Path, spec: TableSpec, slots: Sequence[str],
+              check: Mapping[str, Any] | None = None) -> Iterator[RowBlock]:
+    """The blocks of a file written by `write_rows`, one at a time; with `check` (what
+    the checkpoint recorded), the file's size first and its CRC-32 at the end."""
     dim = spec.embedding_dim
+    check_rows_size(path, check)
     try:
-        fh = open(path, "rb")  # noqa: SIM115 - closed below, read lazily
+        raw = open(path, "rb")  # noqa: SIM115 - closed below, read lazily
+    except FileNotFoundError:
+        raise CheckpointCorrupt(f"sparse rows {path} are missing") from None
     except OSError as exc:
         raise CheckpointError(f"sparse rows {path} cannot be read: {exc}") from exc
-    with fh:
+    with raw:
+        fh = _Summing(raw)
         if fh.read(len(MAGIC)) != MAGIC:
-            raise CheckpointError(f"{path} is not a pstrain sparse rows file")
+            raise CheckpointCorrupt(f"{path} is not a pstrain sparse rows file")
         try:
             header = json.loads(fh.readline())
         except ValueError as exc:
-            raise CheckpointError(f"{path} has a corrupt header: {exc}") from exc
+            raise CheckpointCorrupt(f"{path} has a corrupt header: {exc}") from exc
         if header != {"table": spec.name, "dim": dim, "slots": list(slots)}:
-            raise CheckpointError(f"{path} holds {header}; expected table {spec.name!r} "
-                                  f"with dim {dim} and slots {list(slots)}")
+            raise CheckpointMismatch(f"{path} holds {header}; expected table {spec.name!r} "
+                                     f"with dim {dim} and slots {list(slots)}")
         while True:
             (count,) = _COUNT.unpack(_read_exact(fh, _COUNT.size, path))
             if count == 0:
+                if check and fh.crc != check.get("crc32"):
+                    raise CheckpointCorrupt(f"sparse rows {path} are not the bytes written "
+                                            "(their CRC-32 differs)")
                 return
 
             def part(dtype: type, width: int) -> torch.Tensor:

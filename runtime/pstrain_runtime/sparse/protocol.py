@@ -5,9 +5,13 @@ raw little-endian tensor bytes (ids as int64, rows as float32), never pickled. T
 frames go over the TCP data plane (op `OP_SPARSE`), gRPC (method `Sparse`) and the
 in-process transport.
 
+A push's `generation` is the one named by its server's reply to the worker's last
+pull (0 or absent: unknown, not checked), so that a server initialised since refuses
+it (ABORTED), as it refuses a dense push of another generation.
+
     pull:      {op, namespace, tables: [{name, count}]}   + ids per table
-       reply:  {global_step}                              + rows per table
-    push:      {op, namespace, worker, step, part, tables: [{name, count}]}
+       reply:  {global_step, generation}                  + rows per table
+    push:      {op, namespace, worker, step, part, generation, tables: [{name, count}]}
                                                           + (ids, grad rows) per table
        reply:  {applied, note, global_step}
     configure: {op, namespace, reset, num_ps, tables: [TableSpec json]}

@@ -7,6 +7,10 @@ Rules:
   workers may pull and push once the namespace is initialised. An unknown table is
   NOT_FOUND; bad ids or rows are INVALID_ARGUMENT and change nothing (every table of a
   push is checked before any is applied).
+- A push is refused as a dense push is (`ps.membership`): from a worker outside the
+  job's set (INVALID_ARGUMENT), or computed on rows of another generation of the
+  namespace (ABORTED: pulls tell the generation, pushes send it back); a push whose
+  worker is removed while it is in flight is dropped whole.
 - async: a push is applied at once, under the namespace's lock, with Adam's step and
   the eviction clock at global step + 1.
 - sync: a push of step s is kept per (worker, part) and applied, summed over workers
@@ -25,6 +29,7 @@ from typing import Any
 import torch
 
 from .. import auth
+from ..ps import membership
 from ..store import Namespace, ParameterStore, PSError
 from .checks import check_grads, check_ids
 from .protocol import Frame, encode, field, header_of, tensor_of
@@ -130,7 +135,7 @@ def _pull(store: ParameterStore, namespace: str, header: dict[str, Any],
         ids = tensor_of(frame, torch.int64, 0, f"ids of {table.spec.name!r}")
         check_ids(table.spec, ids, "sparse pull")
         rows.append(table.read(ids))
-    return encode({"global_step": ns.global_step}, rows)
+    return encode({"global_step": ns.global_step, "generation": ns.generation}, rows)
 
 
 def _push(store: ParameterStore, namespace: str, header: dict[str, Any],
@@ -140,10 +145,12 @@ def _push(store: ParameterStore, namespace: str, header: dict[str, Any],
     worker = field(header, "worker", int, "push")
     step = field(header, "step", int, "push")
     part = header.get("part", 0)
+    generation = header.get("generation", 0)  # 0: unknown (a client before generations)
+    if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
+        raise PSError("INVALID_ARGUMENT", f"sparse push: field 'generation' is "
+                      f"{generation!r}; it must be a non-negative integer")
     items = field(header, "tables", list, "push")
-    if worker not in ns.members:
-        raise PSError("INVALID_ARGUMENT", f"sparse push: worker is {worker}; this job's "
-                      f"workers are {', '.join(map(str, sorted(ns.members.live)))}")
+    membership.check_member(ns, worker, "sparse push")
     if len(body) != 2 * len(items):
         raise PSError("INVALID_ARGUMENT", f"sparse push: {len(items)} tables need "
                       f"{2 * len(items)} frames (ids, rows), got {len(body)}")
@@ -164,6 +171,12 @@ def _push(store: ParameterStore, namespace: str, header: dict[str, Any],
     with ns.cond:
         if ns.done:
             return encode({"applied": False, "note": "the job is done",
+                           "global_step": ns.global_step})
+        # Fenced out, as a dense push is: rows computed on another generation's
+        # parameters, or of a worker removed while the push was in flight.
+        membership.check_generation(ns, worker, generation, store.ps_index, "sparse push")
+        if worker not in ns.members:
+            return encode({"applied": False, "note": membership.removed_note(worker),
                            "global_step": ns.global_step})
         # (async: the worker pushes rows after its dense push was applied, which
         # checked the target; sync: the step itself must be below it)

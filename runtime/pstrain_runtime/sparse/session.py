@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..checkpoint import CheckpointCorrupt, NoUsableCheckpoint
 from ..optim import OptimizerConfig
 from .client import RemoteSource, SparseClient
 from .files import read_rows, write_rows
@@ -100,9 +101,19 @@ class SparseSession:
         for name, entry in manifest["tables"].items():
             spec = self.specs[name]
             slots = ROW_SLOTS[spec.optimizer.name]  # type: ignore[union-attr]
+            checks = entry.get("checks") or {}
             for filename in entry["files"]:
-                for block in read_rows(base / filename, spec, slots):
-                    self.client.load(spec, slots, block)
+                try:
+                    for block in read_rows(base / filename, spec, slots,
+                                           checks.get(filename)):
+                        self.client.load(spec, slots, block)
+                except CheckpointCorrupt as exc:
+                    # Found while streaming (the sizes were checked before): the rows
+                    # are half loaded, and a restart would read the same bytes.
+                    raise NoUsableCheckpoint(
+                        f"{exc}; a restart would read the same bytes: remove "
+                        f"{base.name} and its checkpoint file from {directory} to "
+                        "restore the previous checkpoint") from exc
 
     def save(self, directory: Path, step: int) -> dict[str, Any]:
         """Stream every server's rows of every table into files beside the checkpoint
@@ -111,13 +122,15 @@ class SparseSession:
         tables: dict[str, Any] = {}
         for k, (name, spec) in enumerate(sorted(self.specs.items())):
             slots = ROW_SLOTS[spec.optimizer.name]  # type: ignore[union-attr]
-            files, rows = [], 0
+            files, rows, checks = [], 0, {}
             for ps in range(self.client.num_ps):
                 filename = f"table{k}-ps{ps}.rows"
-                rows += write_rows(directory / sub / filename, spec, slots,
-                                   self.client.export(ps, spec, slots))
+                written = write_rows(directory / sub / filename, spec, slots,
+                                     self.client.export(ps, spec, slots))
+                rows += written.rows
                 files.append(filename)
-            tables[name] = {"files": files, "rows": rows}
+                checks[filename] = written.check()
+            tables[name] = {"files": files, "rows": rows, "checks": checks}
         return {"dir": sub, "tables": tables}
 
     def stats(self) -> dict[str, dict[str, int]]:

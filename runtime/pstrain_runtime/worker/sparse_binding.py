@@ -1,0 +1,76 @@
+"""The binding of a model's sparse tables (rows on the parameter servers) to a trainer.
+
+`sparse.session.SparseSession` does the work; this module says where a trainer calls it,
+so that a model without sparse layers runs no table code at all:
+- building: the tables join the model's fingerprint, and they rule out overlapped and
+  pipelined pushes (a sync step's rows must reach the servers before its dense bucket);
+- every step: the layers' gradient rows are cleared before forward and pushed beside
+  the dense gradients (`step`);
+- the chief: the tables (and their rows) are installed before the dense parameters, their
+  rows are checkpointed beside the checkpoint file, and their size goes into progress
+  events and status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from ..optim import OptimizerConfig
+from ..sparse.session import SparseSession
+from ..store import PSError
+
+
+class SparseBinding:
+    def __init__(self, session: SparseSession | None) -> None:
+        self.session = session  # None: the model has no sparse layers
+
+    @classmethod
+    def attach(cls, model: nn.Module, transports: Sequence[Any], namespace: str,
+               optimizer: OptimizerConfig, seed: int) -> SparseBinding:
+        return cls(SparseSession.attach(model, transports, namespace, optimizer, seed))
+
+    @property
+    def bound(self) -> bool:
+        return self.session is not None
+
+    def fingerprint(self, dense: str) -> str:
+        """The model's fingerprint, covering the table definitions when there are any."""
+        return dense if self.session is None else self.session.fingerprint(dense)
+
+    def begin_step(self) -> None:
+        if self.session is not None:
+            self.session.begin_step()
+
+    def push(self, worker: int, steps: Sequence[int]) -> None:
+        if self.session is not None:
+            self.session.push(worker, steps)
+
+    def install(self, rows: dict[str, Any] | None, directory: Path | None,
+                only: Sequence[int] | None) -> None:
+        """The chief: define the tables on the servers (`only` those), with the rows of
+        a checkpoint when restoring one."""
+        if self.session is not None:
+            self.session.install(rows, directory, only)
+
+    def save(self, directory: Path, step: int) -> dict[str, Any] | None:
+        """The chief: write each table's rows beside a checkpoint; what the checkpoint
+        keeps of them (None without tables)."""
+        return None if self.session is None else self.session.save(directory, step)
+
+    def progress_fields(self) -> dict[str, Any]:
+        """Sparse tables' live rows and memory for an event (best effort, like status)."""
+        if self.session is None:
+            return {}
+        try:
+            return self.session.progress_fields()
+        except PSError as exc:
+            print(f"pstrain: could not read the sparse tables' size: {exc}", flush=True)
+            return {}
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()

@@ -3,6 +3,8 @@ map, and the row-wise optimizers against torch.optim on nn.Embedding(sparse=True
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 import torch
@@ -25,6 +27,15 @@ OPTIMIZERS = {
     "adam": ({"name": "adam", "learningRate": 0.05},
              lambda p: torch.optim.SparseAdam(p, lr=0.05)),
 }
+
+
+def checked(step: Callable[[], object]) -> Callable[[], object]:
+    """`step` of a torch optimizer on sparse gradients, which builds sparse tensors from
+    them: with their invariants checked, as torch asks to be told (it warns otherwise)."""
+    def run() -> object:
+        with torch.sparse.check_sparse_tensor_invariants():
+            return step()
+    return run
 
 
 def zipf_ids(n: int, space: int, seed: int = 0) -> torch.Tensor:
@@ -93,7 +104,8 @@ def test_embedding_equals_torch_with_repeated_ids(name: str, padding_idx: int | 
     target = torch.linspace(-1, 1, 6)
     for step in range(6):
         ids = BATCHES[step % len(BATCHES)]
-        for model, apply in ((layer, lambda: apply_sparse_gradients(layer)), (ref, opt.step)):
+        for model, apply in ((layer, lambda: apply_sparse_gradients(layer)),
+                             (ref, checked(opt.step))):
             if model is ref:
                 opt.zero_grad()
             loss = ((model(ids) - target) ** 2).sum()
@@ -119,7 +131,8 @@ def test_embedding_bag_equals_torch(mode: str, name: str) -> None:
     for step in range(4):
         ids = flat if step % 2 else BATCHES[step % 3].reshape(-1)
         offs = offsets if step % 2 else torch.tensor([0, 4])
-        for model, apply in ((layer, lambda: apply_sparse_gradients(layer)), (ref, opt.step)):
+        for model, apply in ((layer, lambda: apply_sparse_gradients(layer)),
+                             (ref, checked(opt.step))):
             if model is ref:
                 opt.zero_grad()
             (model(ids, offs) * torch.arange(4.0)).sum().backward()

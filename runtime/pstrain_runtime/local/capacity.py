@@ -1,4 +1,5 @@
-"""Whether this machine can hold the processes a local run starts.
+"""Whether this machine can hold the processes a local run starts: their memory (a
+refusal) and their CPU cores (a warning).
 
 Each replica is a Python process with torch loaded: about 250 MB resident before it
 holds a single parameter (measured: `import torch, grpc, pstrain_runtime.trainer` peaks
@@ -39,3 +40,21 @@ def capacity_warning(processes: int, available: int | None) -> str | None:
             f"{REPLICA_MEMORY_BYTES // 2**20} MB each ({need / GIB:.1f} GiB) and this machine "
             f"has {available / GIB:.1f} GiB available: expect swapping or replicas killed for "
             "memory; run fewer replicas here, or run the job on Kubernetes")
+
+
+def usable_cores() -> int | None:
+    """The CPU cores this process may run on (its affinity mask), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
+
+
+def cores_warning(workers: int, cores: int | None) -> str | None:
+    """One line when `workers` outnumber `cores`, else None. Not a refusal: the job
+    runs, but the workers take turns on the cores, so more of them buy no speed."""
+    if cores is None or workers <= cores:
+        return None
+    return (f"{workers} workers on {cores} CPU core{'s' if cores != 1 else ''}: the "
+            "workers take turns on the cores, so more workers than cores train no faster "
+            "here (spec.replicas.worker.maxReplicas bounds a scale)")

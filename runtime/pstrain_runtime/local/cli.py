@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint-dir", metavar="DIR",
                         help="write checkpoints here (overrides "
                         "spec.training.checkpoint.directory); without either, a temporary "
-                        "directory is used for the run and removed at exit")
+                        "directory is used for the run, removed at exit unless the job "
+                        "stops early and can resume from it")
     parser.add_argument("--health-timeout", type=_positive, default=60.0, metavar="SECONDS",
                         help="how long a parameter server may take to report SERVING "
                         "(default: %(default)s)")
@@ -78,6 +79,7 @@ def run_main(argv: Sequence[str]) -> int:
         checkpoint_dir=args.checkpoint_dir,
         replica_command=command,
         health_timeout=args.health_timeout,
+        manifest=args.file,
     )
     try:
         result = run_job(job, options)

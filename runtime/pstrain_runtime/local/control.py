@@ -3,7 +3,8 @@
 A running job listens on a Unix socket named after the job, in a directory only its
 user can enter: `$PSTRAIN_RUN_DIR`, else `$XDG_RUNTIME_DIR/pstrain`, else
 `/tmp/pstrain-<uid>`. `pstrain scale JOB --replicas N` connects, sends one JSON line
-(`{"scale": N}`) and prints the one-line answer. The runner turns a request into an
+(`{"scale": N}`) and prints the one-line answer (and its one-line warning, if any:
+more workers than this machine's cores). The runner turns a request into an
 observation (`supervisor.ScaleRequest`) and answers with what the supervisor decided:
 the same rules as `kubectl scale` on a cluster (`pstrain_api.membership`).
 
@@ -60,6 +61,7 @@ def socket_path(job_name: str, directory: Path | None = None) -> Path:
 class Answer:
     ok: bool
     message: str
+    warning: str = ""
 
 
 Ask = Callable[[int], Answer]  # replicas -> the runner's answer
@@ -122,8 +124,10 @@ class ControlServer:
                 conn.settimeout(IO_TIMEOUT_S)
                 try:
                     answer = self._answer(_read_line(conn))
-                    conn.sendall((json.dumps({"ok": answer.ok, "message": answer.message})
-                                  + "\n").encode())
+                    reply = {"ok": answer.ok, "message": answer.message}
+                    if answer.warning:
+                        reply["warning"] = answer.warning
+                    conn.sendall((json.dumps(reply) + "\n").encode())
                 except OSError:
                     continue  # the client went away
 
@@ -184,7 +188,9 @@ def request_scale(job_name: str, replicas: int,
             return Answer(False, f"the run of job {job_name!r} gave no usable answer: {exc}")
     if not isinstance(reply, dict) or not isinstance(reply.get("message"), str):
         return Answer(False, f"the run of job {job_name!r} gave no usable answer")
-    return Answer(bool(reply.get("ok")), reply["message"])
+    warning = reply.get("warning")
+    return Answer(bool(reply.get("ok")), reply["message"],
+                  warning if isinstance(warning, str) else "")
 
 
 class Inbox:
@@ -267,4 +273,6 @@ def scale_main(argv: Sequence[str]) -> int:
         return 1
     answer = request_scale(name, args.replicas)
     print(f"pstrain scale: {answer.message}", file=sys.stdout if answer.ok else sys.stderr)
+    if answer.warning:
+        print(f"pstrain scale: warning: {answer.warning}", file=sys.stderr)
     return 0 if answer.ok else 1

@@ -114,8 +114,18 @@ def _table_sizes(metrics: Metrics, event: Mapping[str, Any]) -> dict[str, int | 
             "sparse_bytes": size if size is not None else metrics.sparse_bytes}
 
 
+def is_resume(restore: Restore) -> bool:
+    """The chief started from the latest checkpoint of its directory, as asked (no
+    parameter server had lost its state): a resume, not a recovery."""
+    return not restore.servers and restore.lost_steps == 0 and bool(restore.path)
+
+
 def describe_restore(restore: Restore) -> str:
-    """The loud line a restore deserves: what came back, from which step, what was lost."""
+    """The line a restore deserves: a resume says where it starts from; a recovery,
+    loud, what came back, from which step, and what was lost."""
+    if is_resume(restore):
+        return (f"{restore.replica}: resumed from the checkpoint at step {restore.step} "
+                f"({restore.path})")
     steps = "step" if restore.lost_steps == 1 else "steps"
     if restore.servers:
         shards = ", ".join(str(s) for s in restore.servers)
@@ -127,10 +137,19 @@ def describe_restore(restore: Restore) -> str:
 
 
 def build_summary(state: RunState, metrics: Metrics, wall_seconds: float,
-                  job_name: str, checkpoint_dir: str | None) -> dict[str, Any]:
+                  job_name: str, checkpoint_dir: str | None, *,
+                  checkpoint_removed: bool = False, resume: str | None = None,
+                  stopped_by: str | None = None, counts_steps: bool = True,
+                  ) -> dict[str, Any]:
     """The `--json` line: phase, steps, loss, accuracy (auc and logloss), timing,
     restarts, lost steps, and how every replica ended (exit code, restarts); for a model
-    with sparse tables, their live rows and server memory."""
+    with sparse tables, their live rows and server memory.
+
+    It never names what is gone or unknown: `checkpoint_dir` is null once the run
+    removed it (`checkpoint_dir_removed` names it), `steps` and `total_steps` are null
+    for a program whose steps pstrain does not count. Keys present only when they
+    apply: `stopped_by` (the signal that stopped the job), `resume` (the command that
+    resumes it from its checkpoint)."""
     replicas = {
         r.name: {"role": r.role, "index": r.index, "exit_code": r.exit_code,
                  "restarts": max(r.attempt - 1 - r.rejoined, 0)}
@@ -160,6 +179,13 @@ def build_summary(state: RunState, metrics: Metrics, wall_seconds: float,
         "failed_replica": state.culprit,
         "replicas": replicas,
     }
+    if not counts_steps:
+        summary["steps"] = summary["total_steps"] = None
+    if checkpoint_removed:
+        summary["checkpoint_dir"] = None
+        summary["checkpoint_dir_removed"] = checkpoint_dir
+    extras = {"stopped_by": stopped_by, "resume": resume}
+    summary.update({key: value for key, value in extras.items() if value is not None})
     for name in ("auc", "logloss"):  # only a model whose evaluation reports them
         if getattr(metrics, name) is not None:
             summary[name] = getattr(metrics, name)

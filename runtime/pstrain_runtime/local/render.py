@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TextIO
 
-from .metrics import Metrics, describe_restore
+from .metrics import Metrics, describe_restore, is_resume
 from .supervisor import Level
 
 LEVEL_MARK: Mapping[Level, str] = {"info": "", "warning": "warning: ", "error": "error: "}
@@ -74,18 +74,61 @@ def format_event(replica: str, event: Mapping[str, Any], metrics: Metrics) -> st
     return None
 
 
+def event_level(event: Mapping[str, Any], metrics: Metrics) -> Level:
+    """A restore is loud (a warning): training went back and lost steps; a resume the
+    user asked for (a run pointed at a directory with checkpoints) is not."""
+    if event.get("event") != "restored":
+        return "info"
+    quiet = (metrics.restores and is_resume(metrics.restores[-1])
+             and not event.get("warning"))
+    return "info" if quiet else "warning"
+
+
 def format_result(summary: Mapping[str, Any]) -> list[str]:
-    """The closing lines of a run, for humans (the --json line is for machines)."""
-    lines = [
-        f"job {summary['job']} {summary['phase']} ({summary['reason']}) after "
-        f"{summary['wall_seconds']:.1f}s: {summary['steps']}/{summary['total_steps']} steps, "
-        f"loss {_fmt(summary['loss'], '.4f')}, "
-        f"{format_quality(summary['accuracy'], summary.get('auc'))}, "
-        f"{_fmt(summary['samples_per_sec'], '.0f')} samples/s",
-        f"restarts: {summary['restarts']}, steps lost to restores: {summary['lost_steps']}",
-    ]
-    if summary["phase"] != "Succeeded" and summary.get("message"):
+    """The closing lines of a run, for humans (the --json line is for machines): what
+    happened, where the checkpoints are, and how to resume a job that stopped early."""
+    lines = [_format_outcome(summary),
+             f"restarts: {summary['restarts']}, steps lost to restores: "
+             f"{summary['lost_steps']}"]
+    if (summary["phase"] != "Succeeded" and summary.get("message")
+            and not summary.get("stopped_by")):
         lines.append(summary["message"])
+    lines += _format_checkpoints(summary)
+    return lines
+
+
+def _format_outcome(summary: Mapping[str, Any]) -> str:
+    job, wall = summary["job"], f"{summary['wall_seconds']:.1f}s"
+    figures = (f"loss {_fmt(summary['loss'], '.4f')}, "
+               f"{format_quality(summary['accuracy'], summary.get('auc'))}, "
+               f"{_fmt(summary['samples_per_sec'], '.0f')} samples/s")
+    if summary["steps"] is None:  # a program of the user's own: no step events
+        return (f"job {job} {summary['phase']} ({summary['reason']}) after {wall}; "
+                "pstrain does not count the steps of this job's own program (it prints "
+                "no PSTRAIN_EVENT lines)")
+    if summary.get("stopped_by"):
+        who = "you (Ctrl-C)" if summary["stopped_by"] == "SIGINT" else summary["stopped_by"]
+        return (f"job {job} stopped by {who} at step {summary['steps']} of "
+                f"{summary['total_steps']} after {wall}: {figures}")
+    return (f"job {job} {summary['phase']} ({summary['reason']}) after {wall}: "
+            f"{summary['steps']}/{summary['total_steps']} steps, {figures}")
+
+
+def _format_checkpoints(summary: Mapping[str, Any]) -> list[str]:
+    """Where the checkpoints are, once a job did not succeed (a succeeded one has
+    nothing to resume), and what became of a temporary directory."""
+    step, directory = summary.get("last_checkpoint_step"), summary.get("checkpoint_dir")
+    lines = []
+    if summary.get("resume"):
+        lines += [f"last checkpoint: step {step}, in {directory}",
+                  f"resume with: {summary['resume']}"]
+    elif summary.get("stopped_by") and step is None:
+        lines.append("no checkpoint was written before it stopped: a new run starts "
+                     "from step 0")
+    if summary.get("checkpoint_dir_removed"):
+        lines.append(f"checkpoints: the temporary directory "
+                     f"{summary['checkpoint_dir_removed']} was removed; pass "
+                     "--checkpoint-dir DIR to keep them")
     return lines
 
 
@@ -125,8 +168,7 @@ class PlainReporter:
             return
         line = format_event(name, event, metrics)
         if line is not None:
-            level: Level = "warning" if event.get("event") == "restored" else "info"
-            self._write(format_notice(level, line))
+            self._write(format_notice(event_level(event, metrics), line))
 
     def close(self) -> None:
         self.stream.flush()
@@ -147,7 +189,7 @@ class RichReporter:
     runner's latest line: parameter servers starting and serving, workers started);
     from the first step on it says "training"."""
 
-    def __init__(self, stream: TextIO, names: Sequence[str], total_steps: int,
+    def __init__(self, stream: TextIO, names: Sequence[str], total_steps: int | None,
                  job_name: str):
         from rich.console import Console
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
@@ -207,7 +249,7 @@ class RichReporter:
         line = format_event(name, event, metrics)
         if line is not None:
             self._follow(line)
-            loud = event.get("event") == "restored"
+            loud = event_level(event, metrics) == "warning"
             self._print(format_notice("warning" if loud else "info", line),
                         "bold yellow" if loud else "green")
 

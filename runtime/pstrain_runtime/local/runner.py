@@ -1,10 +1,14 @@
-"""The executor of a local run: one loop that turns observations into supervisor
-decisions and carries out the resulting actions.
+"""`run_job`: one local run, start to summary, and the executor of its actions.
 
-    observe (queue: lines, health, exits, signals, ticks)
-      -> decide (supervisor.decide, pure)
-      -> apply (spawn, signal, print)
-      -> until Finish; then the summary.
+`_run` reads like a reconcile, one named step each:
+
+    wire      the process table, environments, reporter, executor, control channel
+    announce  what startup.py has to say (nothing runs before the entry point passed)
+    supervise observe (queue: lines, health, exits, signals, ticks)
+              -> decide (supervisor.decide, pure) -> apply (spawn, signal, print)
+              until Finish
+    close     stop listening and sending, kill what is left
+    conclude  the summary, printed once (render.format_result), and the exit code
 
 The loop runs on the calling thread, which also spawns every replica: on Linux the
 replicas' PR_SET_PDEATHSIG is tied to the thread that forked them.
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import os
 import queue
+import shlex
 import shutil
 import signal
 import sys
@@ -38,9 +43,10 @@ from pstrain_api.names import replica_name
 from pstrain_api.readiness import runs_pstrain_runtime, user_command
 
 from ..checkpoint_dir import check_directory
+from ..failure import ConfigurationError
 from ..auth import Credentials
 from ..status_client import request_checkpoint, set_workers
-from .capacity import available_memory, capacity_warning
+from .capacity import available_memory, capacity_warning, cores_warning, usable_cores
 from .control import Answer, ControlServer, Inbox
 from .devices import ENV_VISIBLE, DeviceRequest, assign_gpus, visible_gpus
 from .keys import LocalKeys
@@ -52,7 +58,9 @@ from .render import PlainReporter, Reporter, RichReporter, format_result
 from .supervisor import (Action, AskCheckpoint, Begin, CheckpointUnanswered, Checkpointed,
                          Finish, Interrupt, Kill, Notify, Progressed, Replica, Reply, Respec,
                          RunState, ScaleRequest, SetWorkers, Settings, SpawnFailed, Start,
-                         Terminate, Tick, decide, effective_deadline, initial_state)
+                         Terminate, Tick, decide, effective_deadline, initial_state,
+                         signal_name)
+from .startup import entrypoint_problem, startup_notices
 
 TICK_SECONDS = 0.1
 ASK_TIMEOUT_S = 2.0  # RequestCheckpoint on PS 0 at the deadline
@@ -77,6 +85,7 @@ class RunOptions:
     backoff_base: float = 0.5
     handle_signals: bool = True
     keep_temp_checkpoints: bool = False
+    manifest: str | None = None  # the file the job came from: the resume command names it
 
 
 @dataclass
@@ -148,7 +157,8 @@ def _signals_to(post: Callable[[object], None], clock: Callable[[], float],
 def _make_reporter(options: RunOptions, stream: TextIO, names: Sequence[str],
                    job: TrainingJob) -> Reporter:
     if not options.quiet and stream.isatty():
-        return RichReporter(stream, names, job.spec.training.steps, job.name)
+        total = job.spec.training.steps if counts_steps(job, Metrics(0)) else None
+        return RichReporter(stream, names, total, job.name)
     return PlainReporter(stream, names, quiet=options.quiet)
 
 
@@ -156,8 +166,11 @@ def run_job(job: TrainingJob, options: RunOptions = RunOptions(),
             stdout: TextIO | None = None, stderr: TextIO | None = None) -> RunResult:
     """Run `job` as local processes until it succeeds, fails or is interrupted.
 
-    Raises ConfigurationError, before anything starts, when the checkpoint directory
-    cannot be used."""
+    Raises ConfigurationError, before anything starts, when the entry point or the
+    checkpoint directory cannot be used."""
+    problem = entrypoint_problem(job, options.replica_command)
+    if problem is not None:
+        raise ConfigurationError(problem + ".")
     temp_dir: str | None = None
     if options.checkpoint_dir:
         check_directory(options.checkpoint_dir, "--checkpoint-dir")
@@ -174,12 +187,17 @@ def run_job(job: TrainingJob, options: RunOptions = RunOptions(),
     # theirs behind: remove those first.
     remove_stale_keys()
     keys = LocalKeys(job.name) if job.spec.security.authentication else None
+    result: RunResult | None = None
     try:
-        return _run(job, options, stdout or sys.stdout,
-                    (stderr or sys.stderr) if options.json else (stdout or sys.stdout),
-                    temp_dir, keys)
+        result = _run(job, options,
+                      (stderr or sys.stderr) if options.json else (stdout or sys.stdout),
+                      temp_dir, keys)
+        return result
     finally:
-        if temp_dir and not options.keep_temp_checkpoints:
+        # Kept: asked to, or a job that stopped early can resume from it.
+        kept = options.keep_temp_checkpoints or (
+            result is not None and result.summary["checkpoint_dir"] is not None)
+        if temp_dir and not kept:
             shutil.rmtree(temp_dir, ignore_errors=True)
         if keys is not None:
             keys.remove()
@@ -284,12 +302,7 @@ class _Executor:
         elif isinstance(action, Kill):
             self.table.signal(action.names, signal.SIGKILL)
         elif isinstance(action, Notify):
-            context: list[str] = []
-            if action.level == "error" and action.replica:
-                context = self.table.tail(action.replica, FAILURE_CONTEXT_LINES)
-                if context:
-                    context = [f"last output of {action.replica}:", *context]
-            self.reporter.notice(action.level, action.text, context)
+            self.reporter.notice(action.level, action.text, self._context(action))
         elif isinstance(action, AskCheckpoint):
             ps0 = next(r.address for r in state.replicas if r.is_ps and r.index == 0)
             if request_checkpoint(ps0, ASK_TIMEOUT_S, credentials=self.credentials) is None:
@@ -301,10 +314,20 @@ class _Executor:
                 self.sender.send(action.workers)
         elif isinstance(action, Reply):
             if self.control is not None:
-                self.control.answer(action.ticket, Answer(action.ok, action.message))
+                self.control.answer(action.ticket, Answer(action.ok, action.message,
+                                                          action.warning))
         elif isinstance(action, Finish):
             return action
         return None
+
+    def _context(self, action: Notify) -> list[str]:
+        """An error's explanation: the replica's last output lines, less those the
+        notice already quotes (a configuration error's one line)."""
+        if action.level != "error" or not action.replica:
+            return []
+        context = [line for line in self.table.tail(action.replica, FAILURE_CONTEXT_LINES)
+                   if not (line.strip() and action.text.endswith(line.strip()))]
+        return [f"last output of {action.replica}:", *context] if context else []
 
     def _respec(self, workers: int, state: RunState) -> None:
         """The environments (and own commands) of every replica for `workers` workers:
@@ -345,7 +368,8 @@ class _Executor:
             return Reply(ticket, False, f"refused: {too_many}")
         ports = find_free_ports(len(new)) if new else []
         return ScaleRequest(replicas, self.clock(), ticket,
-                            {i: f"{c.LOCAL_HOST}:{port}" for i, port in zip(new, ports)})
+                            {i: f"{c.LOCAL_HOST}:{port}" for i, port in zip(new, ports)},
+                            cores_warning(replicas, usable_cores()) or "")
 
     def _start(self, action: Start, replica: Replica) -> None:
         try:
@@ -379,20 +403,82 @@ class _Executor:
         return metrics
 
 
-def _run(job: TrainingJob, options: RunOptions, out: TextIO, log_stream: TextIO,
+@dataclass
+class _Parts:
+    """What one run is wired from, built before its first process starts."""
+
+    spec: ClusterSpec
+    settings: Settings
+    gpus: dict[str, str]
+    table: ProcessTable
+    reporter: Reporter
+    executor: _Executor
+    server: ControlServer
+    sender: _WorkerSetSender | None
+
+
+@dataclass(frozen=True)
+class _Ending:
+    """How the loop ended: the last state, the metrics, the Finish, the signal."""
+
+    state: RunState
+    metrics: Metrics
+    finish: Finish
+    signum: int | None
+    wall_seconds: float
+
+
+def _run(job: TrainingJob, options: RunOptions, log_stream: TextIO,
          temp_dir: str | None, keys: LocalKeys | None) -> RunResult:
+    """Wire, announce, supervise until a Finish, close, conclude."""
     clock = time.monotonic
     spec = local_cluster_spec(job, find_free_ports(task_count(job)))
-    tasks = spec.tasks()
-    names = [spec.replica_name(t) for t in tasks]
     # Each replica leaves its last error line here; the supervisor quotes it.
-    last_words = tempfile.TemporaryDirectory(prefix=f"pstrain-{job.name}-exit-")
+    with tempfile.TemporaryDirectory(prefix=f"pstrain-{job.name}-exit-") as last_words:
+        parts = _wire(job, spec, options, log_stream, Path(last_words), keys, clock)
+        _announce(job, parts, temp_dir)
+        started = clock()
+        with _signals_to(parts.table.post, clock, options.handle_signals) as received:
+            try:
+                state, metrics, finish = _supervise(parts, job, started, clock)
+            finally:
+                _close(parts)
+    ending = _Ending(state, metrics, finish, received[-1] if received else None,
+                     clock() - started)
+    return _conclude(job, options, parts, ending, temp_dir, log_stream)
+
+
+def _wire(job: TrainingJob, spec: ClusterSpec, options: RunOptions, log_stream: TextIO,
+          last_words: Path, keys: LocalKeys | None, clock: Callable[[], float]) -> _Parts:
+    """The process table with every replica's environment and command, the reporter,
+    the executor and the control channel; nothing runs yet."""
+    tasks = spec.tasks()
     builder = _Environments(threads=max(1, (os.cpu_count() or 1) // max(len(tasks), 1)),
-                            last_words=Path(last_words.name), keys=keys)
+                            last_words=last_words, keys=keys)
     gpus = _gpus(job, spec)
-    environments = builder.build(spec, gpus)
+    table = ProcessTable(options.replica_command, builder.build(spec, gpus), clock,
+                         commands=own_commands(job, spec))
+    reporter = _make_reporter(options, log_stream, [spec.replica_name(t) for t in tasks],
+                              job)
+    worker_key, chief_key = (keys.worker, keys.chief) if keys is not None else (None, None)
+    control = Inbox(table.post)
+    # The worker set goes to parameter servers that run the pstrain runtime (a program
+    # of its own, such as TensorFlow's, learns its workers from TF_CONFIG alone).
+    sender = (_WorkerSetSender([str(spec.addresses[t]) for t in tasks
+                                if t.role == c.ROLE_PS],
+                               f"{job.namespace or 'default'}/{job.name}", chief_key)
+              if runs_pstrain_runtime(job.spec.replicas.ps) else None)
+    executor = _Executor(table, reporter, clock, worker_key, job=job, environments=builder,
+                         sender=sender, control=control)
+    server = ControlServer(job.name, lambda n: control.ask(
+        lambda ticket: ScaleRequest(n, clock(), ticket)))
+    return _Parts(spec, _settings(job, options), gpus, table, reporter, executor, server,
+                  sender)
+
+
+def _settings(job: TrainingJob, options: RunOptions) -> Settings:
     run_policy = job.spec.run_policy
-    settings = Settings(
+    return Settings(
         policy=run_policy,
         deadline_seconds=effective_deadline(run_policy.active_deadline_seconds,
                                             options.timeout),
@@ -403,98 +489,111 @@ def _run(job: TrainingJob, options: RunOptions, out: TextIO, log_stream: TextIO,
         min_workers=job.spec.replicas.worker.min_replicas,
         max_workers=job.spec.replicas.worker.max_replicas,
     )
-    state = initial_state(spec, settings, job)
-    table = ProcessTable(options.replica_command, environments, clock,
-                         commands=own_commands(job, spec))
+
+
+def _announce(job: TrainingJob, parts: _Parts, temp_dir: str | None) -> None:
+    """Open the control channel, then say what the run is about to do."""
+    notices = startup_notices(
+        job, parts.spec, parts.gpus, temp_dir,
+        memory_warning=capacity_warning(len(parts.spec.tasks()), available_memory()),
+        cores_warning=cores_warning(job.spec.replicas.worker.replicas, usable_cores()),
+        control_problem=parts.server.start())
+    for level, text in notices:
+        parts.reporter.notice(level, text)
+
+
+def _supervise(parts: _Parts, job: TrainingJob, started: float,
+               clock: Callable[[], float]) -> tuple[RunState, Metrics, Finish]:
+    """observe -> decide -> apply, until the supervisor says Finish."""
+    state = initial_state(parts.spec, parts.settings, job)
     metrics = Metrics(total_steps=job.spec.training.steps)
-    reporter = _make_reporter(options, log_stream, names, job)
-    worker_key, chief_key = (keys.worker, keys.chief) if keys is not None else (None, None)
-    control = Inbox(table.post)
-    # The worker set goes to parameter servers that run the pstrain runtime (a program
-    # of its own, such as TensorFlow's, learns its workers from TF_CONFIG alone).
-    sender = (_WorkerSetSender([r.address for r in state.ps],
-                               f"{job.namespace or 'default'}/{job.name}", chief_key)
-              if runs_pstrain_runtime(job.spec.replicas.ps) else None)
-    executor = _Executor(table, reporter, clock, worker_key, job=job, environments=builder,
-                         sender=sender, control=control)
-    server = ControlServer(job.name, lambda n: control.ask(
-        lambda ticket: ScaleRequest(n, clock(), ticket)))
-
-    checkpoint_dir = job.spec.training.checkpoint.directory
-    reporter.notice("info", f"job {job.name}: " + ", ".join(
-        f"{spec.replica_name(t)}@{spec.addresses[t]}" for t in tasks))
-    too_many = capacity_warning(len(tasks), available_memory())
-    if too_many:
-        reporter.notice("warning", too_many)
-    if run_policy.suspend:
-        reporter.notice("warning", "spec.runPolicy.suspend is true; pstrain run ignores it "
-                                   "and runs the job now.")
-    if job.spec.security.tls is not None:
-        reporter.notice("warning", "spec.security.tls names a Kubernetes Secret; pstrain run "
-                                   "cannot read it and runs on loopback without TLS.")
-    if gpus:
-        reporter.notice("info", "GPUs: " + ", ".join(
-            f"{n}={d}" for n, d in gpus.items() if d))
-    if temp_dir:
-        reporter.notice("info", f"checkpoints go to the temporary directory {temp_dir} "
-                                "(removed at exit; pass --checkpoint-dir to keep them)")
-    else:
-        reporter.notice("info", f"checkpoints go to {checkpoint_dir}")
-    unreachable = server.start()
-    if unreachable:
-        reporter.notice("warning", f"`pstrain scale` cannot reach this run: {unreachable}")
-    else:
-        reporter.notice("info", f"change the worker count while it runs: pstrain scale "
-                                f"{job.name} --replicas N")
-
-    started = clock()
+    executor = parts.executor
+    executor.inbox.append(Begin(started))
+    last_tick = started
     finish: Finish | None = None
-    with _signals_to(table.post, clock, options.handle_signals) as received:
-        try:
-            executor.inbox.append(Begin(started))
-            last_tick = started
-            while finish is None:
-                # Observe: the executor's own observations first, then the queue; a
-                # tick at least every TICK_SECONDS even while output streams in.
-                if not executor.inbox and clock() - last_tick >= TICK_SECONDS:
-                    executor.inbox.append(Tick(clock()))
-                if executor.inbox:
-                    item = executor.inbox.pop(0)
-                else:
-                    try:
-                        item = table.observations.get(timeout=TICK_SECONDS)
-                    except queue.Empty:
-                        item = Tick(clock())
-                if isinstance(item, Line):
-                    metrics = executor.line(item, metrics)
-                    continue
-                if isinstance(item, Tick):
-                    last_tick = item.now
-                if isinstance(item, ScaleRequest):  # from the control thread: the
-                    # runner finds the addresses (I/O) before the supervisor decides
-                    item = executor.scale_request(item.replicas, item.ticket, state,
-                                                  settings)
-                    if isinstance(item, Reply):
-                        executor.apply(item, state)
-                        continue
-                # Decide, then apply.
-                state, actions = decide(state, item)  # type: ignore[arg-type]
-                for action in actions:
-                    finish = executor.apply(action, state) or finish
-        finally:
-            server.close()
-            if sender is not None:
-                sender.close()
-            table.kill_all()
-            reporter.close()
-            last_words.cleanup()
+    while finish is None:
+        item, last_tick = _observe(executor, parts.table, clock, last_tick)
+        if isinstance(item, Line):
+            metrics = executor.line(item, metrics)
+            continue
+        if isinstance(item, ScaleRequest):  # from the control thread: the runner
+            # finds the addresses (I/O) before the supervisor decides
+            item = executor.scale_request(item.replicas, item.ticket, state,
+                                          parts.settings)
+            if isinstance(item, Reply):
+                executor.apply(item, state)
+                continue
+        state, actions = decide(state, item)  # type: ignore[arg-type]
+        for action in actions:
+            finish = executor.apply(action, state) or finish
+    return state, metrics, finish
 
-    wall = clock() - started
-    summary = build_summary(state, metrics, wall, job.name, checkpoint_dir)
-    if finish is None:  # pragma: no cover - the loop only ends on Finish
-        raise RuntimeError("the local run ended without a Finish decision")
-    exit_code = exit_code_of(finish, received[-1] if received else None)
+
+def _observe(executor: _Executor, table: ProcessTable, clock: Callable[[], float],
+             last_tick: float) -> tuple[object, float]:
+    """The next observation and the time of the latest tick: the executor's own
+    observations first, then the queue; a tick at least every TICK_SECONDS even while
+    output streams in."""
+    if not executor.inbox and clock() - last_tick >= TICK_SECONDS:
+        executor.inbox.append(Tick(clock()))
+    if executor.inbox:
+        item = executor.inbox.pop(0)
+    else:
+        try:
+            item = table.observations.get(timeout=TICK_SECONDS)
+        except queue.Empty:
+            item = Tick(clock())
+    return item, item.now if isinstance(item, Tick) else last_tick
+
+
+def _close(parts: _Parts) -> None:
+    """Stop listening, stop sending, kill whatever is left, stop drawing."""
+    parts.server.close()
+    if parts.sender is not None:
+        parts.sender.close()
+    parts.table.kill_all()
+    parts.reporter.close()
+
+
+def _conclude(job: TrainingJob, options: RunOptions, parts: _Parts, ending: _Ending,
+              temp_dir: str | None, log_stream: TextIO) -> RunResult:
+    """The summary (what happened, where the checkpoints are, how to resume), printed
+    for humans, and the exit code."""
+    state, metrics, finish = ending.state, ending.metrics, ending.finish
+    directory = job.spec.training.checkpoint.directory
+    resumable = finish.phase != "Succeeded" and metrics.checkpoint_step is not None
+    removed = bool(temp_dir) and not options.keep_temp_checkpoints and not resumable
+    summary = build_summary(
+        state, metrics, ending.wall_seconds, job.name, directory,
+        checkpoint_removed=removed,
+        resume=_resume(job, options, temp_dir) if resumable else None,
+        stopped_by=(signal_name(ending.signum or signal.SIGINT)
+                    if finish.interrupted and finish.phase != "Succeeded" else None),
+        counts_steps=counts_steps(job, metrics))
     for line in format_result(summary):
         log_stream.write(line + "\n")
     log_stream.flush()
-    return RunResult(summary=summary, exit_code=exit_code, pids=executor.pids)
+    return RunResult(summary=summary, exit_code=exit_code_of(finish, ending.signum),
+                     pids=parts.executor.pids)
+
+
+def _resume(job: TrainingJob, options: RunOptions, temp_dir: str | None) -> str:
+    """The command that resumes this job: its manifest, and the checkpoint directory
+    unless the manifest names it."""
+    named_here = options.checkpoint_dir or temp_dir
+    return resume_command(options.manifest,
+                          job.spec.training.checkpoint.directory if named_here else None)
+
+
+def resume_command(manifest: str | None, checkpoint_dir: str | None) -> str:
+    words = ["pstrain", "run", manifest or "JOB.yaml"]
+    if checkpoint_dir:
+        words += ["--checkpoint-dir", checkpoint_dir]
+    return shlex.join(words)
+
+
+def counts_steps(job: TrainingJob, metrics: Metrics) -> bool:
+    """pstrain knows the job's steps: its chief runs the pstrain runtime, or reported
+    a step anyway (a program of its own that prints PSTRAIN_EVENT lines)."""
+    chief = job.spec.replicas.chief or job.spec.replicas.worker
+    return runs_pstrain_runtime(chief) or metrics.step > 0

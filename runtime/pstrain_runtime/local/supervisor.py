@@ -299,12 +299,14 @@ class CheckpointUnanswered:
 class ScaleRequest:
     """`pstrain scale`: run `replicas` workers. `addresses`: a free address for each
     worker index the job has never had (the runner finds them; taking ports is I/O).
-    The answer goes back under `ticket` (`Reply`)."""
+    `warning`: what the runner found worth a word should the scale be made (more
+    workers than this machine's cores). The answer goes back under `ticket` (`Reply`)."""
 
     replicas: int
     now: float
     ticket: int = 0
     addresses: Mapping[int, str] = field(default_factory=dict)
+    warning: str = ""
 
 
 Observation = (Begin | Healthy | Exited | SpawnFailed | Tick | Interrupt | Progressed
@@ -373,11 +375,12 @@ class SetWorkers:
 
 @dataclass(frozen=True)
 class Reply:
-    """The answer to the ScaleRequest with `ticket`."""
+    """The answer to the ScaleRequest with `ticket`, and a warning the caller prints."""
 
     ticket: int
     ok: bool
     message: str
+    warning: str = ""
 
 
 Action = (Start | Terminate | Kill | Notify | Finish | AskCheckpoint | Respec | SetWorkers
@@ -575,72 +578,117 @@ def _finish_if_idle(state: RunState) -> tuple[RunState, list[Action]]:
 
 
 def _tick(state: RunState, now: float) -> tuple[RunState, list[Action]]:
-    actions: list[Action] = []
-    s = state.settings
-
+    """Time passed: the timers of the current stage fire (deadline, health timeout, PS
+    exits, stall watchdog and due restarts; the drain; SIGKILL after the kill grace)."""
     if state.stage in ("starting_ps", "running"):
-        deadline = s.deadline_seconds
-        if deadline is not None and now - state.started_at >= deadline:
-            if (state.stage == "running" and state.checkpoint_asked_at is None
-                    and s.checkpoint_wait > 0):
-                state = replace(state, checkpoint_asked_at=now, checkpoint_wanted=state.step)
-                return state, [Notify("info", f"the deadline of {deadline:g}s is reached; "
-                                              "asking the chief for a checkpoint first (up "
-                                              f"to {s.checkpoint_wait:g}s)"), AskCheckpoint()]
-            asked = state.checkpoint_asked_at
-            if asked is not None and now - asked < s.checkpoint_wait:
-                return state, []
-            return _fail(state, now, REASON_DEADLINE,
-                         f"the job ran longer than its deadline of {deadline:g}s.", None)
-        if state.stage == "starting_ps":
-            for rep in state.ps:
-                if (rep.is_live and not rep.healthy and rep.started_at is not None
-                        and now - rep.started_at >= s.health_timeout):
-                    return _fail(
-                        state, now, REASON_HEALTH_TIMEOUT,
-                        f"{rep.name} did not {describe_check(rep.check)} on "
-                        f"{rep.address} within {s.health_timeout:g}s.", rep.name)
-        if state.stage == "running":
-            for rep in state.ps:
-                if (rep.status == "exited" and rep.exit_code == 0
-                        and rep.exited_at is not None
-                        and now - rep.exited_at >= s.ps_exit_grace):
-                    decision = decide_ps_exit(s.policy, rep.name, state.restarts)
-                    state, actions = _restart_or_fail(state, rep, decision, now)
-                    if state.stage != "running":
-                        return state, actions
-            state, watched = _watch_stall(state, now)
-            actions = [*actions, *watched]
+        return _tick_active(state, now)
+    if state.stage == "draining":
+        return _tick_draining(state, now)
+    if state.stage == "stopping":
+        return _tick_stopping(state, now)
+    return state, []
+
+
+def _tick_active(state: RunState, now: float) -> tuple[RunState, list[Action]]:
+    """Before the job is decided: each check may end it; due restarts start last."""
+    deadline = state.settings.deadline_seconds
+    if deadline is not None and now - state.started_at >= deadline:
+        return _deadline_reached(state, now, deadline)
+    actions: list[Action] = []
+    if state.stage == "starting_ps":
+        late = _not_serving_in_time(state, now)
+        if late is not None:
+            return late
+    else:
+        state, actions = _ps_exits(state, now)
+        if state.stage != "running":
+            return state, actions
+        state, watched = _watch_stall(state, now)
+        actions = [*actions, *watched]
+        if state.stage != "running":
+            return state, actions
+    due = [r.name for r in state.replicas
+           if r.status == "waiting_restart" and r.restart_at is not None
+           and r.restart_at <= now]
+    state, started = _start(state, due, now)
+    return state, [*actions, *started]
+
+
+def _deadline_reached(state: RunState, now: float,
+                      deadline: float) -> tuple[RunState, list[Action]]:
+    """Ask the chief for a checkpoint first (once, while training runs); fail once it
+    is answered (`_checkpoint_answer`) or `checkpoint_wait` has passed."""
+    s = state.settings
+    if (state.stage == "running" and state.checkpoint_asked_at is None
+            and s.checkpoint_wait > 0):
+        state = replace(state, checkpoint_asked_at=now, checkpoint_wanted=state.step)
+        return state, [Notify("info", f"the deadline of {deadline:g}s is reached; "
+                                      "asking the chief for a checkpoint first (up "
+                                      f"to {s.checkpoint_wait:g}s)"), AskCheckpoint()]
+    asked = state.checkpoint_asked_at
+    if asked is not None and now - asked < s.checkpoint_wait:
+        return state, []
+    return _fail(state, now, REASON_DEADLINE,
+                 f"the job ran longer than its deadline of {deadline:g}s.", None)
+
+
+def _not_serving_in_time(state: RunState, now: float,
+                         ) -> tuple[RunState, list[Action]] | None:
+    """The job fails when a parameter server is not ready within `health_timeout`."""
+    timeout = state.settings.health_timeout
+    for rep in state.ps:
+        if (rep.is_live and not rep.healthy and rep.started_at is not None
+                and now - rep.started_at >= timeout):
+            return _fail(state, now, REASON_HEALTH_TIMEOUT,
+                         f"{rep.name} did not {describe_check(rep.check)} on "
+                         f"{rep.address} within {timeout:g}s.", rep.name)
+    return None
+
+
+def _ps_exits(state: RunState, now: float) -> tuple[RunState, list[Action]]:
+    """Parameter servers that exited 0 `ps_exit_grace` ago, with no chief success
+    after: failures, restarted or failing the job under the restart policy."""
+    s = state.settings
+    actions: list[Action] = []
+    for rep in state.ps:
+        if (rep.status == "exited" and rep.exit_code == 0 and rep.exited_at is not None
+                and now - rep.exited_at >= s.ps_exit_grace):
+            decision = decide_ps_exit(s.policy, rep.name, state.restarts)
+            state, more = _restart_or_fail(state, rep, decision, now)
+            actions += more
             if state.stage != "running":
-                return state, actions
-        due = [r.name for r in state.replicas
-               if r.status == "waiting_restart" and r.restart_at is not None
-               and r.restart_at <= now]
-        state, started = _start(state, due, now)
-        return state, [*actions, *started]
-
-    if state.stage == "draining" and state.drain_until is not None and now >= state.drain_until:
-        live = state.live()
-        state = replace(state, stage="stopping", drain_until=None,
-                        kill_at=now + s.kill_grace)
-        return state, [
-            Notify("warning", f"{', '.join(live)} did not exit within "
-                              f"{s.success_grace:g}s after the chief finished; stopping "
-                              f"{'it' if len(live) == 1 else 'them'}."),
-            Terminate(tuple(live)),
-        ]
-
-    if (state.stage == "stopping" and not state.killed and state.kill_at is not None
-            and now >= state.kill_at):
-        live = state.live()
-        state = replace(state, killed=True)
-        if live:
-            return state, [
-                Notify("warning", f"{', '.join(live)} ignored SIGTERM for "
-                                  f"{s.kill_grace:g}s; sending SIGKILL."),
-                Kill(tuple(live)),
-            ]
+                break
     return state, actions
+
+
+def _tick_draining(state: RunState, now: float) -> tuple[RunState, list[Action]]:
+    """The chief succeeded; replicas still running after `success_grace` are stopped."""
+    if state.drain_until is None or now < state.drain_until:
+        return state, []
+    s = state.settings
+    live = state.live()
+    state = replace(state, stage="stopping", drain_until=None, kill_at=now + s.kill_grace)
+    return state, [
+        Notify("warning", f"{', '.join(live)} did not exit within "
+                          f"{s.success_grace:g}s after the chief finished; stopping "
+                          f"{'it' if len(live) == 1 else 'them'}."),
+        Terminate(tuple(live)),
+    ]
+
+
+def _tick_stopping(state: RunState, now: float) -> tuple[RunState, list[Action]]:
+    """SIGKILL, once, what ignored SIGTERM for `kill_grace`."""
+    if state.killed or state.kill_at is None or now < state.kill_at:
+        return state, []
+    live = state.live()
+    state = replace(state, killed=True)
+    if not live:
+        return state, []
+    return state, [
+        Notify("warning", f"{', '.join(live)} ignored SIGTERM for "
+                          f"{state.settings.kill_grace:g}s; sending SIGKILL."),
+        Kill(tuple(live)),
+    ]
 
 
 def _checkpoint_answer(state: RunState, obs: Checkpointed | CheckpointUnanswered,
@@ -743,7 +791,9 @@ def _scale(state: RunState, obs: ScaleRequest) -> tuple[RunState, list[Action]]:
     if stopping:
         actions.append(Terminate(tuple(stopping)))
     text = f"{plan.reason}: {plan.message(before, obs.replicas)}"
-    return state, [Notify("info", text), *actions, Reply(obs.ticket, True, text)]
+    warned: list[Action] = [Notify("warning", obs.warning)] if obs.warning else []
+    return state, [Notify("info", text), *warned, *actions,
+                   Reply(obs.ticket, True, text, obs.warning)]
 
 
 def _admit(state: RunState, index: int, address: str | None,

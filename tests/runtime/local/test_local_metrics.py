@@ -219,3 +219,90 @@ def test_rich_progress_bar_follows_start_up_until_the_first_step():
                       "j-ps-0: serving on 127.0.0.1:4000",
                       "1 parameter server(s) serving; starting 0 wor...",
                       "training", "training"]
+
+
+# --------------------------------------------------------------------------- honest endings
+
+ENDED = {"job": "j", "wall_seconds": 5.06, "total_steps": 400, "loss": 0.5,
+         "accuracy": None, "samples_per_sec": 900.0, "restarts": 0, "lost_steps": 0,
+         "checkpoint_dir": "/ckpt", "last_checkpoint_step": None}
+
+
+@pytest.mark.parametrize(("summary", "expected"), [
+    pytest.param(
+        {**ENDED, "phase": "Failed", "reason": "Interrupted", "steps": 37,
+         "message": "interrupted by SIGINT; stopped every replica.", "stopped_by": "SIGINT",
+         "last_checkpoint_step": 30, "resume": "pstrain run job.yaml --checkpoint-dir /ckpt"},
+        ["job j stopped by you (Ctrl-C) at step 37 of 400 after 5.1s: loss 0.5000, "
+         "accuracy -, 900 samples/s",
+         "restarts: 0, steps lost to restores: 0",
+         "last checkpoint: step 30, in /ckpt",
+         "resume with: pstrain run job.yaml --checkpoint-dir /ckpt"],
+        id="ctrl-c-after-a-checkpoint"),
+    pytest.param(
+        {**ENDED, "phase": "Failed", "reason": "Interrupted", "steps": 3, "message": "x",
+         "stopped_by": "SIGTERM", "checkpoint_dir": None,
+         "checkpoint_dir_removed": "/tmp/pstrain-j-ckpt-1"},
+        ["job j stopped by SIGTERM at step 3 of 400 after 5.1s: loss 0.5000, accuracy -, "
+         "900 samples/s",
+         "restarts: 0, steps lost to restores: 0",
+         "no checkpoint was written before it stopped: a new run starts from step 0",
+         "checkpoints: the temporary directory /tmp/pstrain-j-ckpt-1 was removed; pass "
+         "--checkpoint-dir DIR to keep them"],
+        id="sigterm-before-a-checkpoint"),
+    pytest.param(
+        {**ENDED, "phase": "Succeeded", "reason": "ChiefSucceeded", "steps": None,
+         "total_steps": None, "loss": None, "message": "done"},
+        ["job j Succeeded (ChiefSucceeded) after 5.1s; pstrain does not count the steps of "
+         "this job's own program (it prints no PSTRAIN_EVENT lines)",
+         "restarts: 0, steps lost to restores: 0"],
+        id="tf-config-program"),
+    pytest.param(
+        {**ENDED, "phase": "Succeeded", "reason": "ChiefSucceeded", "steps": 400,
+         "message": "done", "checkpoint_dir": None, "last_checkpoint_step": 400,
+         "checkpoint_dir_removed": "/tmp/pstrain-j-ckpt-2"},
+        ["job j Succeeded (ChiefSucceeded) after 5.1s: 400/400 steps, loss 0.5000, "
+         "accuracy -, 900 samples/s",
+         "restarts: 0, steps lost to restores: 0",
+         "checkpoints: the temporary directory /tmp/pstrain-j-ckpt-2 was removed; pass "
+         "--checkpoint-dir DIR to keep them"],
+        id="temporary-directory-removed"),
+])
+def test_result_lines_say_what_happened(summary, expected):
+    assert format_result(summary) == expected
+
+
+def test_summary_never_names_a_removed_directory_nor_uncounted_steps():
+    job = make_job("j").model()
+    state, _ = play(state_of(job), [Begin(0.0)])
+    summary = build_summary(state, Metrics(total_steps=100), 1.0, "j", "/tmp/x",
+                            checkpoint_removed=True, counts_steps=False)
+    assert (summary["checkpoint_dir"], summary["checkpoint_dir_removed"]) == (None, "/tmp/x")
+    assert (summary["steps"], summary["total_steps"]) == (None, None)
+    assert "resume" not in summary and "stopped_by" not in summary
+    kept = build_summary(state, Metrics(total_steps=100), 1.0, "j", "/ckpt",
+                         resume="pstrain run j.yaml", stopped_by="SIGINT")
+    assert (kept["checkpoint_dir"], kept["resume"], kept["stopped_by"]) == (
+        "/ckpt", "pstrain run j.yaml", "SIGINT")
+    assert "checkpoint_dir_removed" not in kept
+
+
+@pytest.mark.parametrize(("event", "expected"), [
+    pytest.param(ev("restored", step=300, lost_steps=0, path="/c/ckpt-300.pt"),
+                 "pstrain: j-worker-0: resumed from the checkpoint at step 300 "
+                 "(/c/ckpt-300.pt)", id="a-resume-is-news"),
+    pytest.param(ev("restored", step=300, lost_steps=0, path="/c/ckpt-300.pt",
+                    warning="1 newer checkpoint skipped as damaged"),
+                 "pstrain: warning: j-worker-0: resumed from the checkpoint at step 300 "
+                 "(/c/ckpt-300.pt); 1 newer checkpoint skipped as damaged",
+                 id="a-resume-past-damage-is-a-warning"),
+    pytest.param(ev("restored", step=150, lost_steps=50, path="/c/ckpt-150.pt",
+                    servers=[0]),
+                 "pstrain: warning: j-worker-0: restored ps shard 0 from step 150; 50 steps "
+                 "lost", id="a-recovery-is-a-warning"),
+])
+def test_restore_lines(event, expected):
+    out = io.StringIO()
+    PlainReporter(out, ["j-worker-0"]).event("j-worker-0", event,
+                                             fold(M0, "j-worker-0", event))
+    assert out.getvalue().splitlines() == [expected]

@@ -7,15 +7,18 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from .local_builders import make_job
+from pstrain_runtime.local.keys import remove_stale
 from pstrain_runtime.local.runner import RunOptions, run_job
 
 FAKE = str(Path(__file__).with_name("fake_replica.py"))
@@ -322,6 +325,15 @@ def test_replicas_die_with_a_killed_runner(tmp_path):
     pids = [s["pid"] for s in read_starts(tmp_path)]
     wait_until(lambda: not any(is_alive(p) for p in pids), 10,
                "replicas to die with the runner (PR_SET_PDEATHSIG)")
+    # SIGKILL gave the runner no chance to clean up: its keys are still on disk until
+    # the next run removes them (`remove_stale`, as `pstrain run` does when it starts);
+    # its checkpoint and last-words folders are only removed here.
+    temp = Path(tempfile.gettempdir())
+    (keys,) = [p for p in temp.iterdir() if p.name.startswith("pstrain-j-auth-")]
+    assert [p.name for p in keys.iterdir() if p.is_dir()], "the run wrote no replica keys"
+    assert remove_stale() == [keys] and not keys.exists()
+    for left in temp.glob("pstrain-j-*"):
+        shutil.rmtree(left)
 
 
 def test_closed_output_pipe_stops_every_replica_quietly(tmp_path):
@@ -348,3 +360,43 @@ def test_more_replicas_than_memory_holds_are_warned_about_first(fake, monkeypatc
                "and this machine has 1.0 GiB available")
     (index,) = [i for i, line in enumerate(lines) if line.startswith(warning)]
     assert index < min(i for i, line in enumerate(lines) if line.startswith("pstrain: started"))
+
+
+def test_ctrl_c_after_a_checkpoint_keeps_it_and_says_how_to_resume(tmp_path):
+    """Issue "rough edges" 3: what happened, where the checkpoint is, the command."""
+    job = make_job("j").ps(1).workers(2).write(tmp_path / "job.yaml")
+    events = [["checkpoint", {"step": 30, "path": "ckpt-30.pt"}],
+              ["progress", {"step": 37, "loss": 0.5, "samples_per_sec": 90.0}]]
+    proc = run_cli([str(job), "--json"], tmp_path,
+                   {"j-worker-0": {"hang": True, "events": events},
+                    "j-worker-1": {"hang": True}})
+    assert proc.stderr is not None
+    for line in proc.stderr:  # the runner has read the progress line: stop it now
+        if line.startswith("pstrain: step 37/100"):
+            break
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    summary = json.loads(stdout)
+    kept = summary["checkpoint_dir"]
+    try:
+        assert proc.returncode == 130, stderr
+        assert kept.startswith(tempfile.gettempdir()) and Path(kept).is_dir()
+        resume = f"pstrain run {job} --checkpoint-dir {kept}"
+        assert (summary["stopped_by"], summary["resume"]) == ("SIGINT", resume)
+        assert stderr.splitlines()[-4:] == [
+            f"job j stopped by you (Ctrl-C) at step 37 of 100 after "
+            f"{summary['wall_seconds']:.1f}s: loss 0.5000, accuracy -, 90 samples/s",
+            "restarts: 0, steps lost to restores: 0",
+            f"last checkpoint: step 30, in {kept}",
+            f"resume with: {resume}"]
+    finally:
+        shutil.rmtree(kept, ignore_errors=True)
+
+
+def test_a_job_that_cannot_scale_gets_no_scale_hint(fake):
+    _, fixed, _ = fake(make_job("j").ps(1).workers(2, minReplicas=2, maxReplicas=2),
+                       {"*": {}})
+    _, free, _ = fake(make_job("j").ps(1).workers(2), {"*": {}})
+    assert not [line for line in fixed if "pstrain scale" in line]
+    assert ("pstrain: change the worker count while it runs (1 or more workers): pstrain "
+            "scale j --replicas N") in free

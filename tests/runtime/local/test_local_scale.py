@@ -324,3 +324,39 @@ def test_the_runner_refuses_a_scale_the_machine_cannot_start(monkeypatch):
     assert isinstance(fine, ScaleRequest) and list(fine.addresses) == [2]
     below = executor.scale_request(0, 6, state, settings)  # the supervisor refuses it
     assert isinstance(below, ScaleRequest) and below.addresses == {}
+
+
+# --------------------------------------------------------------------------- cores
+
+
+def test_more_workers_than_cores_are_warned_about_by_the_run_and_the_caller(
+        monkeypatch, run_dir, capsys):
+    """Issue "rough edges" 4: a scale past the cores is made, with one line of warning
+    in the run's output and in `pstrain scale`'s."""
+    import time
+
+    from pstrain_runtime.local import runner
+
+    monkeypatch.setattr(runner, "usable_cores", lambda: 2)
+    monkeypatch.setattr(runner, "available_memory", lambda: None)
+    state = running()
+    executor = runner._Executor(None, None, time.monotonic,  # type: ignore[arg-type]
+                                job=make_job("j").workers(2).model())
+    request = executor.scale_request(9, 3, state, state.settings)
+    warning = ("9 workers on 2 CPU cores: the workers take turns on the cores, so more "
+               "workers than cores train no faster here (spec.replicas.worker.maxReplicas "
+               "bounds a scale)")
+    assert isinstance(request, ScaleRequest) and request.warning == warning
+    assert executor.scale_request(2, 4, state, state.settings).warning == ""
+    _, actions = decide(state, request)
+    assert Notify("warning", warning) in actions
+    assert reply_of(actions) == Reply(3, True, "WorkersScaledUp: workers 2 -> 9: adds "
+                                               "worker 2, 3, 4, 5, 6, 7, 8", warning)
+    server = ControlServer("job-w", lambda n: Answer(True, f"to {n}", warning))
+    assert server.start() is None
+    try:
+        assert control.scale_main(["job-w", "--replicas", "9"]) == 0
+    finally:
+        server.close()
+    out, err = capsys.readouterr()
+    assert (out, err) == ("pstrain scale: to 9\n", f"pstrain scale: warning: {warning}\n")

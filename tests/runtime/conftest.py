@@ -1,0 +1,40 @@
+"""Runtime tests leave nothing in the temporary directory: a local run makes
+`pstrain-<job>-auth-*` (the run's keys), `pstrain-<job>-ckpt-*` and `pstrain-<job>-exit-*`
+there, and a test that ends with one of them still on disk fails.
+
+Each test gets a temporary directory of its own (`tempfile.gettempdir()` in the test and
+`TMPDIR` for the processes it starts), so what a test leaves is told apart from what
+anything else on the machine makes at the same time, and the directory is removed after
+the test whatever it holds: no key outlives the test that made it.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+RUN_FOLDER = re.compile(r"pstrain-.+-(auth|ckpt|exit)-[A-Za-z0-9_]+", re.ASCII)
+
+
+def run_folders(directory: Path) -> list[str]:
+    """The folders of local runs in `directory`, by name."""
+    return sorted(p.name for p in directory.iterdir() if RUN_FOLDER.fullmatch(p.name))
+
+
+@pytest.fixture(autouse=True)
+def own_temp_dir(tmp_path_factory: pytest.TempPathFactory,
+                 monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    directory = tmp_path_factory.mktemp("tmp")
+    monkeypatch.setenv("TMPDIR", str(directory))
+    monkeypatch.setattr(tempfile, "tempdir", str(directory))
+    try:
+        yield directory
+        left = run_folders(directory)
+        assert not left, f"the test left the folders of local runs behind: {left}"
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

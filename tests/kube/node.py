@@ -36,6 +36,9 @@ from pstrain_runtime.replica import ENV_NUM_THREADS
 
 from .conftest import KUBE_DIR, Cluster, wait_until
 
+# The images of tests/kube/node-values.yaml, as the Dockerfile's entrypoints run them.
+IMAGE_MAP = {"pstrain-operator:dev": ["pstrain", "operator"],
+             "pstrain-runtime:dev": ["pstrain", "replica"]}
 HOSTS_BLOCK = "# BEGIN process-kubelet"
 NODE = "local-node"
 STOP_TIMEOUT_S = 30
@@ -267,3 +270,34 @@ class Pool:
         if not self.free:
             raise AssertionError("the e2e namespace pool is exhausted: add to POOL_SIZE")
         return self.free.pop(0)
+
+
+def main() -> int:
+    """`python -m tests.kube.node` (as root, KUBECONFIG set): kubelet.py as the node of the
+    test control plane, with IMAGE_MAP and the `pstrain` shim, until Ctrl-C."""
+    kubeconfig = os.environ.get("KUBECONFIG")
+    if not kubeconfig:
+        print("set KUBECONFIG first: export $(../shared/k8s/up | tail -1)", file=sys.stderr)
+        return 2
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="pstrain-node-"))
+    kubelet = Kubelet(Cluster(Path(kubeconfig), Path(kubeconfig).parent), work, IMAGE_MAP)
+    kubelet.start()
+    print(f"kubelet.py runs the pods of {kubeconfig} (log: {kubelet.log}); Ctrl-C stops it",
+          flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        while not stop.wait(1.0):
+            if kubelet.proc is not None and kubelet.proc.poll() is not None:
+                print(kubelet.tail(), file=sys.stderr)
+                return 1
+    finally:
+        kubelet.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -115,7 +115,7 @@ def _compute_costs(samples: int) -> dict[str, list[float]]:
     import socket
     import threading
 
-    from pstrain_runtime import auth
+    from pstrain_runtime.transport import auth
 
     every = auth.Credentials.from_token(TOKEN)
     chief = every.only("chief")

@@ -292,7 +292,7 @@ def _fill_rows(rank: int, count: int) -> dict[str, float]:
 def _bare_worker_rss(rank: int, total_rows: int) -> int:
     """RSS of a process that has imported the trainer and built the CTR model (its
     tables hold no rows on a worker): what a worker costs before it trains."""
-    import pstrain_runtime.trainer  # noqa: F401 - the imports a worker has
+    import pstrain_runtime.worker.trainer  # noqa: F401 - the imports a worker has
     from pstrain_runtime.examples import ctr as example
 
     example.make_task(**task_args(total_rows, "ps"))

@@ -38,10 +38,11 @@ BATCH = 64
 
 def _once(steps_before: int) -> tuple[float, float, float]:
     from pstrain_api.model import Training
-    from pstrain_runtime.client import LocalTransport
     from pstrain_runtime.examples.digits import make_task
-    from pstrain_runtime.store import ParameterStore
-    from pstrain_runtime.trainer import Trainer, WorkerRole
+    from pstrain_runtime.ps.store import ParameterStore
+    from pstrain_runtime.worker.client import LocalTransport
+    from pstrain_runtime.worker.context import WorkerRole
+    from pstrain_runtime.worker.trainer import Trainer
 
     total = steps_before + 3 * WINDOW_STEPS
     training = Training(entrypoint="pstrain_runtime.examples.digits:make_task",

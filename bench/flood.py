@@ -47,8 +47,8 @@ def _raise_open_files(want: int) -> None:
 
 
 def _server(port_to: list[Any], done: Any) -> dict[str, int]:
-    from pstrain_runtime import auth, dataplane
-    from pstrain_runtime.store import ParameterStore
+    from pstrain_runtime.ps.store import ParameterStore
+    from pstrain_runtime.transport import auth, dataplane
 
     data = dataplane.DataServer(ParameterStore(), LOOPBACK,
                                 guard=auth.ConnectionGuard(auth.Credentials.from_token(TOKEN)))
@@ -115,7 +115,7 @@ def _outsider(port_from: Any, many: bool, size: int, up: Any, done: Any) -> dict
 
 def _worker(port_from: Any, up: Any, done: Any) -> list[float | None]:
     """Seconds from connect to "accepted" for each probe; None when it was refused."""
-    from pstrain_runtime import auth
+    from pstrain_runtime.transport import auth
 
     port = port_from.recv()
     chief = auth.Credentials.from_token(TOKEN).only("chief")

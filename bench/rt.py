@@ -27,9 +27,9 @@ def start_ps(ps_index: int, port: int, token: bytes | None = None,
     TLS with the files in `tls_dir`)."""
     from pathlib import Path
 
-    from pstrain_runtime.auth import Credentials
-    from pstrain_runtime.server import PSServer
-    from pstrain_runtime.tls import TlsFiles
+    from pstrain_runtime.ps.server import PSServer
+    from pstrain_runtime.transport.auth import Credentials
+    from pstrain_runtime.transport.tls import TlsFiles
 
     credentials = Credentials.from_token(token) if token else None
     server = PSServer(f"{LOOPBACK}:{port}", ps_index=ps_index, credentials=credentials,
@@ -48,13 +48,13 @@ def connect(ports: Sequence[int], shapes: Mapping[str, Sequence[int]], namespace
     from pathlib import Path
 
     import torch
-    from pstrain_runtime.auth import Credentials
-    from pstrain_runtime.client import ShardedClient, retry_unavailable
-    from pstrain_runtime.client import connect as connect_one
-    from pstrain_runtime.placement import build_placement, param_specs
+    from pstrain_runtime.transport.auth import Credentials
+    from pstrain_runtime.worker.client import ShardedClient, retry_unavailable
+    from pstrain_runtime.worker.client import connect as connect_one
+    from pstrain_runtime.worker.placement import build_placement, param_specs
 
     credentials = Credentials.from_token(token).only("chief") if token else None
-    from pstrain_runtime.tls import TlsFiles
+    from pstrain_runtime.transport.tls import TlsFiles
 
     tls = TlsFiles(Path(tls_dir)) if tls_dir else None
     transports = [connect_one(f"{LOOPBACK}:{p}", transport, credentials, tls) for p in ports]
@@ -148,8 +148,9 @@ def run_trainer(training, namespace: str, worker: int, num_workers: int,  # noqa
     --overlap`. Returns (TrainResult, seconds from the start of `run()` to its end)."""
     import time
 
-    from pstrain_runtime.client import connect
-    from pstrain_runtime.trainer import Trainer, WorkerRole
+    from pstrain_runtime.worker.client import connect
+    from pstrain_runtime.worker.context import WorkerRole
+    from pstrain_runtime.worker.trainer import Trainer
 
     role = WorkerRole(namespace=namespace, worker=worker, num_workers=num_workers)
     trainer = Trainer(training, role,
@@ -168,7 +169,7 @@ def run_trainer(training, namespace: str, worker: int, num_workers: int,  # noqa
 
 
 def shutdown_servers(ports: Sequence[int], grace: float = 5.0) -> None:
-    from pstrain_runtime.client import GrpcTransport
+    from pstrain_runtime.worker.client import GrpcTransport
 
     for p in ports:
         t = GrpcTransport(f"{LOOPBACK}:{p}")
@@ -185,10 +186,10 @@ def sparse_table(ports: Sequence[int], namespace: str, dim: int):  # noqa: ANN20
     """A sparse client over the servers on `ports` and the spec of one dynamic table
     of `dim` float32 values per row (Adagrad), defined on them and initialised."""
     import torch
-    from pstrain_runtime.client import connect as connect_one
     from pstrain_runtime.optim import OptimizerConfig
     from pstrain_runtime.sparse.client import SparseClient
     from pstrain_runtime.sparse.spec import TableSpec
+    from pstrain_runtime.worker.client import connect as connect_one
 
     dense = connect(ports, {"w": (4,)}, namespace)
     spec = TableSpec(name="bench", num_embeddings=None, embedding_dim=dim, init_std=0.01,

@@ -393,7 +393,7 @@ def _baseline_rank(rank: int, world: int, port: int, spec: ModelSpec, window_s: 
     from pstrain_api.model import Optimizer
     from pstrain_runtime.optim import OptimizerConfig, torch_optimizer
     from pstrain_runtime.task import load_task
-    from pstrain_runtime.trainer import pick_device
+    from pstrain_runtime.worker.context import pick_device
 
     device = pick_device()
     task = load_task(spec.entrypoint, spec.args)
@@ -454,7 +454,7 @@ def _single_tta(rank: int, spec: ModelSpec, target: float, runs: int,
     from pstrain_api.model import Optimizer
     from pstrain_runtime.optim import OptimizerConfig, torch_optimizer
     from pstrain_runtime.task import load_task
-    from pstrain_runtime.trainer import pick_device
+    from pstrain_runtime.worker.context import pick_device
 
     device = pick_device()
     out: list[float | None] = []

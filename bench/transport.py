@@ -27,7 +27,7 @@ from .grpc_ref import bare_grpc_stream
 from .limits import _recv_exact
 from .procs import LOOPBACK, cpu_seconds, find_free_ports, run_group
 
-FRAME = 2 * MIB  # pstrain's chunk size (pstrain_runtime.wire.CHUNK_BYTES)
+FRAME = 2 * MIB  # pstrain's chunk size (pstrain_runtime.transport.wire.CHUNK_BYTES)
 SMALL_NUMEL = 76_810  # parameters of the digits MLP with hidden 1024 (0.31 MB)
 RAW, FRAMED = 0, 1
 
@@ -92,7 +92,7 @@ def _tcp_send(sock: socket.socket, payload: memoryview) -> None:
 
 def _framed_send(sock: socket.socket, payload: memoryview) -> None:
     """The payload as FRAME-sized frames, each built by one join (the sender's copy in
-    pstrain_runtime.wire.encode_chunk)."""
+    pstrain_runtime.transport.wire.encode_chunk)."""
     sock.sendall(struct.pack("!QB", len(payload), FRAMED))
     for off in range(0, len(payload), FRAME):
         part = payload[off:off + FRAME]

@@ -1,7 +1,8 @@
 """The README and docs/ say what the program does: the install commands are the ones CI
 runs, every `kubectl get tj` column list is the CRD's printer columns, the values table
-names every key of the chart's values.yaml, and every manifest in a doc is one the API
-accepts (the TensorFlow one is examples/tf-ps.yaml, whose program the repo ships).
+names every key of the chart's values.yaml, every manifest in a doc is one the API
+accepts (the TensorFlow one is examples/tf-ps.yaml, whose program the repo ships), and
+the runtime's file list (docs/runtime.md, the README's layout) is its tree.
 
 docs/local-runner.md has its own tests (tests/runtime/local/test_local_docs.py).
 """
@@ -310,3 +311,50 @@ def test_bench_doc_lists_every_item():
                  if "--only" in text)
     listed = block.split("# some items:", 1)[1].split("\npython", 1)[0]
     assert re.findall(r"[a-z_]+", listed.replace("#", " ")) == list(ITEMS)
+
+
+# --------------------------------------------------------------------- runtime layout
+
+RUNTIME = ROOT / "runtime" / "pstrain_runtime"
+ROOMS = ("ps/", "worker/", "transport/")
+
+
+def tree_entries(folder: Path) -> list[str]:
+    """The modules and packages in `folder`: `name.py` and `name/`."""
+    return sorted(p.name + "/" if p.is_dir() else p.name for p in folder.iterdir()
+                  if p.suffix == ".py" or (p / "__init__.py").exists())
+
+
+def runtime_doc_listing() -> dict[str, list[str]]:
+    """docs/runtime.md's "Where the code lives": the entries at the top ("") and in each
+    folder listed there, continuation lines left out."""
+    block = next(text for lang, text in code_blocks(ROOT / "docs" / "runtime.md")
+                 if lang == "text" and "transport/" in text)
+    listing: dict[str, list[str]] = {"": []}
+    folder = ""
+    for line in filter(str.strip, block.splitlines()):
+        indent, name = re.match(r"( *)(\S+)", line).groups()
+        if indent == "":
+            listing[""].append(name)
+            folder = name if name.endswith("/") else ""
+            listing.setdefault(folder, [])
+        elif indent == "  " and folder:
+            listing[folder].append(name)
+    return listing
+
+
+def test_runtime_doc_lists_every_module_of_the_top_and_of_each_room():
+    listing = runtime_doc_listing()
+    assert sorted(listing[""]) == tree_entries(RUNTIME)
+    for room in ROOMS:
+        modules = [name for name in tree_entries(RUNTIME / room) if name != "__init__.py"]
+        assert sorted(listing[room]) == modules, room
+    block = section(ROOT / "docs" / "runtime.md", "## Where the code lives")
+    for name in tree_entries(RUNTIME / "worker" / "chief"):
+        assert name == "__init__.py" or name in block, name
+
+
+def test_readme_layout_names_every_room_and_every_shared_module():
+    layout = section(README, "## Layout")
+    names = [name for name in tree_entries(RUNTIME) if name != "__init__.py"]
+    assert [name for name in names if f"`{name}`" not in layout] == []

@@ -44,7 +44,7 @@ RESERVED_ENV_NAMES: Final = frozenset({ENV_TF_CONFIG})
 # Networking. 2222 is TensorFlow's conventional port for PS/worker servers.
 REPLICA_PORT: Final = 2222
 REPLICA_PORT_NAME: Final = "pstrain"
-# A parameter server's data plane (tensors over plain TCP, pstrain_runtime.dataplane).
+# A parameter server's data plane (tensors over plain TCP, pstrain_runtime.transport.dataplane).
 DATA_PORT: Final = 2223
 DATA_PORT_NAME: Final = "pstrain-data"
 ENV_DATA_PORT: Final = "PSTRAIN_DATA_PORT"  # where a PS listens for it; unset: any port

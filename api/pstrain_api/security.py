@@ -21,7 +21,7 @@ keys) for the parameter servers and the chief, and worker i's own Secret
 holds a key that could act for another. Locally each replica gets a private directory.
 Keys never travel in environment variables.
 
-Pure: no I/O; `pstrain_runtime.auth` reads the files and speaks the protocols.
+Pure: no I/O; `pstrain_runtime.transport.auth` reads the files and speaks the protocols.
 """
 
 from __future__ import annotations

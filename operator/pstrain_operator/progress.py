@@ -81,8 +81,8 @@ def _no_checkpoint(address: str, timeout: float, security: ProbeSecurity | None)
 
 def _secured(security: ProbeSecurity | None) -> dict[str, Any]:
     """The runtime client's keyword arguments for `security` (imports the runtime)."""
-    from pstrain_runtime.auth import Credentials
-    from pstrain_runtime.tls import TrustedCa
+    from pstrain_runtime.transport.auth import Credentials
+    from pstrain_runtime.transport.tls import TrustedCa
 
     security = security or ProbeSecurity()
     return {"credentials": Credentials(security.keys) if security.keys else None,

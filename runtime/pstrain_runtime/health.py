@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .tls import TlsFiles
+    from .transport.tls import TlsFiles
 
 
 def wait_serving(address: str, stop: threading.Event, interval: float = 0.1,

@@ -43,8 +43,8 @@ from .failure import ConfigurationError, report_failure, write_termination_messa
 if TYPE_CHECKING:
     from pstrain_api.model import Training
 
-    from .auth import Credentials
-    from .tls import TlsFiles
+    from .transport.auth import Credentials
+    from .transport.tls import TlsFiles
 
 ENV_BIND_ADDRESS = "PSTRAIN_BIND_ADDRESS"
 ENV_NUM_THREADS = "PSTRAIN_NUM_THREADS"
@@ -83,8 +83,8 @@ def _security(environ: Mapping[str, str],
     """The keys this replica holds (None: authentication off) and its TLS files (None:
     TLS off). Raises ValueError when they cannot be read, or a parameter server lacks a
     key."""
-    from .auth import load_credentials
-    from .tls import load_tls
+    from .transport.auth import load_credentials
+    from .transport.tls import load_tls
 
     credentials, tls = load_credentials(environ), load_tls(environ)
     if (role == c.ROLE_PS and credentials is not None
@@ -96,7 +96,7 @@ def _security(environ: Mapping[str, str],
 
 
 def run_ps(identity: ReplicaIdentity, environ: Mapping[str, str]) -> int:
-    from .server import PSServer
+    from .ps.server import PSServer
 
     try:
         data_port = int(environ.get(c.ENV_DATA_PORT) or 0)
@@ -110,7 +110,7 @@ def run_ps(identity: ReplicaIdentity, environ: Mapping[str, str]) -> int:
         credentials, tls = _security(environ, c.ROLE_PS)
     except ValueError as exc:
         return report_failure(f"pstrain replica: {exc}", 2, environ)
-    from .store import ParameterStore
+    from .ps.store import ParameterStore
 
     store = ParameterStore(identity.task.index)
     registry = metrics_registry(environ)
@@ -156,10 +156,11 @@ def run_trainer(identity: ReplicaIdentity, environ: Mapping[str, str], overlap: 
     import torch
 
     from .checkpoint import CheckpointError
-    from .client import connect
-    from .store import PSError
+    from .ps.store import PSError
     from .summary import final_summary, write_summary
-    from .trainer import Trainer, TrainingDiverged, WorkerRole
+    from .worker.client import connect
+    from .worker.context import TrainingDiverged, WorkerRole
+    from .worker.trainer import Trainer
 
     training = _training_settings(environ)
     if isinstance(training, int):

@@ -17,9 +17,9 @@ from typing import Any
 
 import grpc
 
-from .auth import Credentials, client_channel
-from .tls import TlsFiles, TrustedCa
 from .proto import ps_pb2, ps_pb2_grpc
+from .transport.auth import Credentials, client_channel
+from .transport.tls import TlsFiles, TrustedCa
 
 
 def _finite(value: float) -> float | None:

@@ -33,8 +33,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pstrain_api import constants as c
 from pstrain_api import security
-from pstrain_runtime import auth
 from pstrain_runtime.proto import ps_pb2, ps_pb2_grpc
+from pstrain_runtime.transport import auth
 
 from .emulator import HttpApi, pod_status
 

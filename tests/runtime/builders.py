@@ -25,10 +25,10 @@ import torch
 from pstrain_api.cluster import Task, local_cluster_spec
 from pstrain_api.events import parse_event
 from pstrain_api.model import Training, TrainingJob
-from pstrain_runtime.client import LocalTransport
 from pstrain_runtime.local.processes import find_free_ports
 from pstrain_runtime.proto import ps_pb2 as pb
-from pstrain_runtime.store import ParameterStore, PSError
+from pstrain_runtime.ps.store import ParameterStore, PSError
+from pstrain_runtime.worker.client import LocalTransport
 
 
 def training(**fields: Any) -> Training:

@@ -9,7 +9,8 @@ from torch import nn
 
 from pstrain_runtime.sparse import SparseEmbedding, SparseEmbeddingBag, initial_rows, stream_of
 from pstrain_runtime.task import Task
-from pstrain_runtime.trainer import Trainer, WorkerRole
+from pstrain_runtime.worker.context import WorkerRole
+from pstrain_runtime.worker.trainer import Trainer
 
 from .builders import Events, run_trainers
 

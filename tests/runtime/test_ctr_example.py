@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pstrain_runtime.client import LocalTransport
 from pstrain_runtime.examples import ctr
-from pstrain_runtime.store import ParameterStore
+from pstrain_runtime.ps.store import ParameterStore
+from pstrain_runtime.worker.client import LocalTransport
 
 from .builders import Events, digits_training
 from .test_rt_trainer import run_job

@@ -20,21 +20,21 @@ import pytest
 import torch
 from pstrain_api.cluster import Task, local_cluster_spec, parse_cluster_env
 from pstrain_api.model import TrainingJob
-from pstrain_runtime import dataplane, wire
-from pstrain_runtime.client import (
+from pstrain_runtime.local.processes import find_free_ports
+from pstrain_runtime.optim import SLOT_NAMES, OptimizerConfig
+from pstrain_runtime.proto import ps_pb2 as pb
+from pstrain_runtime.ps.server import PSServer
+from pstrain_runtime.ps.store import ParameterStore, PSError
+from pstrain_runtime.replica import run_ps
+from pstrain_runtime.transport import dataplane, wire
+from pstrain_runtime.worker.client import (
     GrpcTransport,
     ShardedClient,
     TcpTransport,
     Transport,
     connect,
 )
-from pstrain_runtime.local.processes import find_free_ports
-from pstrain_runtime.optim import SLOT_NAMES, OptimizerConfig
-from pstrain_runtime.placement import build_placement, param_specs
-from pstrain_runtime.proto import ps_pb2 as pb
-from pstrain_runtime.replica import run_ps
-from pstrain_runtime.server import PSServer
-from pstrain_runtime.store import ParameterStore, PSError
+from pstrain_runtime.worker.placement import build_placement, param_specs
 
 from tests.api.job_builder import job
 

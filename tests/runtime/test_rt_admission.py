@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import pytest
 from pstrain_api import security
 
-from pstrain_runtime import auth, dataplane
-from pstrain_runtime.admission import Admission, pending_limit
-from pstrain_runtime.store import ParameterStore
+from pstrain_runtime.ps.store import ParameterStore
+from pstrain_runtime.transport import auth, dataplane
+from pstrain_runtime.transport.admission import Admission, pending_limit
 
 pytestmark = pytest.mark.timeout(60)
 

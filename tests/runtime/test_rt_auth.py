@@ -25,15 +25,15 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pstrain_api import security
-from pstrain_runtime import auth, dataplane, wire
-from pstrain_runtime.client import GrpcTransport, ShardedClient, TcpTransport
 from pstrain_runtime.optim import OptimizerConfig
-from pstrain_runtime.placement import build_placement, param_specs
 from pstrain_runtime.proto import ps_pb2 as pb
+from pstrain_runtime.ps.server import SERVICE, PSServer
+from pstrain_runtime.ps.store import PSError
 from pstrain_runtime.replica import run_ps
-from pstrain_runtime.server import SERVICE, PSServer
 from pstrain_runtime.sparse import protocol as sparse_protocol
-from pstrain_runtime.store import PSError
+from pstrain_runtime.transport import auth, dataplane, wire
+from pstrain_runtime.worker.client import GrpcTransport, ShardedClient, TcpTransport
+from pstrain_runtime.worker.placement import build_placement, param_specs
 
 from tests.runtime.test_dataplane import ps_identity
 
@@ -140,7 +140,7 @@ DATA_CALLS = ("Push", "Init", "Pull", "PushPull", "PushPullSmall", "Sparse")
 
 
 def test_every_grpc_method_is_covered() -> None:
-    from pstrain_runtime.server import ParameterServerService, build_handler
+    from pstrain_runtime.ps.server import ParameterServerService, build_handler
 
     handler = build_handler(ParameterServerService(None, None, None))  # type: ignore[arg-type]
     names = {m.rsplit("/", 1)[-1] for m in handler._method_handlers}  # type: ignore[attr-defined]
@@ -209,7 +209,7 @@ def test_data_plane_calls_without_a_handshake_are_refused(
               [wire.encode_batch(push_frames())] if call == "PushPullSmall" else
               [bytes(f) for f in (init_frames() if call == "Init" else push_frames())])
     received = bytearray()
-    with caplog.at_level(logging.WARNING, logger="pstrain_runtime.auth"), \
+    with caplog.at_level(logging.WARNING, logger="pstrain_runtime.transport.auth"), \
             socket.create_connection(("127.0.0.1", server.data_port), timeout=5) as sock:
         sock.sendall(_raw_call(op, frames))
         try:

@@ -23,11 +23,11 @@ import grpc
 import pytest
 import torch
 from pstrain_api import security
-from pstrain_runtime import auth, wire
-from pstrain_runtime.client import GrpcTransport, TcpTransport
 from pstrain_runtime.proto import ps_pb2 as pb
-from pstrain_runtime.server import SERVICE, PSServer
+from pstrain_runtime.ps.server import SERVICE, PSServer
 from pstrain_runtime.sparse import protocol as sparse_protocol
+from pstrain_runtime.transport import auth, wire
+from pstrain_runtime.worker.client import GrpcTransport, TcpTransport
 
 from tests.runtime.test_rt_auth import (CALLS, CHIEF_A, JOB_A, NS, _refusal, push_frames,
                                         server, sharded, state_of)

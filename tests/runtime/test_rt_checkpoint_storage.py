@@ -21,13 +21,14 @@ from pstrain_runtime.checkpoint import (
     load_checkpoint,
 )
 from pstrain_runtime.checkpoint_dir import check_directory
-from pstrain_runtime.client import LocalTransport
 from pstrain_runtime.failure import ConfigurationError
 from pstrain_runtime.local.cli import run_main
 from pstrain_runtime.local.metrics import Metrics, fold
 from pstrain_runtime.local.render import format_event
-from pstrain_runtime.store import ParameterStore
-from pstrain_runtime.trainer import Trainer, WorkerRole
+from pstrain_runtime.ps.store import ParameterStore
+from pstrain_runtime.worker.client import LocalTransport
+from pstrain_runtime.worker.context import WorkerRole
+from pstrain_runtime.worker.trainer import Trainer
 
 from .builders import digits_training, run_chief
 

@@ -17,14 +17,15 @@ from pstrain_runtime.checkpoint import (
     CheckpointStore,
     load_checkpoint,
 )
-from pstrain_runtime.client import LocalTransport, ShardedClient, connect
 from pstrain_runtime.examples import digits
 from pstrain_runtime.optim import OptimizerConfig
-from pstrain_runtime.placement import build_placement, param_specs
-from pstrain_runtime.server import PSServer
-from pstrain_runtime.store import ParameterStore
+from pstrain_runtime.ps.server import PSServer
+from pstrain_runtime.ps.store import ParameterStore
 from pstrain_runtime.task import Task, open_batches
-from pstrain_runtime.trainer import Trainer, WorkerRole
+from pstrain_runtime.worker.client import LocalTransport, ShardedClient, connect
+from pstrain_runtime.worker.context import WorkerRole
+from pstrain_runtime.worker.placement import build_placement, param_specs
+from pstrain_runtime.worker.trainer import Trainer
 
 from .builders import digits_training, run_chief
 from .test_rt_store import good_grads, push_frames, ready_store

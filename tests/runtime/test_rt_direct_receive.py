@@ -13,12 +13,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from pstrain_runtime import dataplane, wire
-from pstrain_runtime.client import LocalTransport, ShardedClient
 from pstrain_runtime.optim import OptimizerConfig
-from pstrain_runtime.placement import build_placement, param_specs
 from pstrain_runtime.proto import ps_pb2 as pb
-from pstrain_runtime.store import ParameterStore, PSError
+from pstrain_runtime.ps.store import ParameterStore, PSError
+from pstrain_runtime.transport import dataplane, wire
+from pstrain_runtime.worker.client import LocalTransport, ShardedClient
+from pstrain_runtime.worker.placement import build_placement, param_specs
 
 from .test_rt_wire import frames_of, protobuf_encoded_frames
 

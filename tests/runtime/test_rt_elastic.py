@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pstrain_runtime.proto import ps_pb2 as pb
-from pstrain_runtime.store import ParameterStore, PSError
+from pstrain_runtime.ps.store import ParameterStore, PSError
 
 from .test_rt_store import params, push_frames, ready_store
 
@@ -238,9 +238,10 @@ def test_digits_scaled_up_mid_run_finishes_at_the_usual_accuracy(
     trainers start, or after (as the operator does once their pods are Ready): then they
     wait to be admitted and never push before. async grows to 3: digits' async settings
     (momentum 0.9) diverge with 4 fixed workers too."""
-    from pstrain_runtime.client import LocalTransport
     from pstrain_runtime.examples.digits import make_task
-    from pstrain_runtime.trainer import Trainer, WorkerRole
+    from pstrain_runtime.worker.client import LocalTransport
+    from pstrain_runtime.worker.context import WorkerRole
+    from pstrain_runtime.worker.trainer import Trainer
 
     from .builders import Events, digits_training
 
@@ -322,9 +323,10 @@ def test_a_removed_worker_pushes_no_more_and_waits_without_failing(mode: str) ->
     it): its pushes stop counting, the others finish the job at exactly the target,
     and its trainer waits to be admitted again rather than failing, and ends with the
     job."""
-    from pstrain_runtime.client import LocalTransport
     from pstrain_runtime.examples.digits import make_task
-    from pstrain_runtime.trainer import Trainer, WorkerRole
+    from pstrain_runtime.worker.client import LocalTransport
+    from pstrain_runtime.worker.context import WorkerRole
+    from pstrain_runtime.worker.trainer import Trainer
 
     from .builders import Events, digits_training
 

@@ -10,14 +10,14 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from pstrain_runtime import wire
-from pstrain_runtime.client import GrpcTransport, ShardedClient
 from pstrain_runtime.optim import OptimizerConfig
-from pstrain_runtime.placement import build_placement, param_specs
 from pstrain_runtime.proto import ps_pb2 as pb
-from pstrain_runtime.server import SERVICE, PSServer
+from pstrain_runtime.ps.server import SERVICE, PSServer
+from pstrain_runtime.ps.store import PSError
 from pstrain_runtime.status_client import fetch_job_status
-from pstrain_runtime.store import PSError
+from pstrain_runtime.transport import wire
+from pstrain_runtime.worker.client import GrpcTransport, ShardedClient
+from pstrain_runtime.worker.placement import build_placement, param_specs
 
 FP = "12" * 32
 
@@ -210,7 +210,7 @@ def test_a_replaced_server_is_found_again_within_seconds(monkeypatch: pytest.Mon
     address. gRPC's defaults (a name resolved again at most every 30 s, reconnects backed
     off up to 120 s) left the chief half a minute without it on a real cluster; the
     workers' channels resolve again after 1 s and retry every 2 s at most."""
-    import pstrain_runtime.client as client_module
+    import pstrain_runtime.worker.client as client_module
 
     seen: list[dict[str, object]] = []
     real = client_module.auth.client_channel

@@ -16,20 +16,21 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from pstrain_runtime import dataplane
+from pstrain_runtime.transport import dataplane
 from pstrain_api.model import Training
-from pstrain_runtime.client import (
+from pstrain_runtime.optim import OptimizerConfig
+from pstrain_runtime.proto import ps_pb2 as pb
+from pstrain_runtime.ps.server import SERVICE, PSServer
+from pstrain_runtime.ps.store import ParameterStore, PSError
+from pstrain_runtime.worker.client import (
     GrpcTransport,
     LocalTransport,
     ShardedClient,
     retry_unavailable,
 )
-from pstrain_runtime.optim import OptimizerConfig
-from pstrain_runtime.placement import build_placement, param_specs
-from pstrain_runtime.proto import ps_pb2 as pb
-from pstrain_runtime.server import SERVICE, PSServer
-from pstrain_runtime.store import ParameterStore, PSError
-from pstrain_runtime.trainer import Trainer, WorkerRole
+from pstrain_runtime.worker.context import WorkerRole
+from pstrain_runtime.worker.placement import build_placement, param_specs
+from pstrain_runtime.worker.trainer import Trainer
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
-from pstrain_runtime import wire
 from pstrain_runtime.metrics import (MeteredClient, MeteredStore, PSMetrics, WorkerMetrics,
                                      serve_metrics)
 from pstrain_runtime.proto import ps_pb2 as pb
+from pstrain_runtime.transport import wire
 
 
 def value(registry: CollectorRegistry, name: str) -> float:
@@ -130,10 +130,11 @@ def test_a_real_job_through_the_metered_store_and_client(transport: str) -> None
     """The proxies stand in for the store (gRPC service and TCP data plane) and the
     client of a real job."""
     pytest.importorskip("sklearn")
-    from pstrain_runtime.client import connect
-    from pstrain_runtime.server import PSServer
-    from pstrain_runtime.store import ParameterStore
-    from pstrain_runtime.trainer import Trainer, WorkerRole
+    from pstrain_runtime.ps.server import PSServer
+    from pstrain_runtime.ps.store import ParameterStore
+    from pstrain_runtime.worker.client import connect
+    from pstrain_runtime.worker.context import WorkerRole
+    from pstrain_runtime.worker.trainer import Trainer
 
     from .builders import digits_training
 

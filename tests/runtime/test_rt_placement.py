@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from pstrain_runtime.placement import ParamSpec, Piece, build_placement, param_specs
+from pstrain_runtime.worker.placement import ParamSpec, Piece, build_placement, param_specs
 
 
 def specs(**shapes: tuple[int, ...]) -> list[ParamSpec]:

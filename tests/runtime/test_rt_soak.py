@@ -21,11 +21,12 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from pstrain_runtime import dataplane
-from pstrain_runtime.client import connect
 from pstrain_runtime.proto import ps_pb2 as pb
-from pstrain_runtime.server import SERVICE, PSServer
-from pstrain_runtime.trainer import Trainer, WorkerRole
+from pstrain_runtime.ps.server import SERVICE, PSServer
+from pstrain_runtime.transport import dataplane
+from pstrain_runtime.worker.client import connect
+from pstrain_runtime.worker.context import WorkerRole
+from pstrain_runtime.worker.trainer import Trainer
 
 from .builders import digits_training
 

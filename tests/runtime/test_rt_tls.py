@@ -12,13 +12,13 @@ import pytest
 import torch
 from pstrain_api import constants as c
 from pstrain_api import security
-from pstrain_runtime import auth
-from pstrain_runtime.client import GrpcTransport, ShardedClient, TcpTransport
 from pstrain_runtime.optim import OptimizerConfig
-from pstrain_runtime.placement import build_placement, param_specs
-from pstrain_runtime.server import PSServer
-from pstrain_runtime.store import PSError
-from pstrain_runtime.tls import TlsFiles, load_tls
+from pstrain_runtime.ps.server import PSServer
+from pstrain_runtime.ps.store import PSError
+from pstrain_runtime.transport import auth
+from pstrain_runtime.transport.tls import TlsFiles, load_tls
+from pstrain_runtime.worker.client import GrpcTransport, ShardedClient, TcpTransport
+from pstrain_runtime.worker.placement import build_placement, param_specs
 
 from tests.runtime.tls_certs import write_tls_dir
 
@@ -87,7 +87,7 @@ def test_clients_without_the_jobs_tls_are_refused(
 
 def test_a_plain_connection_to_the_data_port_is_refused(server: PSServer,
                                                         tls_files: TlsFiles) -> None:
-    from pstrain_runtime import dataplane
+    from pstrain_runtime.transport import dataplane
 
     # Learn the data port over TLS, then talk plain TCP to it.
     good = TcpTransport(server.address, CHIEF, tls_files)

@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from pstrain_runtime.checkpoint import CheckpointError, CheckpointStore, load_checkpoint
-from pstrain_runtime.client import LocalTransport
 from pstrain_runtime.examples.digits import make_task
 from pstrain_runtime.optim import OptimizerConfig, torch_optimizer
-from pstrain_runtime.store import ParameterStore
-from pstrain_runtime.trainer import Trainer, WorkerRole
+from pstrain_runtime.ps.store import ParameterStore
+from pstrain_runtime.worker.client import LocalTransport
+from pstrain_runtime.worker.context import WorkerRole
+from pstrain_runtime.worker.trainer import Trainer
 
 from .builders import Events, KillableTransport, digits_training, run_trainers
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from pstrain_runtime import wire
 from pstrain_runtime.proto import ps_pb2 as pb
+from pstrain_runtime.transport import wire
 
 
 def header_for(tensors: dict[str, torch.Tensor]) -> pb.StreamHeader:

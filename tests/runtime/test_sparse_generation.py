@@ -12,13 +12,13 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from pstrain_runtime.client import LocalTransport, ShardedClient
 from pstrain_runtime.optim import OptimizerConfig
-from pstrain_runtime.placement import build_placement, param_specs
+from pstrain_runtime.ps.store import ParameterStore, PSError
 from pstrain_runtime.sparse.client import SparseClient
 from pstrain_runtime.sparse.protocol import encode, header_of
 from pstrain_runtime.sparse.spec import TableSpec
-from pstrain_runtime.store import ParameterStore, PSError
+from pstrain_runtime.worker.client import LocalTransport, ShardedClient
+from pstrain_runtime.worker.placement import build_placement, param_specs
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch import nn
 
+from pstrain_runtime.optim import OptimizerConfig
+from pstrain_runtime.ps.store import PSError
 from pstrain_runtime.sparse import (SparseEmbedding, SparseEmbeddingBag, SparseEmbeddingCollection,
                                     apply_sparse_gradients, initial_rows, owner_of, stream_of)
 from pstrain_runtime.sparse.spec import TableSpec
 from pstrain_runtime.sparse.table import IdIndex, RowTable
-from pstrain_runtime.optim import OptimizerConfig
-from pstrain_runtime.store import PSError
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -14,14 +14,14 @@ import torch
 from pstrain_runtime.checkpoint import (CheckpointCorrupt, CheckpointError, CheckpointStore,
                                         NoUsableCheckpoint, load_checkpoint)
 from pstrain_runtime.failure import ConfigurationError
-from pstrain_runtime.client import LocalTransport
-from pstrain_runtime.sparse import client as sparse_client
 from pstrain_runtime.optim import OptimizerConfig
+from pstrain_runtime.ps.store import ParameterStore
+from pstrain_runtime.sparse import client as sparse_client
 from pstrain_runtime.sparse import initial_rows, stream_of
 from pstrain_runtime.sparse.files import read_rows, write_rows
 from pstrain_runtime.sparse.spec import TableSpec
 from pstrain_runtime.sparse.table import RowBlock
-from pstrain_runtime.store import ParameterStore
+from pstrain_runtime.worker.client import LocalTransport
 
 from . import sparse_tasks
 from .builders import KillableTransport, training

@@ -10,15 +10,16 @@ from typing import Any
 import pytest
 import torch
 
-from pstrain_runtime.client import LocalTransport, connect
 from pstrain_runtime.optim import OptimizerConfig, torch_optimizer
+from pstrain_runtime.ps.server import PSServer
+from pstrain_runtime.ps.store import ParameterStore, PSError
 from pstrain_runtime.sparse import SparseEmbeddingCollection
 from pstrain_runtime.sparse.client import RemoteSource, SparseClient
 from pstrain_runtime.sparse.protocol import encode
-from pstrain_runtime.server import PSServer
 from pstrain_runtime.status_client import status_to_dict
-from pstrain_runtime.store import ParameterStore, PSError
-from pstrain_runtime.trainer import Trainer, WorkerRole
+from pstrain_runtime.worker.client import LocalTransport, connect
+from pstrain_runtime.worker.context import WorkerRole
+from pstrain_runtime.worker.trainer import Trainer
 
 from . import sparse_tasks
 from .builders import training

@@ -2,7 +2,7 @@
 refusal) and their CPU cores (a warning).
 
 Each replica is a Python process with torch loaded: about 250 MB resident before it
-holds a single parameter (measured: `import torch, grpc, pstrain_runtime.trainer` peaks
+holds a single parameter (measured: `import torch, grpc, pstrain_runtime.worker.trainer` peaks
 at 246 MB on Linux, torch 2.13 CPU). A job with more replicas than the available memory
 holds swaps or has replicas killed for memory long before training starts, so the runner
 warns first and names the numbers.

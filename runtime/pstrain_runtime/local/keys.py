@@ -34,7 +34,7 @@ from pathlib import Path
 
 from pstrain_api import security
 
-from ..auth import Credentials, write_credentials
+from ..transport.auth import Credentials, write_credentials
 
 _log = logging.getLogger(__name__)
 

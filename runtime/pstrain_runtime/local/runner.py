@@ -44,8 +44,8 @@ from pstrain_api.readiness import runs_pstrain_runtime, user_command
 
 from ..checkpoint_dir import check_directory
 from ..failure import ConfigurationError
-from ..auth import Credentials
 from ..status_client import request_checkpoint, set_workers
+from ..transport.auth import Credentials
 from .capacity import available_memory, capacity_warning, cores_warning, usable_cores
 from .control import Answer, ControlServer, Inbox
 from .devices import ENV_VISIBLE, DeviceRequest, assign_gpus, visible_gpus
@@ -55,12 +55,12 @@ from .metrics import Metrics, build_summary, fold
 from .processes import (DEFAULT_REPLICA_COMMAND, Line, ProcessTable, find_free_ports,
                         replica_environment)
 from .render import PlainReporter, Reporter, RichReporter, format_result
+from .startup import entrypoint_problem, startup_notices
 from .supervisor import (Action, AskCheckpoint, Begin, CheckpointUnanswered, Checkpointed,
                          Finish, Interrupt, Kill, Notify, Progressed, Replica, Reply, Respec,
                          RunState, ScaleRequest, SetWorkers, Settings, SpawnFailed, Start,
                          Terminate, Tick, decide, effective_deadline, initial_state,
                          signal_name)
-from .startup import entrypoint_problem, startup_notices
 
 TICK_SECONDS = 0.1
 ASK_TIMEOUT_S = 2.0  # RequestCheckpoint on PS 0 at the deadline

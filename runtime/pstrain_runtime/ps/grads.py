@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .. import wire
 from ..proto import ps_pb2 as pb
+from ..transport import wire
 from .errors import PSError, invalid
 from .streams import read_body
 

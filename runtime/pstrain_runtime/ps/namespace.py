@@ -3,7 +3,7 @@ record the parameter server's concerns share. Each field is written by the modul
 beside it, always under `cond`; this module only answers what the state says (`info`,
 `position_of`) and keeps checkpoint snapshots.
 
-Namespaces live in `pstrain_runtime.store.ParameterStore`."""
+Namespaces live in `pstrain_runtime.ps.store.ParameterStore`."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from pstrain_api.membership import WorkerSet
 
 from ..optim import OptimizerConfig, OptimizerState
 from ..proto import ps_pb2 as pb
-from ..snapshots import StepSnapshot, snapshot_if_due
 from .grads import ScratchPool
 from .job_board import JobReport
+from .snapshots import StepSnapshot, snapshot_if_due
 
 if TYPE_CHECKING:
     from .sync_barrier import Bucket

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .. import wire
 from ..proto import ps_pb2 as pb
+from ..transport import wire
 from .errors import PSError
 from .shard import SLOT_SEPARATOR
 from .waits import Gone, Wait

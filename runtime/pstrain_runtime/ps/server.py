@@ -27,11 +27,11 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from . import auth, wire
-from .tls import TlsFiles
-from .dataplane import DataServer, split_host
-from .proto import ps_pb2 as pb
-from .sparse import service as sparse_service
+from ..proto import ps_pb2 as pb
+from ..sparse import service as sparse_service
+from ..transport import auth, wire
+from ..transport.dataplane import DataServer, split_host
+from ..transport.tls import TlsFiles
 from .store import ParameterStore, PSError
 
 SERVICE = "pstrain.v1.ParameterServer"

@@ -19,10 +19,10 @@ import numpy as np
 import torch
 from pstrain_api.membership import WorkerSet
 
-from .. import wire
 from ..optim import (SLOT_NAMES, OptimizerConfig, OptimizerState, apply_gradients,
                      hyperparameter_problem, init_state)
 from ..proto import ps_pb2 as pb
+from ..transport import wire
 from .errors import PSError, invalid
 from .grads import GRAD_DTYPES, is_all_finite, take
 from .membership import new_generation

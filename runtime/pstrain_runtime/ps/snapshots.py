@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .optim import OptimizerState
+from ..optim import OptimizerState
 
 
 @dataclass(frozen=True)

@@ -33,19 +33,18 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from . import wire
-from .proto import ps_pb2 as pb
-from .ps import async_steps, grads, job_board, membership, pull, shard, sync_barrier
-from .ps.errors import PSError, invalid
-from .ps.grads import GRAD_DTYPES, FlatGrads, RunningSum, first_nonfinite, is_all_finite
-from .ps.job_board import JobReport
-from .ps.membership import new_generation
-from .ps.namespace import Namespace
-from .ps.shard import (SLOT_SEPARATOR, optimizer_from_pb, optimizer_to_pb,
-                       physical_memory)
-from .ps.streams import read_header
-from .ps.sync_barrier import Bucket
-from .ps.waits import MAX_WAIT, WAIT_SLICE, Gone, wait_until
+from ..proto import ps_pb2 as pb
+from ..transport import wire
+from . import async_steps, grads, job_board, membership, pull, shard, sync_barrier
+from .errors import PSError, invalid
+from .grads import GRAD_DTYPES, FlatGrads, RunningSum, first_nonfinite, is_all_finite
+from .job_board import JobReport
+from .membership import new_generation
+from .namespace import Namespace
+from .shard import SLOT_SEPARATOR, optimizer_from_pb, optimizer_to_pb, physical_memory
+from .streams import read_header
+from .sync_barrier import Bucket
+from .waits import MAX_WAIT, WAIT_SLICE, Gone, wait_until
 
 __all__ = ["GRAD_DTYPES", "MAX_WAIT", "SLOT_SEPARATOR", "WAIT_SLICE", "Bucket", "FlatGrads",
            "Gone", "JobReport", "Namespace", "PSError", "ParameterStore", "RunningSum",

@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from .. import wire
 from ..proto import ps_pb2 as pb
+from ..transport import wire
 from .errors import invalid
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..store import PSError, is_all_finite
+from ..ps.store import PSError, is_all_finite
 from .spec import TableSpec
 
 

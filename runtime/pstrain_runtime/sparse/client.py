@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..store import PSError
+from ..ps.store import PSError
 from .ids import split_by_owner
 from .protocol import encode, header_of, tensor_of
 from .spec import TableSpec

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..store import PSError
+from ..ps.store import PSError
 
 Frame = bytes | bytearray | memoryview
 

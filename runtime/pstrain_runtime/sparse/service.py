@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
-from .. import auth
 from ..ps import membership
-from ..store import Namespace, ParameterStore, PSError
+from ..ps.store import Namespace, ParameterStore, PSError
+from ..transport import auth
 from .checks import check_grads, check_ids
 from .protocol import Frame, encode, field, header_of, tensor_of
 from .spec import TableSpec

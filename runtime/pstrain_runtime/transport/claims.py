@@ -26,10 +26,10 @@ from typing import Any
 import grpc
 from pstrain_api import security
 
+from ..proto import ps_pb2 as pb
+from ..ps.store import PSError
+from ..sparse import protocol as sparse_protocol
 from . import auth, wire
-from .proto import ps_pb2 as pb
-from .sparse import protocol as sparse_protocol
-from .store import PSError
 
 STREAM_HEADER_CALLS = frozenset({"Push", "PushPull", "PushPullSmall"})
 NAMED_WORKER_CALLS = STREAM_HEADER_CALLS | {"Pull", "Info", "Sparse"}

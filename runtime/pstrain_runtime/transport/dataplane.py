@@ -35,11 +35,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
+from ..proto import ps_pb2 as pb
+from ..ps.store import ParameterStore, PSError
+from ..sparse import service as sparse_service
 from . import auth, claims, tls, wire
 from .admission import Admission
-from .proto import ps_pb2 as pb
-from .sparse import service as sparse_service
-from .store import ParameterStore, PSError
 
 OP_INIT, OP_PUSH, OP_PULL, OP_PUSH_PULL, OP_PUSH_PULL_SMALL, OP_SPARSE = 1, 2, 3, 4, 5, 6
 OPS = {OP_INIT: "Init", OP_PUSH: "Push", OP_PULL: "Pull", OP_PUSH_PULL: "PushPull",

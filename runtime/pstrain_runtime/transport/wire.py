@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from google.protobuf.message import DecodeError
 
-from .proto import ps_pb2 as pb
+from ..proto import ps_pb2 as pb
 
 CHUNK_BYTES = 2 * 1024 * 1024
 # gRPC rejects messages above 4 MiB by default; frames are at most CHUNK_BYTES plus a

@@ -2,6 +2,10 @@
 
 Where things live:
 - `trainer`: `Trainer`, which builds the parts below and runs them as a short script.
+- `client`: talking to the parameter servers: one server (`Transport`: TCP, gRPC or in
+  process) and the whole sharded model (`ShardedClient`).
+- `placement`: which server holds which parameter (or which rows of it), a pure function
+  every worker computes alike.
 - `context`: what every part shares (settings, role, model, client, the newest step).
 - `parameters`: the model's parameters and the CPU tensors the transport reads and writes.
 - `loop`: the worker's step loop (pull, compute, push, until the target step), and how

@@ -27,14 +27,14 @@ import grpc
 import numpy as np
 import torch
 
-from . import auth, dataplane, wire
-from .tls import TlsFiles
-from .optim import SLOT_NAMES, OptimizerConfig, OptimizerState
+from ..optim import SLOT_NAMES, OptimizerConfig, OptimizerState
+from ..proto import ps_pb2 as pb
+from ..ps.server import SERVICE
+from ..ps.store import SLOT_SEPARATOR, ParameterStore, PSError, optimizer_to_pb
+from ..sparse import service as sparse_service
+from ..transport import auth, dataplane, wire
+from ..transport.tls import TlsFiles
 from .placement import Piece, Placement
-from .proto import ps_pb2 as pb
-from .server import SERVICE
-from .sparse import service as sparse_service
-from .store import SLOT_SEPARATOR, ParameterStore, PSError, optimizer_to_pb
 
 
 RETRIED_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"})

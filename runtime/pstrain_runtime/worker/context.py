@@ -18,13 +18,13 @@ from torch import nn
 from pstrain_api.model import Training
 from pstrain_api.quote import one_line
 
-from ..client import ShardedClient, retry_unavailable
 from ..optim import OptimizerConfig
-from ..placement import Placement
 from ..proto import ps_pb2 as pb
-from ..store import PSError
+from ..ps.store import PSError
 from ..task import Task
+from .client import ShardedClient, retry_unavailable
 from .parameters import LocalParameters
+from .placement import Placement
 
 EmitFn = Callable[..., None]
 

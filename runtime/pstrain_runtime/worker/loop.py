@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 
-from ..store import PSError
+from ..ps.store import PSError
 from .chief.duties import ChiefDuties
 from .context import TrainingDiverged, TrainResult, WorkerContext
 from .data import DataCursor

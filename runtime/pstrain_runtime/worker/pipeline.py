@@ -16,7 +16,7 @@ import torch
 from pstrain_api.model import Training
 
 from ..proto import ps_pb2 as pb
-from ..store import PSError
+from ..ps.store import PSError
 from .context import WorkerContext
 
 

@@ -20,8 +20,8 @@ from typing import Any
 from torch import nn
 
 from ..optim import OptimizerConfig
+from ..ps.store import PSError
 from ..sparse.session import SparseSession
-from ..store import PSError
 
 
 class SparseBinding:

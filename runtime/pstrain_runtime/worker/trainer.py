@@ -18,14 +18,13 @@ from pstrain_api import events
 from pstrain_api.model import Training
 
 from ..checkpoint import CheckpointStore, model_fingerprint
-from ..client import ShardedClient, Transport
 from ..optim import OptimizerConfig, OptimizerState
-from ..placement import build_placement, param_specs
+from ..ps.store import PSError
 from ..sparse.session import SparseSession
-from ..store import PSError
 from ..task import Task, load_task
 from .chief.duties import ChiefDuties
 from .chief.finish import shutdown_servers
+from .client import ShardedClient, Transport
 from .context import (EmitFn, TrainResult, WorkerContext, WorkerRole, pick_device,
                       wire_torch_dtype)
 from .data import DataCursor
@@ -33,6 +32,7 @@ from .loop import StepLoop
 from .membership import Membership
 from .parameters import LocalParameters
 from .pipeline import may_pipeline
+from .placement import build_placement, param_specs
 from .sparse_binding import SparseBinding
 from .step import Step
 

@@ -18,10 +18,10 @@ import grpc
 import pytest
 
 from pstrain_api import security
-from pstrain_runtime import auth
-from pstrain_runtime.client import GrpcTransport
 from pstrain_runtime.local.keys import LocalKeys
-from pstrain_runtime.store import PSError
+from pstrain_runtime.ps.store import PSError
+from pstrain_runtime.transport import auth
+from pstrain_runtime.worker.client import GrpcTransport
 
 from .local_builders import make_job
 from .test_local_e2e import DIGITS, RUN_LIMIT, Run

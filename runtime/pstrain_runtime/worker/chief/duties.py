@@ -6,7 +6,7 @@ Every trainer builds them (cheap, no I/O); only the chief (worker 0) runs them."
 from __future__ import annotations
 
 from ...proto import ps_pb2 as pb
-from ...store import PSError
+from ...ps.store import PSError
 from ..context import TrainResult, WorkerContext
 from ..sparse_binding import SparseBinding
 from .checkpoint_schedule import CheckpointSchedule

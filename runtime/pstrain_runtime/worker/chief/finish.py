@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...store import PSError
+from ...ps.store import PSError
 from ..context import TrainResult, WorkerContext
 from .progress import report_status
 

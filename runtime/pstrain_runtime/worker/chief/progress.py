@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...proto import ps_pb2 as pb
-from ...store import PSError
+from ...ps.store import PSError
 from ..context import TrainResult, WorkerContext
 from ..membership import AppliedSamples, workers_per_step
 from ..sparse_binding import SparseBinding

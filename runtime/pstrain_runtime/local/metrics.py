@@ -60,6 +60,14 @@ def _int(event: Mapping[str, Any], key: str) -> int | None:
     return int(value) if value is not None else None
 
 
+def _later(known: int | None, step: int | None) -> int | None:
+    """The chief's step as an eval or a checkpoint at `step` shows it (progress events
+    come at an interval: a short run's last one may be far behind)."""
+    if step is None:
+        return known
+    return step if known is None else max(known, step)
+
+
 def fold(metrics: Metrics, replica: str, event: Mapping[str, Any]) -> Metrics:
     """Metrics after `event` from `replica`. Unknown or malformed fields are ignored:
     a replica's output must never crash the runner."""
@@ -76,13 +84,14 @@ def fold(metrics: Metrics, replica: str, event: Mapping[str, Any]) -> Metrics:
     if kind == "eval":
         return replace(
             metrics,
+            step=_later(metrics.step, step),
             accuracy=_num(event, "accuracy"),
             eval_loss=_num(event, "loss"),
             auc=_num(event, "auc"),
             logloss=_num(event, "logloss"),
         )
     if kind == "checkpoint":
-        return replace(metrics, checkpoint_step=step,
+        return replace(metrics, step=_later(metrics.step, step), checkpoint_step=step,
                        checkpoint_path=str(event.get("path", "")) or None)
     if kind == "restored":
         servers = event.get("servers")

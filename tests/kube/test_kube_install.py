@@ -74,21 +74,28 @@ def node(cluster: Cluster) -> Iterator[Kubelet]:
     finally:
         cluster.kubectl("delete", "tj", JOB, "--ignore-not-found", "--wait=false",
                         namespace=JOB_NAMESPACE, check=False)
-        wait_until_gone(cluster)
+        wait_until_gone(cluster, JOB_NAMESPACE, f"{c.LABEL_JOB}={JOB}")
         run_helm("uninstall", "pstrain", "-n", RELEASE_NAMESPACE,
                  "--kubeconfig", str(cluster.kubeconfig))
+        # The node must see the operator pod go (a pod deleted after its node stopped
+        # stays Terminating, and so would the namespace).
+        wait_until_gone(cluster, RELEASE_NAMESPACE)
+        kubelet.stop()
+        for namespace in (RELEASE_NAMESPACE, JOB_NAMESPACE):  # what no node can finish
+            cluster.kubectl("delete", "pods", "--all", "--force", "--grace-period=0",
+                            namespace=namespace, check=False)
         cluster.kubectl("delete", "namespace", RELEASE_NAMESPACE, "--wait=false",
                         check=False)
-        kubelet.stop()
         shutil.rmtree(work, ignore_errors=True)
 
 
-def wait_until_gone(cluster: Cluster, timeout: float = 60) -> None:
-    """The job's pods gone (garbage collection), so that the node stops with none."""
+def wait_until_gone(cluster: Cluster, namespace: str, selector: str = "",
+                    timeout: float = 60) -> None:
+    """The pods of `namespace` (matching `selector`) gone, at most `timeout` s."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        out = cluster.kubectl("get", "pods", "-l", f"{c.LABEL_JOB}={JOB}", "-o", "name",
-                              namespace=JOB_NAMESPACE, check=False).stdout
+        out = cluster.kubectl("get", "pods", *(["-l", selector] if selector else []),
+                              "-o", "name", namespace=namespace, check=False).stdout
         if not out.strip():
             return
         time.sleep(1)

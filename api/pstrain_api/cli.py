@@ -18,9 +18,11 @@ from . import __version__
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("pstrain_api.cli_commands:validate_main", "Validate TrainingJob manifests offline."),
     "crd": ("pstrain_api.cli_commands:crd_main", "Print the TrainingJob CustomResourceDefinition."),
+    "convert": ("pstrain_api.cli_commands:convert_main", "Convert a Kubeflow TFJob (kubeflow.org/v1) into a TrainingJob."),
     "run": ("pstrain_runtime.local.cli:run_main", "Run a TrainingJob on this machine as processes."),
     "scale": ("pstrain_runtime.local.control:scale_main", "Change the worker count of a job `pstrain run` is running."),
     "replica": ("pstrain_runtime.replica:replica_main", "Run one replica (PS or worker) from the cluster-spec environment."),
+    "export": ("pstrain_runtime.export:export_main", "Export a checkpoint for plain PyTorch or serving (safetensors)."),
     "operator": ("pstrain_operator.main:operator_main", "Run the Kubernetes operator."),
 }
 

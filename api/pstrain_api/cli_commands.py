@@ -1,15 +1,20 @@
-"""`pstrain validate` and `pstrain crd`: the API's own subcommands."""
+"""`pstrain validate`, `pstrain crd` and `pstrain convert`: the API's own subcommands."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
+import yaml
+
+from .convert import ConversionError, convert_tfjob
 from .crd import render_crd_yaml
 from .entrypoint import EntrypointError, resolve_entrypoint
 from .model import TrainingJob
-from .validate import Problem, load_jobs
+from .manifest_yaml import UnreadableManifest, read_manifest_text
+from .validate import Problem, load_jobs, parse_documents
 
 
 def validate_main(argv: Sequence[str]) -> int:
@@ -58,4 +63,47 @@ def crd_main(argv: Sequence[str]) -> int:
     )
     parser.parse_args(list(argv))
     sys.stdout.write(render_crd_yaml())
+    return 0
+
+
+def convert_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="pstrain convert",
+        description="Convert a Kubeflow TFJob (kubeflow.org/v1, PS/Worker/Chief) into the "
+        "equivalent TrainingJob: YAML on stdout (or in OUT), and on stderr one line per "
+        "field that could not be carried over. Exits 0 when converted, 1 when the file "
+        "holds something that is not such a TFJob.",
+    )
+    parser.add_argument("file", metavar="FILE", help="the TFJob manifest (YAML)")
+    parser.add_argument("-o", "--output", metavar="OUT",
+                        help="write the TrainingJob here instead of to stdout")
+    args = parser.parse_args(list(argv))
+    source = str(args.file)
+    try:
+        docs, problems = parse_documents(read_manifest_text(source), source)
+    except UnreadableManifest as exc:
+        docs, problems = [], [Problem(source, "", f"{exc}.")]
+    except OSError as exc:
+        docs, problems = [], [Problem(source, "", f"cannot read the file: "
+                                                  f"{exc.strerror or exc}.")]
+    jobs, notes, errors = [], [], [str(p) for p in problems]
+    for i, doc in enumerate(docs):
+        where = f"{source}#{i + 1}" if len(docs) > 1 else source
+        try:
+            converted = convert_tfjob(doc)
+        except ConversionError as exc:
+            errors += [f"{where}: {e}" for e in exc.errors]
+            continue
+        jobs.append(converted.job)
+        notes += [f"{where}: {n}" for n in converted.notes]
+    if errors:
+        print("\n".join(errors), file=sys.stderr)
+        return 1
+    text = yaml.safe_dump_all(jobs, sort_keys=False, width=100)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    if notes:
+        print("\n".join(notes), file=sys.stderr)
     return 0

@@ -4,7 +4,10 @@ free text.
 
 A line is `PSTRAIN_EVENT {"event": "<kind>", ...}`. Kinds and their fields:
 
-- `progress`: step, loss, samples_per_sec (the chief, every few seconds)
+- `progress`: step, loss, samples_per_sec, staleness (the chief, every few seconds;
+  sparse_rows and sparse_bytes for a model with sparse tables)
+- `loss`: step, loss (the chief: a point of the loss curve, every 1/200 of the job's
+  steps, the loss averaged since the previous point; TensorBoard's `train/loss`)
 - `eval`: step, accuracy, loss
 - `checkpoint`: step, path
 - `restored`: step, path, lost_steps (the chief after restoring a checkpoint; lost_steps
@@ -22,7 +25,8 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 PREFIX = "PSTRAIN_EVENT "
-KINDS = frozenset({"progress", "eval", "checkpoint", "restored", "done", "ready"})
+KINDS = frozenset({"progress", "loss", "eval", "checkpoint", "restored", "done",
+                   "ready"})
 
 
 def format_event(kind: str, **fields: Any) -> str:

@@ -14,8 +14,9 @@ this task, the chief), PSTRAIN_TRAINING (the `Training` settings as JSON) and TF
   the chief key if it holds it, else its own worker key (derived from the job's worker
   key when that is what it was given), so it can act only as itself.
 - role `worker`/`chief`: train; the chief (identity.is_chief) initialises, checkpoints,
-  evaluates and finally shuts the servers down. Every trainer exits 0 when the job is
-  done, and non-zero on a real failure.
+  evaluates and finally shuts the servers down; it also writes its scalars as TensorBoard
+  event files beside the checkpoints (`worker.chief.tensorboard`). Every trainer exits 0
+  when the job is done, and non-zero on a real failure.
 
 A replica that fails says why in one line on stderr and in its termination-message file
 (`failure.report_failure`); a mistake in the job's configuration exits with
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 
     from .transport.auth import Credentials
     from .transport.tls import TlsFiles
+    from .worker.chief.tensorboard import TensorBoardLog
 
 ENV_BIND_ADDRESS = "PSTRAIN_BIND_ADDRESS"
 ENV_NUM_THREADS = "PSTRAIN_NUM_THREADS"
@@ -158,6 +160,7 @@ def run_trainer(identity: ReplicaIdentity, environ: Mapping[str, str], overlap: 
     from .checkpoint import CheckpointError
     from .ps.store import PSError
     from .summary import final_summary, write_summary
+    from .worker.chief.tensorboard import tee
     from .worker.client import connect
     from .worker.context import TrainingDiverged, WorkerRole
     from .worker.trainer import Trainer
@@ -183,9 +186,11 @@ def run_trainer(identity: ReplicaIdentity, environ: Mapping[str, str], overlap: 
         return c.EXIT_STARTUP_TIMEOUT
     trainer = None
     me = f"pstrain replica: {identity.task.role} {identity.task.index}"
+    log = chief_tensorboard_log(training) if role.is_chief else None
     try:
         transports = [connect(a, training.transport, credentials, tls) for a in ps]
-        trainer = Trainer(training, role, transports, overlap=overlap)
+        trainer = Trainer(training, role, transports, overlap=overlap,
+                          emit=tee(events.emit, log) if log is not None else events.emit)
         registry = metrics_registry(environ)
         if registry is not None:
             from .metrics import MeteredClient, WorkerMetrics
@@ -207,6 +212,17 @@ def run_trainer(identity: ReplicaIdentity, environ: Mapping[str, str], overlap: 
     finally:
         if trainer is not None:
             trainer.close()
+        if log is not None:
+            log.close()
+
+
+def chief_tensorboard_log(training: Training) -> TensorBoardLog | None:
+    """The chief's TensorBoard log, in `tensorboard/` beside the checkpoints; None
+    when the job has no checkpoint directory (nowhere that outlives the replica)."""
+    from .worker.chief.tensorboard import TensorBoardLog, tensorboard_dir
+
+    directory = training.checkpoint.directory
+    return TensorBoardLog(tensorboard_dir(directory)) if directory else None
 
 
 def metrics_registry(environ: Mapping[str, str]) -> Any:

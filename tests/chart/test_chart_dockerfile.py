@@ -198,7 +198,7 @@ IMPORT_NAMES = {
     "grpcio-health-checking": ["grpc_health"], "protobuf": ["google.protobuf"],
     "torch": ["torch"], "numpy": ["numpy"], "scikit-learn": ["sklearn"],
     "rich": ["rich"], "prometheus-client": ["prometheus_client"],
-    "jsonschema": ["jsonschema"],
+    "jsonschema": ["jsonschema"], "tensorboard": ["tensorboard"], "safetensors": ["safetensors"],
 }
 
 

@@ -1,6 +1,7 @@
 """Runtime tests leave nothing in the temporary directory: a local run makes
 `pstrain-<job>-auth-*` (the run's keys), `pstrain-<job>-ckpt-*` and `pstrain-<job>-exit-*`
-there, and a test that ends with one of them still on disk fails.
+there, and a test that ends with one of them still on disk fails (but for a temporary
+checkpoint folder that holds only the TensorBoard files `pstrain run` keeps).
 
 Each test gets a temporary directory of its own (`tempfile.gettempdir()` in the test and
 `TMPDIR` for the processes it starts), so what a test leaves is told apart from what
@@ -21,9 +22,17 @@ import pytest
 RUN_FOLDER = re.compile(r"pstrain-.+-(auth|ckpt|exit)-[A-Za-z0-9_]+", re.ASCII)
 
 
+def _only_event_files(path: Path) -> bool:
+    """A temporary checkpoint folder that `pstrain run` emptied but for the chief's
+    TensorBoard files, which it keeps on purpose (and names in its summary)."""
+    return path.name.split("-")[-2] == "ckpt" and [c.name for c in path.iterdir()] == [
+        "tensorboard"]
+
+
 def run_folders(directory: Path) -> list[str]:
-    """The folders of local runs in `directory`, by name."""
-    return sorted(p.name for p in directory.iterdir() if RUN_FOLDER.fullmatch(p.name))
+    """The folders of local runs in `directory`, by name (not a kept TensorBoard log)."""
+    return sorted(p.name for p in directory.iterdir()
+                  if RUN_FOLDER.fullmatch(p.name) and not _only_event_files(p))
 
 
 @pytest.fixture(autouse=True)

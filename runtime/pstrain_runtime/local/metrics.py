@@ -81,6 +81,9 @@ def fold(metrics: Metrics, replica: str, event: Mapping[str, Any]) -> Metrics:
             samples_per_sec=_num(event, "samples_per_sec") or metrics.samples_per_sec,
             **_table_sizes(metrics, event),
         )
+    if kind == "loss":  # a point of the loss curve, between progress events
+        return replace(metrics, step=_later(metrics.step, step),
+                       loss=_num(event, "loss") if "loss" in event else metrics.loss)
     if kind == "eval":
         return replace(
             metrics,
@@ -149,7 +152,7 @@ def build_summary(state: RunState, metrics: Metrics, wall_seconds: float,
                   job_name: str, checkpoint_dir: str | None, *,
                   checkpoint_removed: bool = False, resume: str | None = None,
                   stopped_by: str | None = None, counts_steps: bool = True,
-                  ) -> dict[str, Any]:
+                  tensorboard_dir: str | None = None) -> dict[str, Any]:
     """The `--json` line: phase, steps, loss, accuracy (auc and logloss), timing,
     restarts, lost steps, and how every replica ended (exit code, restarts); for a model
     with sparse tables, their live rows and server memory.
@@ -158,7 +161,8 @@ def build_summary(state: RunState, metrics: Metrics, wall_seconds: float,
     removed it (`checkpoint_dir_removed` names it), `steps` and `total_steps` are null
     for a program whose steps pstrain does not count. Keys present only when they
     apply: `stopped_by` (the signal that stopped the job), `resume` (the command that
-    resumes it from its checkpoint)."""
+    resumes it from its checkpoint), `tensorboard_dir` (the chief's TensorBoard event
+    files, kept even when the temporary checkpoint directory around them was emptied)."""
     replicas = {
         r.name: {"role": r.role, "index": r.index, "exit_code": r.exit_code,
                  "restarts": max(r.attempt - 1 - r.rejoined, 0)}
@@ -193,7 +197,8 @@ def build_summary(state: RunState, metrics: Metrics, wall_seconds: float,
     if checkpoint_removed:
         summary["checkpoint_dir"] = None
         summary["checkpoint_dir_removed"] = checkpoint_dir
-    extras = {"stopped_by": stopped_by, "resume": resume}
+    extras = {"stopped_by": stopped_by, "resume": resume,
+              "tensorboard_dir": tensorboard_dir}
     summary.update({key: value for key, value in extras.items() if value is not None})
     for name in ("auc", "logloss"):  # only a model whose evaluation reports them
         if getattr(metrics, name) is not None:

@@ -8,6 +8,7 @@ decide where and how it is drawn.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TextIO
 
@@ -86,7 +87,8 @@ def event_level(event: Mapping[str, Any], metrics: Metrics) -> Level:
 
 def format_result(summary: Mapping[str, Any]) -> list[str]:
     """The closing lines of a run, for humans (the --json line is for machines): what
-    happened, where the checkpoints are, and how to resume a job that stopped early."""
+    happened, where the checkpoints are, how to resume a job that stopped early, and
+    how to open the chief's TensorBoard files."""
     lines = [_format_outcome(summary),
              f"restarts: {summary['restarts']}, steps lost to restores: "
              f"{summary['lost_steps']}"]
@@ -125,10 +127,16 @@ def _format_checkpoints(summary: Mapping[str, Any]) -> list[str]:
     elif summary.get("stopped_by") and step is None:
         lines.append("no checkpoint was written before it stopped: a new run starts "
                      "from step 0")
-    if summary.get("checkpoint_dir_removed"):
-        lines.append(f"checkpoints: the temporary directory "
-                     f"{summary['checkpoint_dir_removed']} was removed; pass "
+    removed = summary.get("checkpoint_dir_removed")
+    if removed and summary.get("tensorboard_dir"):
+        lines.append(f"checkpoints: removed from the temporary directory {removed} (its "
+                     "TensorBoard files stay); pass --checkpoint-dir DIR to keep them")
+    elif removed:
+        lines.append(f"checkpoints: the temporary directory {removed} was removed; pass "
                      "--checkpoint-dir DIR to keep them")
+    if summary.get("tensorboard_dir"):
+        lines.append("TensorBoard (loss, evaluation, samples/s): tensorboard --logdir "
+                     f"{shlex.quote(summary['tensorboard_dir'])}")
     return lines
 
 

@@ -10,6 +10,10 @@
     close     stop listening and sending, kill what is left
     conclude  the summary, printed once (render.format_result), and the exit code
 
+A temporary checkpoint directory (no --checkpoint-dir, none in the job) is removed at the
+end, all but the chief's TensorBoard event files in its `tensorboard/` (the summary says
+how to open them).
+
 The loop runs on the calling thread, which also spawns every replica: on Linux the
 replicas' PR_SET_PDEATHSIG is tied to the thread that forked them.
 """
@@ -19,7 +23,6 @@ from __future__ import annotations
 import os
 import queue
 import shlex
-import shutil
 import signal
 import sys
 import tempfile
@@ -46,6 +49,7 @@ from ..checkpoint_dir import check_directory
 from ..failure import ConfigurationError
 from ..status_client import request_checkpoint, set_workers
 from ..transport.auth import Credentials
+from ..worker.chief.tensorboard import has_event_files, remove_checkpoints, tensorboard_dir
 from .capacity import available_memory, capacity_warning, cores_warning, usable_cores
 from .control import Answer, ControlServer, Inbox
 from .devices import ENV_VISIBLE, DeviceRequest, assign_gpus, visible_gpus
@@ -197,8 +201,8 @@ def run_job(job: TrainingJob, options: RunOptions = RunOptions(),
         # Kept: asked to, or a job that stopped early can resume from it.
         kept = options.keep_temp_checkpoints or (
             result is not None and result.summary["checkpoint_dir"] is not None)
-        if temp_dir and not kept:
-            shutil.rmtree(temp_dir, ignore_errors=True)
+        if temp_dir and not kept:  # the chief's TensorBoard files stay
+            remove_checkpoints(temp_dir)
         if keys is not None:
             keys.remove()
 
@@ -563,9 +567,12 @@ def _conclude(job: TrainingJob, options: RunOptions, parts: _Parts, ending: _End
     directory = job.spec.training.checkpoint.directory
     resumable = finish.phase != "Succeeded" and metrics.checkpoint_step is not None
     removed = bool(temp_dir) and not options.keep_temp_checkpoints and not resumable
+    events_dir = tensorboard_dir(directory) if directory else None
     summary = build_summary(
         state, metrics, ending.wall_seconds, job.name, directory,
         checkpoint_removed=removed,
+        tensorboard_dir=(str(events_dir) if events_dir is not None
+                         and has_event_files(events_dir) else None),
         resume=_resume(job, options, temp_dir) if resumable else None,
         stopped_by=(signal_name(ending.signum or signal.SIGINT)
                     if finish.interrupted and finish.phase != "Succeeded" else None),

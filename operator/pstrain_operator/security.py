@@ -31,7 +31,7 @@ from pstrain_api.cluster import ClusterSpec, Task
 from pstrain_api.model import TrainingJob
 
 from .build import job_labels, owner_reference
-from .kube import Kube
+from .kube import Kube, KubeError
 from .progress import ProbeSecurity
 
 log = logging.getLogger(__name__)
@@ -101,14 +101,14 @@ def ensure_own_key_secret(kube: Kube, pod: Mapping[str, Any]) -> None:
     """Before `pod` is created: when it mounts a worker's own key, make sure that
     worker's Secret exists (created from the job's worker key if absent; never
     rewritten). Without the job's Secret nothing is made: the pod then waits for its
-    volume, as it would for a missing Secret."""
+    volume, as it would for a missing Secret. A Secret of that name that does not hold
+    exactly that worker's key (made by someone else, before the job) is never used:
+    KubeError, so the pod is not created and the refusal is in the job's status."""
     trainer = own_key_trainer(pod)
     if trainer is None:
         return
     meta = pod["metadata"]
     name = security.worker_secret_name(meta["labels"][c.LABEL_JOB], trainer)
-    if kube.get_secret(meta["namespace"], name) is not None:
-        return
     job_secret = kube.get_secret(meta["namespace"],
                                  security.secret_name(meta["labels"][c.LABEL_JOB]))
     worker_key = worker_keys(job_secret or {}).get(security.KEY_WORKER)
@@ -116,8 +116,16 @@ def ensure_own_key_secret(kube: Kube, pod: Mapping[str, Any]) -> None:
         log.warning("%s/%s: no worker key to derive %s from", meta["namespace"],
                     meta["name"], name)
         return
-    if kube.create(build_own_key_secret(pod, trainer, worker_key)):
-        log.info("created the credentials Secret %s/%s", meta["namespace"], name)
+    wanted = build_own_key_secret(pod, trainer, worker_key)
+    found = kube.get_secret(meta["namespace"], name)
+    if found is None:
+        if kube.create(wanted):
+            log.info("created the credentials Secret %s/%s", meta["namespace"], name)
+            return
+        found = kube.get_secret(meta["namespace"], name) or {}  # made meanwhile (409)
+    if found.get("data") != wanted["data"]:
+        raise KubeError(409, f"Secret {name} exists and does not hold worker {trainer}'s "
+                        "own key: pstrain did not make it for this job; delete it")
 
 
 def worker_keys(secret: Mapping[str, Any],

@@ -199,6 +199,26 @@ def test_each_worker_gets_a_secret_of_its_own_before_its_pod() -> None:
         "j-pstrain-auth", "j-pstrain-auth-worker-1", "j-pstrain-auth-worker-2"]
 
 
+def test_a_worker_secret_made_by_someone_else_is_never_mounted() -> None:
+    """An outsider who may create Secrets made `j-pstrain-auth-worker-1` first, with a
+    key of their own: the operator does not create the pod that would mount it, and
+    says why in the status; the other pods start."""
+    kube, events, status = FakeKube(), Recorder(), FakeStatus()
+    kube.add_job(make_job().body())
+    other = security.own_worker_key(security.derive_keys(bytes(32 * [7]))["worker"], 1)
+    kube.secrets[("ns", "j-pstrain-auth-worker-1")] = {
+        "metadata": {"name": "j-pstrain-auth-worker-1", "namespace": "ns"},
+        "data": {"worker-1": _b64(other)}}
+    op = make_reconciler(kube, events, status)
+    op.reconcile("ns", "j")
+    kube.set_pod("ns", "j-ps-0", "Running", ready=True)
+    op.reconcile("ns", "j")
+    assert ("ns", "j-worker-1") not in kube.pods
+    shown = json.dumps(kube.jobs[("ns", "j")].get("status"))
+    assert "Secret j-pstrain-auth-worker-1 exists and does not hold worker 1's own key" in shown
+    assert kube.secrets[("ns", "j-pstrain-auth-worker-1")]["data"] == {"worker-1": _b64(other)}
+
+
 def test_a_long_job_name_keeps_each_own_secret_name_distinct_and_valid() -> None:
     name = "j" * 253
     for index in (1, 12, 2**31 - 1):

@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from pstrain_api import constants as c
+from pstrain_api import security
 from pstrain_api.cluster import kubernetes_cluster_spec
 from pstrain_api.model import TrainingJob, TrainingJobStatus
 from pstrain_api.readiness import runs_pstrain_runtime
@@ -212,8 +213,14 @@ class Reconciler:
         # never rewritten). Its worker key lets the progress probe in.
         # So does its NetworkPolicy, when the operator makes one per job.
         running = old_status.phase not in c.TERMINAL_PHASES
-        keys = (ensure_auth_secret(self.kube, job)
-                if job.spec.security.authentication and running else None)
+        refused_secret: KubeError | None = None
+        try:
+            keys = (ensure_auth_secret(self.kube, job)
+                    if job.spec.security.authentication and running else None)
+        except KubeError as exc:
+            if exc.namespace_terminating:
+                raise
+            keys, refused_secret = None, exc
         if self.network_policy and running:
             ensure_network_policy(self.kube, job, self.operator_namespace)
         pods = [observe_pod(p) for p in self.kube.list_pods(job.namespace, job_selector(job.name))]
@@ -242,10 +249,23 @@ class Reconciler:
         plan = decide(Observed(job, observed_pods, service, now, progress, checkpoint,
                                server_workers(reply)),
                       self.pod_settings, self.progress_interval)
+        if refused_secret is not None:
+            plan = self._without_pods(plan, security.secret_name(job.name), refused_secret)
         if plan.status.phase == "Running" and has_status and plan.requeue_after is not None:
             soon = progress_interval_for(plan.status, self.progress_interval)
             plan = replace(plan, requeue_after=min(plan.requeue_after, soon))
         return plan
+
+    def _without_pods(self, plan: Plan, secret: str, exc: KubeError) -> Plan:
+        """The plan without its creates (pods, the Service), the Secret's refusal in the
+        status (with back-off), as for a create the API server refused."""
+        skipped = {a.name for a in plan.actions if isinstance(a, CreatePod | CreateService)}
+        plan = replace(unapplied(plan, skipped),
+                       actions=tuple(a for a in plan.actions if a.name not in skipped))
+        status, event, delay = record_refusal(plan.status, f"Secret/{secret}", exc.status,
+                                              exc.api_message, self.clock())
+        return replace(plan, status=status, requeue_after=delay,
+                       events=plan.events + ((event,) if event else ()))
 
     def _fetch_status(self, job: TrainingJob, keys: Any) -> Mapping[str, Any] | None:
         address = ps0_address(job)

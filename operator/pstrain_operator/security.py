@@ -155,9 +155,19 @@ def stored_worker_keys(kube: Kube, job: TrainingJob,
                        role)
 
 
+def is_owned_by(obj: Mapping[str, Any], job: TrainingJob) -> bool:
+    """`obj` names `job` as its controller (by uid; any object when the job has none yet,
+    as in a dry run)."""
+    uid = job.metadata.uid
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return not uid or any(r.get("uid") == uid and r.get("controller") for r in refs)
+
+
 def ensure_auth_secret(kube: Kube, job: TrainingJob) -> dict[str, bytes]:
     """Make sure the job's credentials Secret exists (create it if absent); returns its
-    worker key. Idempotent: a Secret that exists is used as it is."""
+    worker key. Idempotent: the job's own Secret is used as it is. A Secret of that name
+    that the job does not control (made by someone else, who would then know the keys)
+    is never used: KubeError, and no pod of the job is created."""
     name = security.secret_name(job.name)
     secret = kube.get_secret(job.namespace, name)
     if secret is None:
@@ -166,6 +176,10 @@ def ensure_auth_secret(kube: Kube, job: TrainingJob) -> dict[str, bytes]:
             log.info("created the credentials Secret %s/%s", job.namespace, name)
             return worker_keys(manifest)
         secret = kube.get_secret(job.namespace, name)  # created meanwhile (409)
+    if secret is not None and not is_owned_by(secret, job):
+        raise KubeError(409, f"Secret {name} exists and is not this job's (it has no "
+                        "controller reference to the job): pstrain did not make it and "
+                        "will not use its keys; delete it")
     return worker_keys(secret or {})
 
 

@@ -219,6 +219,22 @@ def test_a_worker_secret_made_by_someone_else_is_never_mounted() -> None:
     assert kube.secrets[("ns", "j-pstrain-auth-worker-1")]["data"] == {"worker-1": _b64(other)}
 
 
+def test_a_job_secret_the_job_does_not_control_is_never_used() -> None:
+    """Someone who may create Secrets made `j-pstrain-auth` before the job, so they know
+    its keys: no pod of the job is created, the status says why, the Secret is kept."""
+    kube, events, status = FakeKube(), Recorder(), FakeStatus()
+    body = make_job().body()
+    body["metadata"]["uid"] = "job-uid"
+    kube.add_job(body)
+    planted = build_auth_secret(make_job().build(), TOKEN)  # a controller reference to no job
+    kube.secrets[("ns", "j-pstrain-auth")] = planted
+    make_reconciler(kube, events, status).reconcile("ns", "j")
+    assert kube.pods == {}
+    shown = json.dumps(kube.jobs[("ns", "j")].get("status"))
+    assert "Secret j-pstrain-auth exists and is not this job's" in shown
+    assert kube.secrets[("ns", "j-pstrain-auth")] == planted
+
+
 def test_a_long_job_name_keeps_each_own_secret_name_distinct_and_valid() -> None:
     name = "j" * 253
     for index in (1, 12, 2**31 - 1):

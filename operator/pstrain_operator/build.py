@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from pstrain_api import constants as c
@@ -85,6 +86,12 @@ def owner_reference(job: TrainingJob) -> dict[str, Any]:
         "controller": True,
         "blockOwnerDeletion": True,
     }
+
+
+def controller_uid(meta: Mapping[str, Any]) -> str:
+    """The uid of the controller an object's metadata names ("" when none)."""
+    return next((str(ref.get("uid") or "") for ref in meta.get("ownerReferences") or []
+                 if ref.get("controller")), "")
 
 
 def job_labels(job: TrainingJob) -> dict[str, str]:

@@ -260,9 +260,13 @@ class Reconciler:
         """The plan without its creates (pods, the Service), the Secret's refusal in the
         status (with back-off), as for a create the API server refused."""
         skipped = {a.name for a in plan.actions if isinstance(a, CreatePod | CreateService)}
-        plan = replace(unapplied(plan, skipped),
-                       actions=tuple(a for a in plan.actions if a.name not in skipped))
-        status, event, delay = record_refusal(plan.status, f"Secret/{secret}", exc.status,
+        return self._refused(plan, skipped, f"Secret/{secret}", exc)
+
+    def _refused(self, plan: Plan, skipped: set[str], obj: str, exc: KubeError) -> Plan:
+        """The plan as carried out without the creates of `skipped`, with the refusal of
+        `obj` in the status, its event, and the back-off before the next attempt."""
+        plan = unapplied(plan, skipped)
+        status, event, delay = record_refusal(plan.status, obj, exc.status or None,
                                               exc.api_message, self.clock())
         return replace(plan, status=status, requeue_after=delay,
                        events=plan.events + ((event,) if event else ()))
@@ -330,12 +334,7 @@ class Reconciler:
             elif isinstance(action, SetWorkers):
                 plan = self._set_workers(body, plan, action)
         if refused is not None:
-            obj, exc = refused
-            plan = unapplied(plan, skipped)
-            status, event, delay = record_refusal(plan.status, obj, exc.status or None,
-                                                  exc.api_message, self.clock())
-            plan = replace(plan, status=status, requeue_after=delay,
-                           events=plan.events + ((event,) if event else ()))
+            plan = self._refused(plan, skipped, *refused)
         elif any(isinstance(a, CreateService | CreatePod) for a in plan.actions):
             plan = replace(plan, status=cleared(plan.status, self.clock()))
         for event in plan.events:

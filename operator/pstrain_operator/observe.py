@@ -10,7 +10,7 @@ from typing import Any
 
 from pstrain_api import constants as c
 
-from .build import ANNOTATION_APPLIED_SPEC, ANNOTATION_SPEC_HASH
+from .build import ANNOTATION_APPLIED_SPEC, ANNOTATION_SPEC_HASH, controller_uid
 
 ACTIVE_PHASES = frozenset({"Pending", "Running", "Unknown"})
 
@@ -111,8 +111,7 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod | None:
         deleting=bool(meta.get("deletionTimestamp")),
         spec_hash=str(annotations.get(ANNOTATION_SPEC_HASH, "")),
         applied_spec=str(annotations.get(ANNOTATION_APPLIED_SPEC, "")),
-        owner_uid=next((str(ref.get("uid") or "") for ref in meta.get("ownerReferences") or []
-                        if ref.get("controller")), ""),
+        owner_uid=controller_uid(meta),
         disruption=str(disruption.get("reason") or ("DisruptionTarget" if disruption else "")),
         disruption_message=str(disruption.get("message") or ""),
         finished_at=finished_at,

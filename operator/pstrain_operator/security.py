@@ -30,7 +30,7 @@ from pstrain_api import security
 from pstrain_api.cluster import ClusterSpec, Task
 from pstrain_api.model import TrainingJob
 
-from .build import job_labels, owner_reference
+from .build import controller_uid, job_labels, owner_reference
 from .kube import Kube, KubeError
 from .progress import ProbeSecurity
 
@@ -159,8 +159,7 @@ def is_owned_by(obj: Mapping[str, Any], job: TrainingJob) -> bool:
     """`obj` names `job` as its controller (by uid; any object when the job has none yet,
     as in a dry run)."""
     uid = job.metadata.uid
-    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
-    return not uid or any(r.get("uid") == uid and r.get("controller") for r in refs)
+    return not uid or controller_uid(obj.get("metadata") or {}) == uid
 
 
 def ensure_auth_secret(kube: Kube, job: TrainingJob) -> dict[str, bytes]:

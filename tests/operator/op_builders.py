@@ -57,6 +57,11 @@ class JobBuilder:
         self.data["spec"]["runPolicy"].update(kw)
         return self
 
+    def checkpoint(self, **kw: Any) -> JobBuilder:
+        """Checkpoints in /ckpt (and `kw`, e.g. intervalSteps)."""
+        self.data["spec"]["training"]["checkpoint"] = {"directory": "/ckpt", **kw}
+        return self
+
     def steps(self, n: int) -> JobBuilder:
         self.data["spec"]["training"]["steps"] = n
         return self

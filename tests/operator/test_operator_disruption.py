@@ -24,12 +24,8 @@ from .op_builders import T0, at, make_job, pod, progress_status
 
 SETTINGS = PodSettings()
 J = make_job
-CKPT = {"checkpoint": {"directory": "/ckpt", "intervalSteps": 50}}
 
 
-def with_ckpt(builder: Any) -> Any:
-    builder.data["spec"]["training"].update(CKPT)
-    return builder
 
 
 def up(j: Any, **worker0: Any) -> list[ObservedPod]:
@@ -73,18 +69,18 @@ CASES = [
          status={"lostSteps": 120}),
     # --- checkpoint before disruption (issue 11, item 9)
     Case("suspend with checkpoints: ask the chief first, keep the pods meanwhile",
-         with_ckpt(J()).policy(suspend=True).status(
+         J().checkpoint(intervalSteps=50).policy(suspend=True).status(
              phase="Running", progress=PROGRESS_120,
              lastCheckpoint={"step": 100, "path": "/ckpt/100.pt"}),
-         pods=up(with_ckpt(J())), asked=True, events=["CheckpointRequested"],
+         pods=up(J().checkpoint(intervalSteps=50)), asked=True, events=["CheckpointRequested"],
          says=["suspend: asked the chief for a checkpoint at step 120 or later"],
          status={"checkpointRequest": {"step": 120, "reason": "suspend",
                                        "requestedAt": iso(T0)}}),
     Case("suspend: the requested checkpoint is written, then the pods go",
-         with_ckpt(J()).policy(suspend=True).status(
+         J().checkpoint(intervalSteps=50).policy(suspend=True).status(
              phase="Running", progress=PROGRESS_120,
              checkpointRequest={"step": 120, "reason": "suspend", "requestedAt": iso(T0)}),
-         pods=up(with_ckpt(J())), now=at(4),
+         pods=up(J().checkpoint(intervalSteps=50)), now=at(4),
          checkpoint=CheckpointStatus(step=121, path="/ckpt/121.pt"),
          deleted=["j-ps-0", "j-worker-0", "j-worker-1"], phase="Suspended",
          events=["CheckpointConfirmed", "JobSuspended"],
@@ -92,67 +88,67 @@ CASES = [
          status={"lostSteps": 0, "checkpointRequest": None,
                  "lastCheckpoint": {"step": 121, "path": "/ckpt/121.pt", "time": None}}),
     Case("suspend: waiting within the bound, nothing asked twice",
-         with_ckpt(J()).policy(suspend=True).status(
+         J().checkpoint(intervalSteps=50).policy(suspend=True).status(
              phase="Running", progress=PROGRESS_120,
              checkpointRequest={"step": 120, "reason": "suspend", "requestedAt": iso(T0)}),
-         pods=up(with_ckpt(J())), now=at(10)),
+         pods=up(J().checkpoint(intervalSteps=50)), now=at(10)),
     Case("suspend: no checkpoint within the bound, go on from the last one",
-         with_ckpt(J()).policy(suspend=True).status(
+         J().checkpoint(intervalSteps=50).policy(suspend=True).status(
              phase="Running", progress=PROGRESS_120, lostSteps=3,
              lastCheckpoint={"step": 100, "path": "/ckpt/100.pt"},
              checkpointRequest={"step": 120, "reason": "suspend", "requestedAt": iso(T0)}),
-         pods=up(with_ckpt(J())), now=at(30),
+         pods=up(J().checkpoint(intervalSteps=50)), now=at(30),
          deleted=["j-ps-0", "j-worker-0", "j-worker-1"], phase="Suspended",
          events=["CheckpointNotConfirmed", "JobSuspended"],
          says=["no checkpoint at step 120 or later within 30s",
                "continues from the checkpoint at step 100 (20 steps after it are lost)"],
          status={"lostSteps": 23}),
     Case("suspend with a directory but no checkpoint ever: restarts from 0",
-         with_ckpt(J()).policy(suspend=True).status(
+         J().checkpoint(intervalSteps=50).policy(suspend=True).status(
              phase="Running", progress=PROGRESS_120,
              checkpointRequest={"step": 120, "reason": "suspend", "requestedAt": iso(T0)}),
-         pods=up(with_ckpt(J())), now=at(31), deleted=["j-ps-0", "j-worker-0", "j-worker-1"],
+         pods=up(J().checkpoint(intervalSteps=50)), now=at(31), deleted=["j-ps-0", "j-worker-0", "j-worker-1"],
          phase="Suspended", events=["CheckpointNotConfirmed", "JobSuspended"],
          says=["no checkpoint was written yet", "restarts from step 0"],
          status={"lostSteps": 120}),
     Case("deadline: checkpoint first, then fail",
-         with_ckpt(J()).policy(activeDeadlineSeconds=60).status(
+         J().checkpoint(intervalSteps=50).policy(activeDeadlineSeconds=60).status(
              phase="Running", progress=PROGRESS_120, startTime=iso(T0)),
-         pods=up(with_ckpt(J())), now=at(60), asked=True, events=["CheckpointRequested"],
+         pods=up(J().checkpoint(intervalSteps=50)), now=at(60), asked=True, events=["CheckpointRequested"],
          says=["deadline: asked the chief for a checkpoint"]),
     Case("deadline: checkpoint written, the job fails DeadlineExceeded",
-         with_ckpt(J()).policy(activeDeadlineSeconds=60).status(
+         J().checkpoint(intervalSteps=50).policy(activeDeadlineSeconds=60).status(
              phase="Running", progress=PROGRESS_120, startTime=iso(T0),
              checkpointRequest={"step": 120, "reason": "deadline", "requestedAt": iso(at(60))}),
-         pods=up(with_ckpt(J())), now=at(62),
+         pods=up(J().checkpoint(intervalSteps=50)), now=at(62),
          checkpoint=CheckpointStatus(step=120, path="/ckpt/120.pt"),
          deleted=["j-ps-0", "j-worker-0", "j-worker-1"], phase="Failed",
          events=["CheckpointConfirmed", "DeadlineExceeded", "CleanedUpPods"]),
     Case("an eviction seen coming: ask for a checkpoint, hold nothing up",
-         with_ckpt(J()).status(phase="Running", progress=PROGRESS_120),
-         pods=up(with_ckpt(J()), disruption="PreemptionByScheduler"),
+         J().checkpoint(intervalSteps=50).status(phase="Running", progress=PROGRESS_120),
+         pods=up(J().checkpoint(intervalSteps=50), disruption="PreemptionByScheduler"),
          asked=True, events=["CheckpointRequested"],
          says=["disruption of j-worker-0: asked the chief"],
          status={"countedDisruptions": ["asked:u-worker-0"]}),
     Case("the same announced disruption seen again: not asked twice",
-         with_ckpt(J()).status(phase="Running", progress=PROGRESS_120,
+         J().checkpoint(intervalSteps=50).status(phase="Running", progress=PROGRESS_120,
                                countedDisruptions=["asked:u-worker-0"]),
-         pods=up(with_ckpt(J()), disruption="PreemptionByScheduler")),
+         pods=up(J().checkpoint(intervalSteps=50), disruption="PreemptionByScheduler")),
     Case("evicted and terminating at first sight: counted and asked at once",
-         with_ckpt(J()).status(phase="Running", progress=PROGRESS_120),
-         pods=up(with_ckpt(J()), disruption="EvictionByEvictionAPI", deleting=True),
+         J().checkpoint(intervalSteps=50).status(phase="Running", progress=PROGRESS_120),
+         pods=up(J().checkpoint(intervalSteps=50), disruption="EvictionByEvictionAPI", deleting=True),
          asked=True, phase="Starting", events=["PodDisrupted", "CheckpointRequested"],
          status={"countedDisruptions": ["u-worker-0"], "restarts": 1}),
     Case("the chief succeeded: the PS stay until the final checkpoint is confirmed",
-         with_ckpt(J()).status(phase="Running", progress=PROGRESS_120),
-         pods=[pod(with_ckpt(J()).build(), "worker", 0, phase="Succeeded"),
-               *up(with_ckpt(J()))[:1], *up(with_ckpt(J()))[2:]],
+         J().checkpoint(intervalSteps=50).status(phase="Running", progress=PROGRESS_120),
+         pods=[pod(J().checkpoint(intervalSteps=50).build(), "worker", 0, phase="Succeeded"),
+               *up(J().checkpoint(intervalSteps=50))[:1], *up(J().checkpoint(intervalSteps=50))[2:]],
          checkpoint=CheckpointStatus(step=5, path="/ckpt/5.pt"),
          events=["CheckpointRequested"], says=["success: waiting for the final checkpoint"]),
     Case("the chief succeeded and the final checkpoint is there: success, PS stopped",
-         with_ckpt(J()).status(phase="Running", progress=PROGRESS_120),
-         pods=[pod(with_ckpt(J()).build(), "worker", 0, phase="Succeeded"),
-               *up(with_ckpt(J()))[:1], *up(with_ckpt(J()))[2:]],
+         J().checkpoint(intervalSteps=50).status(phase="Running", progress=PROGRESS_120),
+         pods=[pod(J().checkpoint(intervalSteps=50).build(), "worker", 0, phase="Succeeded"),
+               *up(J().checkpoint(intervalSteps=50))[:1], *up(J().checkpoint(intervalSteps=50))[2:]],
          checkpoint=CheckpointStatus(step=10, path="/ckpt/10.pt"),
          deleted=["j-ps-0", "j-worker-1"], phase="Succeeded",
          events=["ChiefSucceeded", "CleanedUpPods"]),
@@ -166,7 +162,7 @@ CASES = [
          says=["training restarts from step 0"],
          status={"resumedFromStep": 0, "progress": None}),
     Case("resume with a checkpoint: the status says from which step",
-         with_ckpt(J()).status(phase="Suspended", progress=PROGRESS_120,
+         J().checkpoint(intervalSteps=50).status(phase="Suspended", progress=PROGRESS_120,
                                lastCheckpoint={"step": 100, "path": "/ckpt/100.pt"}),
          phase="Starting", events=["JobResumed", "CreatedPS", "WaitingForPS"],
          says=["continues from the checkpoint at step 100"],
@@ -284,7 +280,7 @@ def test_observe_pod_reads_the_disruption_target_condition() -> None:
 
 
 def test_success_does_not_wait_when_the_parameter_servers_already_stopped() -> None:
-    job = with_ckpt(J()).status(phase="Running", progress=PROGRESS_120).build()
+    job = J().checkpoint(intervalSteps=50).status(phase="Running", progress=PROGRESS_120).build()
     pods = (pod(job, "worker", 0, phase="Succeeded"), pod(job, "ps", 0, phase="Succeeded"),
             pod(job, "worker", 1, phase="Succeeded"))
     plan = decide(Observed(job, pods, True, T0), SETTINGS)
@@ -293,10 +289,10 @@ def test_success_does_not_wait_when_the_parameter_servers_already_stopped() -> N
 
 
 def test_suspend_counts_the_steps_done_after_the_checkpoint_it_waited_for() -> None:
-    job = with_ckpt(J()).policy(suspend=True).status(
+    job = J().checkpoint(intervalSteps=50).policy(suspend=True).status(
         phase="Running", progress=PROGRESS_120,
         checkpointRequest={"step": 120, "reason": "suspend", "requestedAt": iso(T0)}).build()
-    plan = decide(Observed(job, tuple(up(with_ckpt(J()))), True, at(3),
+    plan = decide(Observed(job, tuple(up(J().checkpoint(intervalSteps=50))), True, at(3),
                            Progress(global_step=127),
                            CheckpointStatus(step=121, path="/ckpt/121.pt")), SETTINGS)
     assert plan.status.phase == "Suspended" and plan.status.lost_steps == 6

@@ -18,11 +18,6 @@ JOB = J().build()
 EVICTED = dict(disruption="EvictionByEvictionAPI")
 
 
-def ckpt(j: Any) -> Any:
-    j.data["spec"]["training"]["checkpoint"] = {"directory": "/ckpt"}
-    return j
-
-
 @dataclass
 class Case:
     id: str
@@ -50,7 +45,7 @@ CASES = [
          [*running(J(), workers=1), pod(JOB, "worker", 1, **EVICTED)],
          counted=["asked:u-worker-1"]),
     Case("an announced eviction with checkpoints: the chief is asked",
-         ckpt(J().status(phase="Running")),
+         J().checkpoint().status(phase="Running"),
          [*running(J(), workers=1), pod(JOB, "worker", 1, **EVICTED)],
          actions=[RequestCheckpoint("j-ps-0.j.ns.svc:2222")], events=["CheckpointRequested"],
          counted=["asked:u-worker-1"]),

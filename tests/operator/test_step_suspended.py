@@ -16,11 +16,6 @@ from .op_builders import T0, make_job as J
 from .step_builders import begin, delete, running
 
 
-def ckpt(j: Any) -> Any:
-    j.data["spec"]["training"]["checkpoint"] = {"directory": "/ckpt"}
-    return j
-
-
 @dataclass
 class Case:
     id: str
@@ -44,12 +39,12 @@ CASES = [
     Case("already suspended, pods gone: nothing more, no requeue",
          J().policy(**SUSPEND).status(phase="Suspended"), requeue=None),
     Case("with checkpoints: ask the chief first, delete nothing yet",
-         ckpt(J().policy(**SUSPEND).status(phase="Running", progress={"globalStep": 7})),
+         J().checkpoint().policy(**SUSPEND).status(phase="Running", progress={"globalStep": 7}),
          running(J()), phase="Running",
          actions=[RequestCheckpoint("j-ps-0.j.ns.svc:2222")],
          events=["CheckpointRequested"], requeue=2.0),
     Case("with checkpoints: the one at the last step is there, suspend",
-         ckpt(J().policy(**SUSPEND).status(phase="Running", progress={"globalStep": 7})),
+         J().checkpoint().policy(**SUSPEND).status(phase="Running", progress={"globalStep": 7}),
          running(J()), checkpoint=CheckpointStatus(step=7, path="/ckpt/7"),
          actions=delete("ps-0", "worker-0", "worker-1"), events=["JobSuspended"]),
 ]

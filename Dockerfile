@@ -63,7 +63,8 @@ RUN python -m venv /opt/venv \
 # ---------------------------------------------------------------------------------------
 # The runtime's virtualenv: torch from PyTorch's index for the chosen variant first (so
 # that pstrain's `torch>=2.2,<3` is already satisfied), then pstrain and the rest, with
-# the `data` extra (pyarrow, for pstrain_runtime.datasets).
+# the `data` extra (pyarrow, for pstrain_runtime.datasets) and the `disk` extra (rocksdict,
+# for sparse rows beyond a parameter server's memory budget: spec.training.sparseStorage).
 FROM base AS build-runtime
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_VARIANT=cpu
@@ -75,7 +76,7 @@ COPY pyproject.toml README.md ./
 COPY api ./api
 COPY runtime ./runtime
 COPY operator ./operator
-RUN pip install "/src[data]" \
+RUN pip install "/src[data,disk]" \
  && pip check \
  && pstrain replica --help >/dev/null
 

@@ -7,6 +7,8 @@ their raw timings here.
 
 from __future__ import annotations
 
+import os
+
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -155,9 +157,14 @@ def run_parts(item: str, parts: Sequence[tuple[str, Callable[[], Sequence[Figure
               ) -> list[Figure]:
     """Run an item's parts in order; a part whose process group fails (GroupError, a
     RuntimeError) leaves a missing figure `<item>.failed.<part>` with the error's last
-    line, and the other parts still run."""
+    line, and the other parts still run. `PSTRAIN_BENCH_PARTS` (part names, comma
+    separated) runs only those parts: e.g. pstrain's parts again with an older tree of
+    the runtime first on PYTHONPATH, for a before/after comparison in one session."""
+    only = [p.strip() for p in os.environ.get("PSTRAIN_BENCH_PARTS", "").split(",") if p.strip()]
     figs: list[Figure] = []
     for name, part in parts:
+        if only and name not in only:
+            continue
         try:
             figs += part()
         except RuntimeError as exc:

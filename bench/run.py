@@ -39,6 +39,8 @@ ITEMS: dict[str, str] = {
     "operator": "bench.operator_bench:run",
     "gpu": "bench.gpu:run",
     "ctr": "bench.ctr:run",
+    "sparse_ckpt": "bench.sparse_ckpt:run",
+    "sparse_disk": "bench.sparse_disk:run",
     "elastic": "bench.elastic:run",
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "out"

@@ -34,7 +34,7 @@ from typing import Any
 from . import rt
 from .core import Config, Figure, run_parts
 from .procs import LOOPBACK, cpu_seconds, find_free_ports, free_port, run_group
-from .usage import rss_bytes, wire_bytes
+from .usage import rss_bytes, status_field, thread_count, wire_bytes
 
 WORKERS = 2
 EVAL_EVERY = 10
@@ -183,8 +183,11 @@ def _ps_job_peer(rank: int, ports: list[int], jobs: list[dict[str, Any]], timeou
                          memory: bool = memory) -> bool:
                     if events[-1][1] == "progress":
                         events[-1][2]["cpu"] = [cpu_seconds(p) for p in pids[:]]
-                        if memory:  # the CTR item: RSS of all, TCP bytes of the workers
+                        if memory:  # the CTR item: RSS and threads of all, TCP bytes
                             events[-1][2]["rss"] = [rss_bytes(p) for p in pids[:]]
+                            events[-1][2]["rss_anon"] = [  # without mapped files (code)
+                                status_field(p, "RssAnon") * 1024 for p in pids[:]]
+                            events[-1][2]["threads"] = [thread_count(p) for p in pids[:]]
                             events[-1][2]["wire"] = wire_bytes(pids[num_ps:])
                     return enough(events)
             elif job["kind"] == "accuracy":
@@ -386,6 +389,16 @@ def _calibrated_windows(step: Callable[[], None], window_s: float, skip: int, co
     return points
 
 
+def agreed_max(n: int) -> int:
+    """The largest `n` over the ranks of the process group (a gloo all_reduce)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([n], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
 def _baseline_rank(rank: int, world: int, port: int, spec: ModelSpec, window_s: float,
                    skip: int, count: int) -> list[tuple[float, int, float]]:
     import torch
@@ -413,11 +426,7 @@ def _baseline_rank(rank: int, world: int, port: int, spec: ModelSpec, window_s: 
         opt.step()
 
     def agree(n: int) -> int:
-        if world == 1:
-            return n
-        t = torch.tensor([n], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t.item())
+        return n if world == 1 else agreed_max(n)
 
     try:
         return _calibrated_windows(step, window_s, skip, count, agree)

@@ -1,5 +1,5 @@
 """What a benchmark's processes use, read from the operating system: TCP bytes moved
-(`ss -ti`), resident memory (`/proc/PID/status`) and the memory still available
+(`ss -ti`), resident memory and threads (`/proc/PID/status`) and the memory still available
 (`/proc/meminfo`). Shared by the training items and the CTR item, so neither imports
 the other for it."""
 
@@ -37,11 +37,27 @@ def wire_bytes(pids: Sequence[int]) -> int:
     return sum(moved.get(p, 0) for p in pids)
 
 
-def rss_bytes(pid: int) -> int:
+def status_field(pid: int | str, name: str) -> int:
+    """One number of `/proc/PID/status` (`pid` "self" for this process): `VmRSS`,
+    `VmHWM` (in kB there), `Threads`, ...; 0 when the field is absent."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
+        if line.startswith(f"{name}:"):
+            return int(line.split()[1])
     return 0
+
+
+def rss_bytes(pid: int) -> int:
+    return status_field(pid, "VmRSS") * 1024
+
+
+def peak_rss_bytes(pid: int | str = "self") -> int:
+    """The process's peak resident memory (`VmHWM`)."""
+    return status_field(pid, "VmHWM") * 1024
+
+
+def thread_count(pid: int | str = "self") -> int:
+    """The process's OS threads: its compute threads and every library's I/O threads."""
+    return status_field(pid, "Threads")
 
 
 def mem_available() -> int:

@@ -240,7 +240,11 @@ class Optimizer(ApiModel):
     weight_decay: FiniteFloat = Field(default=0.0, ge=0, description="L2 weight decay.")
     beta1: FiniteFloat = Field(default=0.9, ge=0, lt=1, description="Adam beta1.")
     beta2: FiniteFloat = Field(default=0.999, ge=0, lt=1, description="Adam beta2.")
-    eps: FiniteFloat = Field(default=1e-8, gt=0, description="Adam/Adagrad epsilon.")
+    eps: FiniteFloat | None = Field(
+        default=None, gt=0,
+        description="Adam/Adagrad epsilon. Unset: torch.optim's default for the optimizer "
+        "(Adagrad 1e-10, Adam 1e-8).",
+    )
     initial_accumulator_value: FiniteFloat = Field(
         default=0.0, ge=0, description="Adagrad initial accumulator."
     )
@@ -257,6 +261,66 @@ class Checkpoint(ApiModel):
         default=100, ge=1, description="Write a checkpoint every this many global steps."
     )
     keep: int = Field(default=3, ge=1, description="How many checkpoints to keep.")
+
+
+class SparseCache(ApiModel):
+    """Each worker's cache of the sparse tables' hot rows (async mode)."""
+
+    staleness_steps: int = Field(
+        default=0, ge=0, le=100_000,
+        description="Use a row the worker pulled at most this many of its own steps ago "
+        "instead of pulling it again (a bounded staleness, as in HET). 0: no cache, every "
+        "step pulls every row. Ignored in sync mode, which stays exact.",
+    )
+    rows: int = Field(
+        default=262_144, ge=1, le=2**31 - 1,
+        description="Rows kept per table per worker at most (the rows used least "
+        "recently make room); worker memory: rows x embedding_dim x 4 bytes per table.",
+    )
+
+
+SPARSE_MEMORY_RULE = ("it must be a positive Kubernetes quantity of bytes such as 512Mi "
+                      "or 2Gi, or an integer number of MiB")
+
+
+class SparseStorage(ApiModel):
+    """A memory budget per parameter server for the sparse tables' rows, and a disk tier
+    for the rows beyond it (docs/sparse.md). Unset: every row stays in memory."""
+
+    server_memory: Quantity | None = Field(
+        default=None,
+        description="Memory each parameter server may spend on sparse table rows (and "
+        "their optimizer state), split evenly over the tables: a Kubernetes quantity "
+        "(2Gi, 512Mi) or an integer number of MiB. The rows updated least recently go "
+        "to `directory` beyond it. Unset: all rows in memory.",
+    )
+    directory: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Where each parameter server keeps the rows beyond serverMemory: a "
+        "volume (emptyDir or PVC) mounted in the ps pod template. `pstrain run` uses a "
+        "temporary folder when unset.",
+    )
+
+    @model_validator(mode="after")
+    def _budget(self) -> SparseStorage:
+        value = self.server_memory
+        if value is not None and (not rules.is_quantity(value)
+                                  or self.memory_bytes() == 0):
+            raise ValueError(f"serverMemory is {value!r}; {SPARSE_MEMORY_RULE}")
+        if self.directory is not None and value is None:
+            raise ValueError(f"directory is {self.directory!r} but serverMemory is unset; "
+                             "set serverMemory too (without it every row stays in memory)")
+        return self
+
+    def memory_bytes(self) -> int | None:
+        """The budget in bytes (an integer is MiB); None when unset."""
+        value = self.server_memory
+        if value is None:
+            return None
+        if isinstance(value, int):
+            return value * 2**20
+        return int(rules.quantity_value(value))
 
 
 class Training(ApiModel):
@@ -301,6 +365,16 @@ class Training(ApiModel):
         "for networks that admit only that port.",
     )
     checkpoint: Checkpoint = Field(default_factory=Checkpoint, description="Checkpoints.")
+    sparse_cache: SparseCache = Field(
+        default_factory=SparseCache,
+        description="Workers' cache of sparse table rows (models with SparseEmbedding "
+        "layers).",
+    )
+    sparse_storage: SparseStorage = Field(
+        default_factory=SparseStorage,
+        description="A memory budget per parameter server for sparse table rows, and a "
+        "directory for the rows beyond it (models with SparseEmbedding layers).",
+    )
     eval_interval_steps: int | None = Field(
         default=None, ge=1, description="Evaluate every this many steps (and at the end)."
     )

@@ -55,6 +55,23 @@ def is_quantity(value: Any) -> bool:
             and QUANTITY_RE.match(value) is not None)
 
 
+_QUANTITY_SUFFIX = {"": 1, "n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
+                    "E": 1e18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+                    "Pi": 2**50, "Ei": 2**60}
+
+
+def quantity_value(value: str) -> float:
+    """The number a quantity string stands for ('2Gi' -> 2147483648.0, '1e3' -> 1000.0);
+    the caller has checked `is_quantity`."""
+    text = value.lstrip("+")
+    match = re.fullmatch(r"([0-9.]+)([eE][+-]?[0-9.]+)?([KMGTPE]i|[numkMGTPE])?", text)
+    if match is None:
+        raise ValueError(f"{value!r} is not a quantity")
+    number, exponent, suffix = match.groups()
+    scale = float("1" + exponent) if exponent else 1.0
+    return float(number) * scale * _QUANTITY_SUFFIX[suffix or ""]
+
+
 def _map(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
@@ -311,6 +328,7 @@ for _role in c.ROLES:
         CRD_BOUNDS.append(((*_base, "resources", _part, "{}"), QUANTITY_SCHEMA))
     CRD_BOUNDS += [((*_base, "template", *path), bounds)
                    for path, bounds in tpl.TEMPLATE_BOUNDS]
+CRD_BOUNDS.append((("spec", "training", "sparseStorage", "serverMemory"), QUANTITY_SCHEMA))
 CRD_RULES += [((*("spec", "replicas", c.ROLE_PS),), rule) for rule in (
     PS_NO_GPUS_CEL, PS_NO_GPU_LIMIT_CEL, PS_NO_MAIN_GPU_LIMIT_CEL)]
 CRD_RULES += [(("spec", "replicas", c.ROLE_WORKER), rule)

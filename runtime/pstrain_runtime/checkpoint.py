@@ -257,18 +257,51 @@ def check_rows_size(path: Path, check: Mapping[str, Any] | None) -> None:
                                 f"{check.get('bytes')} were written")
 
 
+def sparse_links(manifest: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    """The links of a checkpoint's sparse manifest, oldest first: each {dir, full,
+    tables: {name: {files, rows, checks, removed?}}}, the first a full write (a base),
+    the others deltas on top of it. A manifest of before chains, {dir, tables}, is one
+    full link; no manifest (a model without tables) none. CheckpointCorrupt when
+    malformed."""
+    if not manifest:
+        return []
+    if "chain" not in manifest:
+        links: Any = [{"dir": manifest.get("dir"), "full": True,
+                       "tables": manifest.get("tables")}]
+    else:
+        links = manifest["chain"]
+    if not isinstance(links, list) or not links:
+        raise CheckpointCorrupt(f"the sparse manifest's chain is {links!r}; it must be a "
+                                "non-empty list of links")
+    for k, link in enumerate(links):
+        name = link.get("dir") if isinstance(link, Mapping) else None
+        if (not isinstance(name, str) or not name or Path(name).name != name
+                or name.startswith(".")):
+            raise CheckpointCorrupt(f"link {k} of the sparse manifest names directory "
+                                    f"{name!r}; it must be a directory name beside the "
+                                    "checkpoint")
+        if not isinstance(link.get("tables"), Mapping) or bool(link.get("full")) != (k == 0):
+            raise CheckpointCorrupt(f"link {k} ({name}) of the sparse manifest is malformed: "
+                                    "it needs its tables, and only the first link is full")
+    return links
+
+
+def sparse_dirs(manifest: Mapping[str, Any] | None) -> set[str]:
+    """The row directories a checkpoint's sparse manifest names (its chain's)."""
+    return {str(link["dir"]) for link in sparse_links(manifest)}
+
+
 def check_sparse_files(directory: Path, manifest: Mapping[str, Any]) -> None:
-    """Every rows file a checkpoint's sparse manifest names, by its recorded size."""
-    tables = manifest.get("tables") if manifest else None
-    if not isinstance(tables, Mapping):
-        return
-    base = directory / str(manifest.get("dir", ""))
-    for entry in tables.values():
-        if not isinstance(entry, Mapping):
-            continue
-        checks = entry.get("checks") or {}
-        for filename in entry.get("files") or []:
-            check_rows_size(base / filename, checks.get(filename))
+    """Every rows (and removed ids) file a checkpoint's sparse manifest names, over its
+    whole chain, by its recorded size."""
+    for link in sparse_links(manifest):
+        base = directory / str(link["dir"])
+        for entry in link["tables"].values():
+            if not isinstance(entry, Mapping):
+                continue
+            checks = entry.get("checks") or {}
+            for filename in [*(entry.get("files") or []), *(entry.get("removed") or [])]:
+                check_rows_size(base / filename, checks.get(filename))
 
 
 def save_checkpoint(ckpt: Checkpoint, path: Path) -> Path:
@@ -301,13 +334,15 @@ def load_checkpoint(path: Path) -> Checkpoint:
 
 
 class CheckpointStore:
-    """Checkpoints of one job in one directory: `ckpt-<step>.pt`, newest kept."""
+    """Checkpoints of one job in one directory: `ckpt-<step>.pt`, newest kept, and the
+    sparse row directories (`ckpt-<step>.sparse`) their chains name."""
 
     def __init__(self, directory: str | Path, keep: int = 3) -> None:
         if keep < 1:
             raise ValueError(f"keep is {keep}; it must be at least 1")
         self.directory = Path(directory)
         self.keep = keep
+        self.chains: dict[int, set[str]] = {}  # step -> the row dirs its manifest names
 
     def path_for(self, step: int) -> Path:
         return self.directory / f"ckpt-{step:012d}.pt"
@@ -320,18 +355,44 @@ class CheckpointStore:
 
     def save(self, ckpt: Checkpoint) -> Path:
         path = save_checkpoint(ckpt, self.path_for(ckpt.global_step))
+        self.chains[ckpt.global_step] = sparse_dirs(ckpt.sparse)
         for step in self.steps()[: -self.keep]:
             self.path_for(step).unlink(missing_ok=True)
+            self.chains.pop(step, None)
         self._prune_row_dirs()
         return path
 
+    def _named_dirs(self, steps: Sequence[int]) -> set[str] | None:
+        """The row dirs the checkpoints of `steps` name; None when one of them cannot be
+        read now (nothing may be removed then). A damaged one names none: it is never
+        restored."""
+        named: set[str] = set()
+        for step in steps:
+            if step not in self.chains:
+                try:
+                    ckpt = load_checkpoint(self.path_for(step))
+                    self.chains[step] = sparse_dirs(ckpt.sparse)
+                except CheckpointCorrupt:
+                    self.chains[step] = set()
+                except CheckpointError:
+                    return None
+            named |= self.chains[step]
+        return named
+
     def _prune_row_dirs(self) -> None:
-        """Remove sparse-row directories (`ckpt-<step>.sparse`) of checkpoints that are
-        gone or were never completed, older than the newest checkpoint."""
+        """Remove sparse-row directories (`ckpt-<step>.sparse`) older than the newest
+        checkpoint that no kept checkpoint's chain names (their checkpoints are gone, or
+        were never completed). Newer ones may be being written."""
         kept = self.steps()
+        if not kept:
+            return
+        named = self._named_dirs(kept)
+        if named is None:
+            return
         for entry in self.directory.glob("ckpt-*.sparse"):
             step = entry.name.removeprefix("ckpt-").removesuffix(".sparse")
-            if step.isdigit() and int(step) not in kept and kept and int(step) < kept[-1]:
+            if (step.isdigit() and int(step) < kept[-1] and int(step) not in kept
+                    and entry.name not in named):
                 shutil.rmtree(entry, ignore_errors=True)
 
     def latest(self) -> tuple[Checkpoint, Path, list[str]] | None:
@@ -349,6 +410,7 @@ class CheckpointStore:
             try:
                 ckpt = load_checkpoint(path)
                 check_sparse_files(self.directory, ckpt.sparse)
+                self.chains[step] = sparse_dirs(ckpt.sparse)
                 return ckpt, path, problems
             except CheckpointCorrupt as exc:
                 problems.append(str(exc))

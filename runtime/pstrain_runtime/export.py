@@ -22,7 +22,8 @@ without it, such ids read as zero rows (what a serving system usually wants for 
 unknown id).
 
 `manifest.json` is written last: an export without it is incomplete. The rows files of
-the checkpoint are read with the size and CRC-32 checks their manifest records, so a
+the checkpoint (its whole chain: a full write and the deltas on it, see
+`sparse.chain`) are read with the size and CRC-32 checks their manifest records, so a
 damaged checkpoint is refused (`CheckpointCorrupt`), never exported.
 """
 
@@ -42,8 +43,9 @@ import torch
 from torch import nn
 
 from .checkpoint import (Checkpoint, CheckpointCorrupt, CheckpointError, CheckpointStore,
-                         check_sparse_files, load_checkpoint, write_atomically)
-from .sparse.files import MAGIC, read_rows
+                         check_sparse_files, load_checkpoint, sparse_links,
+                         write_atomically)
+from .sparse.files import MAGIC, read_ids, read_rows
 from .sparse.ids import initial_rows, stream_of
 from .sparse.layer import sparse_layers
 from .sparse.spec import TableSpec
@@ -141,6 +143,34 @@ def read_table(directory: Path, name: str, entry: Mapping[str, Any]
     return all_ids, all_rows, dim
 
 
+def read_chain_table(directory: Path, links: Sequence[Mapping[str, Any]], name: str
+                     ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """`read_table` over a checkpoint's sparse chain (`checkpoint.sparse_links`): the
+    base's rows, then per delta its removed ids dropped and its rows in place of
+    those read before."""
+    first = links[0]
+    ids, rows, dim = read_table(directory / str(first["dir"]), name, first["tables"][name])
+    for link in links[1:]:
+        entry = link["tables"].get(name)
+        if not isinstance(entry, Mapping):
+            raise CheckpointCorrupt(f"sparse table {name!r} is missing from link "
+                                    f"{link['dir']} of the checkpoint's chain")
+        base = directory / str(link["dir"])
+        checks = entry.get("checks") or {}
+        spec = TableSpec(name, None, dim, 0.0)
+        gone = [block for filename in entry.get("removed") or []
+                for block in read_ids(base / filename, spec, checks.get(filename))]
+        new_ids, new_rows, new_dim = read_table(base, name, entry)
+        if new_dim != dim:
+            raise CheckpointCorrupt(f"sparse table {name!r} has dim {new_dim} in "
+                                    f"{link['dir']} and {dim} in {links[0]['dir']}")
+        keep = ~torch.isin(ids, torch.cat([new_ids, *gone]))
+        ids, rows = torch.cat([ids[keep], new_ids]), torch.cat([rows[keep], new_rows])
+        order = torch.argsort(ids)
+        ids, rows = ids[order].contiguous(), rows[order].contiguous()
+    return ids, rows, dim
+
+
 def _prepare_out(out_dir: Path, force: bool) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise ExportError(f"--out {out_dir} is a file; it must be a directory (created "
@@ -168,11 +198,10 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, *,
     ckpt, source = resolve_checkpoint(checkpoint)
     # Read every table before writing anything: a damaged checkpoint leaves no export.
     tables: dict[str, tuple[torch.Tensor, torch.Tensor, int]] = {}
-    manifest = ckpt.sparse or {}
-    if manifest.get("tables"):
-        base = source.parent / str(manifest.get("dir", ""))
-        for name, entry in sorted(manifest["tables"].items()):
-            tables[name] = read_table(base, name, entry)
+    links = sparse_links(ckpt.sparse)
+    if links:
+        for name in sorted(links[0]["tables"]):
+            tables[name] = read_chain_table(source.parent, links, name)
     out = Path(out_dir)
     _prepare_out(out, force)
 

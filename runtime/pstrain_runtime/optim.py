@@ -40,6 +40,10 @@ HYPERPARAMETERS: dict[str, tuple[str, ...]] = {
 }
 
 
+# torch.optim's defaults, so that a job matches torch without setting eps.
+DEFAULT_EPS: dict[str, float] = {"adagrad": 1e-10, "adam": 1e-8}
+
+
 @dataclass(frozen=True)
 class OptimizerConfig:
     name: OptimizerName = "sgd"
@@ -49,7 +53,7 @@ class OptimizerConfig:
     weight_decay: float = 0.0
     beta1: float = 0.9
     beta2: float = 0.999
-    eps: float = 1e-8
+    eps: float | None = None  # None: torch.optim's default for `name` (DEFAULT_EPS)
     initial_accumulator_value: float = 0.0
 
     def __post_init__(self) -> None:
@@ -57,6 +61,8 @@ class OptimizerConfig:
             raise ValueError(
                 f"optimizer name is {self.name!r}; it must be one of {sorted(SLOT_NAMES)}"
             )
+        if self.eps is None:
+            object.__setattr__(self, "eps", DEFAULT_EPS.get(self.name, 1e-8))
         if not self.learning_rate > 0:
             raise ValueError(f"learning rate is {self.learning_rate}; it must be positive")
 

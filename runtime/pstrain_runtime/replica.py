@@ -39,6 +39,7 @@ from pstrain_api import events, security
 from pstrain_api.cluster import ReplicaIdentity, parse_cluster_env
 from pstrain_api.quote import one_line
 
+from . import allocator
 from .failure import ConfigurationError, report_failure, write_termination_message
 
 if TYPE_CHECKING:
@@ -289,8 +290,10 @@ def _dispatch(environ: Mapping[str, str], overlap: bool) -> int:
     except ValueError as exc:
         return report_failure(f"pstrain replica: {exc}", 2, environ)
     if identity.task.role == c.ROLE_PS:
+        allocator.tune("ps")
         return run_ps(identity, environ)
     if identity.task.role in (c.ROLE_WORKER, c.ROLE_CHIEF):
+        allocator.tune("trainer")
         return run_trainer(identity, environ, overlap)
     return report_failure(f"pstrain replica: task type {identity.task.role!r} is not one "
                           f"of {list(c.ROLES)}", 2, environ)

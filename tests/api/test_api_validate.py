@@ -264,7 +264,7 @@ BAD = [
                  id="label-key-bad-prefix"),
     # What would not fit in the environment every replica starts with.
     pytest.param(job().training(args={"blob": "x" * 200_000}).build(),
-                 "spec.training is 200412 bytes as JSON; every replica receives it in the "
+                 "spec.training is 200468 bytes as JSON; every replica receives it in the "
                  "PSTRAIN_TRAINING environment variable, and Linux allows one variable at most "
                  "131072 bytes ('Argument list too long'); pass large data through a file or a "
                  "volume, e.g. a path in spec.training.args.", id="training-args-200kb"),

@@ -103,6 +103,10 @@ def _statuses(figures, prefix):
                      "operator: peak", "met", id="rss-judged-on-median"),
         pytest.param([fig("operator.peak_rss", 155, "MB", spread=10)],
                      "operator: peak", "missed", id="rss-over"),
+        pytest.param([fig("sparse_ckpt.every100.vs_none", 0.96, "x")],
+                     "sparse checkpoints", "met", id="sparse-ckpt-within-5pct"),
+        pytest.param([fig("sparse_ckpt.every100.vs_none", 0.9, "x")],
+                     "sparse checkpoints", "missed", id="sparse-ckpt-over-5pct"),
     ],
 )
 def test_target_status(figures, prefix, expected):

@@ -64,6 +64,58 @@ def test_zipf_ranks_follow_the_power_law():
     assert abs(float(c[0] / c[1]) - expected) < 0.15 * expected
 
 
+def _zipf_ids_before_uniform(gen: torch.Generator, shape: tuple[int, ...], rows: int,
+                             exponent: float) -> torch.Tensor:
+    """`zipf_ids` as it was before `zipf=0` (uniform ids) existed, kept verbatim."""
+    import math
+
+    u = torch.rand(shape, generator=gen, dtype=torch.float64)
+    if abs(exponent - 1.0) < 1e-9:
+        x = torch.exp(u * math.log(rows + 1.0))
+    else:
+        a = 1.0 - exponent
+        x = (1.0 + u * ((rows + 1.0) ** a - 1.0)) ** (1.0 / a)
+    return (x.floor().to(torch.int64) - 1).clamp_(0, rows - 1)
+
+
+@pytest.mark.parametrize("exponent", [0.5, 1.0, 1.2, 2.0])
+def test_zipf_ids_are_unchanged_by_the_uniform_option(exponent):
+    got = ctr.zipf_ids(torch.Generator().manual_seed(3), (4000, 26), ROWS, exponent)
+    want = _zipf_ids_before_uniform(torch.Generator().manual_seed(3), (4000, 26), ROWS,
+                                    exponent)
+    assert torch.equal(got, want)
+
+
+def test_batches_with_the_default_zipf_are_unchanged():
+    """The default task's batches are the composition they always were: dense, then the
+    scrambled Zipf 1.2 ranks, then the teacher's clicks, from one generator."""
+    x, y = next(ctr.make_task(rows=ROWS, tables="none").batches(1, 2, 64, 3))
+    gen = torch.Generator().manual_seed(3 * 100_003 + 1 + 1)
+    dense = torch.randn(64, ctr.NUM_DENSE, generator=gen, dtype=torch.float64)
+    ids = ctr.scramble(_zipf_ids_before_uniform(gen, (64, ctr.NUM_SPARSE), ROWS, 1.2), ROWS)
+    p = torch.sigmoid(ctr.Teacher(7).logits(dense, ids))
+    clicks = (torch.rand(64, generator=gen, dtype=torch.float64) < p).to(torch.float32)
+    assert torch.equal(x, torch.cat([dense, ids.to(torch.float64)], 1))
+    assert torch.equal(y, clicks)
+
+
+def test_uniform_ids_cover_the_id_space_evenly():
+    rows = 1000
+    task = ctr.make_task(rows=rows, zipf=0, tables="none")
+    x, y = next(task.batches(0, 1, 20_000, 0))
+    ids = x[:, ctr.NUM_DENSE:].to(torch.int64)
+    assert int(ids.min()) >= 0 and int(ids.max()) < rows
+    counts = torch.bincount(ids.reshape(-1), minlength=rows).to(torch.float64)
+    mean = ids.numel() / rows  # 520 lookups per id; sd about 23
+    assert bool((counts > 0.8 * mean).all()) and bool((counts < 1.2 * mean).all()), (
+        float(counts.min()), float(counts.max()), mean)
+    top = float(counts.sort(descending=True).values[: rows // 100].sum()) / ids.numel()
+    assert top < 0.015, f"the top 1% of ids carry {top:.1%}; uniform ids give ~1%"
+    per_table = [int(torch.unique(ids[:, t]).numel()) for t in range(ctr.NUM_SPARSE)]
+    assert min(per_table) == rows, "20,000 draws per table reach every one of 1,000 ids"
+    assert 0.2 < float(y.mean()) < 0.5
+
+
 def test_auc_and_logloss_of_known_scores():
     labels = torch.tensor([0.0, 0.0, 1.0, 1.0])
     perfect = ctr.auc_logloss(torch.tensor([-3.0, -1.0, 1.0, 3.0]), labels)
@@ -75,6 +127,10 @@ def test_auc_and_logloss_of_known_scores():
 def test_bad_arguments_are_refused_with_the_value():
     with pytest.raises(ValueError, match="rows is 0"):
         ctr.make_task(rows=0)
+    with pytest.raises(ValueError, match=r"zipf -1.0; .* at least 0 \(0: uniform ids\)"):
+        ctr.make_task(zipf=-1.0)
+    with pytest.raises(ValueError, match="zipf nan"):
+        ctr.make_task(zipf=float("nan"))
     with pytest.raises(ValueError, match="tables is 'hashed'"):
         ctr.make_task(tables="hashed")  # type: ignore[arg-type]
 

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from pstrain_api.cli import main
-from pstrain_runtime.checkpoint import CheckpointStore, load_checkpoint
+from pstrain_runtime.checkpoint import CheckpointStore, load_checkpoint, sparse_dirs
 from pstrain_runtime.examples.digits import build_model, load_digits_split
 from pstrain_runtime.export import (ExportedTable, ExportError, export_checkpoint,
                                     load_exported)
@@ -267,14 +267,15 @@ def _garbage(directory: Path) -> Path:
 
 
 def _truncated_rows(directory: Path, sparse_dir: Path) -> Path:
-    """A copy of the sparse job's step-20 checkpoint whose first rows file is short."""
+    """A copy of the sparse job's step-20 checkpoint (its file and the row directories
+    of its chain) whose first rows file of step 20 is short."""
     import shutil
     store = CheckpointStore(sparse_dir)
     path = store.path_for(20)
     shutil.copy(path, directory / path.name)
-    rows = sparse_dir / "ckpt-000000000020.sparse"
-    shutil.copytree(rows, directory / rows.name)
-    first = sorted((directory / rows.name).iterdir())[0]
+    for name in sparse_dirs(load_checkpoint(path).sparse):
+        shutil.copytree(sparse_dir / name, directory / name)
+    first = sorted((directory / "ckpt-000000000020.sparse").glob("*.rows"))[0]
     first.write_bytes(first.read_bytes()[:-9])
     return directory / path.name
 

@@ -15,7 +15,8 @@ from pstrain_runtime.ps.store import PSError
 from pstrain_runtime.sparse import (SparseEmbedding, SparseEmbeddingBag, SparseEmbeddingCollection,
                                     apply_sparse_gradients, initial_rows, owner_of, stream_of)
 from pstrain_runtime.sparse.spec import TableSpec
-from pstrain_runtime.sparse.table import IdIndex, RowTable
+from pstrain_runtime.sparse.index import IdIndex
+from pstrain_runtime.sparse.table import RowTable
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pstrain_runtime.checkpoint import load_checkpoint, sparse_dirs
 from tests.api.job_builder import job
 
 from .builders import ProcessJob
@@ -25,10 +26,13 @@ def test_killed_ps_gets_its_table_rows_back_and_the_job_finishes(tmp_path: Path)
     ended = ProcessJob(manifest, tmp_path).kill_ps_after_checkpoint(1, step=40)
     restored, done, codes = ended["restored"], ended["done"], ended["codes"]
     assert restored["step"] >= ended["checkpoint"]["step"]
-    # every kept checkpoint has its rows beside it, and no other rows are left
-    kept = sorted(p.name.removesuffix(".pt") for p in tmp_path.glob("ckpt-*.pt"))
-    assert sorted(p.name.removesuffix(".sparse") for p in tmp_path.glob("ckpt-*.sparse")) == kept
-    assert kept[-1] == "ckpt-000000000200"
+    # every kept checkpoint has its rows beside it (the directories of its chain: its
+    # own and those it builds on), and no other rows are left
+    kept = sorted(tmp_path.glob("ckpt-*.pt"))
+    named = set().union(*(sparse_dirs(load_checkpoint(p).sparse) for p in kept))
+    assert {p.with_suffix(".sparse").name for p in kept} <= named
+    assert sorted(p.name for p in tmp_path.glob("ckpt-*.sparse")) == sorted(named)
+    assert kept[-1].name == "ckpt-000000000200.pt"
     assert done["step"] == 200
     assert done["sparse_tables"]["items"]["rows"] == 10 and done["sparse_rows"] == 40
     assert set(codes.values()) == {0}

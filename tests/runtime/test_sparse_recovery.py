@@ -57,11 +57,14 @@ def test_checkpoint_streams_rows_and_state_and_restores_them(tmp_path: Path,
     saved = {name: shard_rows(stores, name) for name in ("items", "tags")}
 
     ckpt = load_checkpoint(CheckpointStore(tmp_path).path_for(20))
-    assert ckpt.sparse["dir"] == "ckpt-000000000020.sparse"
+    # A chain: the full write of step 10, then the rows changed since (step 20).
+    chain = ckpt.sparse["chain"]
+    assert [(link["dir"], link["full"]) for link in chain] == [
+        ("ckpt-000000000010.sparse", True), ("ckpt-000000000020.sparse", False)]
     tables = ckpt.sparse["tables"]
     assert tables["items"]["rows"] == len(saved["items"]) == sparse_tasks.ITEMS // 4
     # Each shard file is a stream of pages (3 rows each here), read back block by block.
-    first = tmp_path / ckpt.sparse["dir"] / tables["items"]["files"][0]
+    first = tmp_path / chain[0]["dir"] / chain[0]["tables"]["items"]["files"][0]
     items_spec = TableSpec("items", sparse_tasks.ITEMS, sparse_tasks.ITEM_DIM, 0.3,
                            optimizer=OptimizerConfig(name="adam"))
     blocks = list(read_rows(first, items_spec, ("exp_avg", "exp_avg_sq")))
@@ -117,9 +120,9 @@ def test_a_rows_file_that_is_not_the_bytes_written_is_damage(tmp_path: Path) -> 
 
 
 def _sparse_file(directory: Path, step: int) -> Path:
-    ckpt = load_checkpoint(CheckpointStore(directory).path_for(step))
-    entry = ckpt.sparse["tables"]["items"]
-    return directory / ckpt.sparse["dir"] / entry["files"][0]
+    """The first rows file of table `items` in the newest link of `step`'s chain."""
+    newest = load_checkpoint(CheckpointStore(directory).path_for(step)).sparse["chain"][-1]
+    return directory / newest["dir"] / newest["tables"]["items"]["files"][0]
 
 
 def test_a_damaged_rows_file_falls_back_or_fails_at_once(tmp_path: Path) -> None:
@@ -175,7 +178,11 @@ def test_a_killed_server_gets_its_rows_back_and_training_finishes(tmp_path: Path
     seen: dict[str, Any] = {}
 
     def kill_ps1(kind: str, fields: dict[str, Any]) -> None:
-        if kind == "progress" and fields["step"] >= 25 and "killed" not in seen:
+        # (a checkpoint's rows are written off the training thread: it is on disk, and
+        # reported, some steps after its step)
+        seen["checkpointed"] = seen.get("checkpointed") or kind == "checkpoint"
+        if (kind == "progress" and fields["step"] >= 25 and "killed" not in seen
+                and (seen["checkpointed"] or not with_checkpoints)):
             seen["killed"] = fields["step"]
             seen["rows"] = transports[1].store.namespace("ns").sparse.tables["tags"].stats().rows
             transports[1].kill()

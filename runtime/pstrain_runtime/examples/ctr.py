@@ -13,13 +13,18 @@ categorical features (one id each). The model:
   dense vector through the top MLP to one logit (the click probability's log-odds).
 
 The data is generated, deterministically from the seed, so every replica agrees on it
-and nothing is downloaded. Ids follow a Zipf-like skew (exponent `zipf`) over each
-table's `rows` ids, scrambled so that the hot ids are spread over the id space. A
+and nothing is downloaded. Ids follow a Zipf-like skew (exponent `zipf`, default 1.2)
+over each table's `rows` ids, scrambled so that the hot ids are spread over the id
+space; `zipf=0` draws them uniformly over [0, rows) instead (every id equally likely:
+no hot rows). A
 hidden teacher labels each sample: a logistic model over a per-id hidden weight of
 every feature (a hash of table and id, so a teacher over 10^8 ids costs no memory), the
 dense features, and one pairwise term; a click is drawn from its probability. The model
 can learn most of this from the frequent ids; a model of the dense features alone
 cannot.
+
+The held-out set (`eval_size` samples, a stream no worker draws from) is generated at
+the first `evaluate`, so a process that never evaluates never holds it.
 
 A batch's input is one float64 tensor of shape (batch, 13 + 26): the dense features,
 then the ids (exact in float64 below 2^53). `evaluate` returns `auc` (ROC AUC, from
@@ -44,8 +49,9 @@ from ..task import Batch, Task
 
 NUM_DENSE = 13
 NUM_SPARSE = 26
-TableKind = Literal["ps", "dense", "torch_sparse", "none"]
-TABLE_KINDS: tuple[str, ...] = ("ps", "dense", "torch_sparse", "none")
+TableKind = Literal["ps", "ps_tables", "ps_tables_apart", "dense", "torch_sparse", "none"]
+TABLE_KINDS: tuple[str, ...] = ("ps", "ps_tables", "ps_tables_apart", "dense", "torch_sparse",
+                                "none")
 EVAL_SEED = 987_654_321  # held-out data: a stream no worker draws from
 _MASK32 = (1 << 32) - 1
 # Multipliers that scramble ids inside a table; the first one coprime with `rows` is used.
@@ -70,8 +76,12 @@ def hidden_weight(table: torch.Tensor, ids: torch.Tensor, seed: int) -> torch.Te
 def zipf_ids(gen: torch.Generator, shape: tuple[int, ...], rows: int,
              exponent: float) -> torch.Tensor:
     """Ids in [0, rows) with P(rank k) roughly proportional to k^-exponent (the
-    continuous inverse CDF of a power law on [1, rows + 1)), rank 0 the most frequent."""
+    continuous inverse CDF of a power law on [1, rows + 1)), rank 0 the most frequent.
+    Exponent 0 is the uniform law: every id in [0, rows) equally likely. Either way the
+    draw takes one uniform number per id from `gen`."""
     u = torch.rand(shape, generator=gen, dtype=torch.float64)
+    if exponent == 0:
+        return (u * rows).floor().to(torch.int64).clamp_(0, rows - 1)
     if abs(exponent - 1.0) < 1e-9:
         x = torch.exp(u * math.log(rows + 1.0))
     else:
@@ -141,6 +151,37 @@ def build_table(kind: TableKind, name: str, rows: int, dim: int, init_std: float
     return table
 
 
+class Features(nn.Module):
+    """The 26 features' embeddings, ids (batch, 26) -> (batch, 26, dim): one table with
+    each feature's ids offset (`build_table`), or ("ps_tables", "ps_tables_apart") 26
+    tables `f0`..`f25` in a `SparseEmbeddingCollection`, fused into one on the servers
+    or kept apart."""
+
+    def __init__(self, kind: TableKind, rows: int, dim: int, init_std: float,
+                 admit_after: int, evict_after_steps: int | None) -> None:
+        super().__init__()
+        self.dim = dim
+        self.register_buffer("id_offsets", torch.arange(NUM_SPARSE) * rows, persistent=False)
+        if kind.startswith("ps_tables"):
+            from ..sparse import SparseEmbeddingBag, SparseEmbeddingCollection
+
+            self.table = None
+            self.collection = SparseEmbeddingCollection(
+                [SparseEmbeddingBag(f"f{t}", rows, dim, mode="sum", init_std=init_std,
+                                    admit_after=admit_after,
+                                    evict_after_steps=evict_after_steps)
+                 for t in range(NUM_SPARSE)], fuse=kind == "ps_tables")
+        else:
+            self.table = build_table(kind, "ctr_features", NUM_SPARSE * rows, dim, init_std,
+                                     admit_after, evict_after_steps)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.table is None:
+            return torch.stack(self.collection(list(ids.split(1, dim=1))), 1)
+        flat = (ids + self.id_offsets).reshape(-1, 1)
+        return self.table(flat).view(len(ids), NUM_SPARSE, self.dim)
+
+
 class CTRModel(nn.Module):
     """DLRM: bottom MLP, an embedding bag per categorical feature, pairwise dot
     products of all feature vectors, top MLP to one logit.
@@ -158,10 +199,8 @@ class CTRModel(nn.Module):
         self.rows = rows
         self.bottom = mlp([NUM_DENSE, *bottom, embedding_dim], last_relu=True)
         self.features = NUM_SPARSE if tables != "none" else 0
-        self.table = (build_table(tables, "ctr_features", NUM_SPARSE * rows, embedding_dim,
-                                  init_std, admit_after, evict_after_steps)
-                      if self.features else None)
-        self.register_buffer("id_offsets", torch.arange(NUM_SPARSE) * rows, persistent=False)
+        self.embeddings = (Features(tables, rows, embedding_dim, init_std, admit_after,
+                                    evict_after_steps) if self.features else None)
         n = 1 + self.features
         rows_i, cols_i = torch.triu_indices(n, n, offset=1)
         self.register_buffer("pairs_i", rows_i, persistent=False)
@@ -171,9 +210,8 @@ class CTRModel(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dense = self.bottom(x[:, :NUM_DENSE].to(torch.float32))
         feats = dense.unsqueeze(1)
-        if self.table is not None:
-            ids = x[:, NUM_DENSE:].to(torch.int64) + self.id_offsets  # (batch, 26)
-            emb = self.table(ids.reshape(-1, 1)).view(len(x), self.features, self.dim)
+        if self.embeddings is not None:
+            emb = self.embeddings(x[:, NUM_DENSE:].to(torch.int64))  # (batch, 26, dim)
             feats = torch.cat([feats, emb], 1)  # (batch, 27, dim)
         dots = torch.bmm(feats, feats.transpose(1, 2))[:, self.pairs_i, self.pairs_j]
         return self.top(torch.cat([dense, dots], 1)).squeeze(1)
@@ -207,16 +245,23 @@ def make_task(rows: int = 100_000, embedding_dim: int = 16, zipf: float = 1.2,
               top: tuple[int, ...] | list[int] = (64,), tables: TableKind = "ps",
               init_std: float = 0.05, eval_size: int = 8192, teacher_seed: int = 7,
               admit_after: int = 1, evict_after_steps: int | None = None) -> Task:
-    """See the module docstring. `rows` is per table (26 tables)."""
-    if rows < 1 or embedding_dim < 1 or eval_size < 2 or zipf <= 0:
+    """See the module docstring. `rows` is per table (26 tables); `zipf` is the ids'
+    Zipf exponent, 0 for uniform ids."""
+    if rows < 1 or embedding_dim < 1 or eval_size < 2 or not zipf >= 0:
         raise ValueError(f"rows is {rows}, embedding_dim {embedding_dim}, eval_size "
                          f"{eval_size}, zipf {zipf}; rows and embedding_dim must be at "
-                         "least 1, eval_size at least 2 and zipf above 0")
+                         "least 1, eval_size at least 2 and zipf at least 0 (0: uniform "
+                         "ids)")
     if tables not in TABLE_KINDS:
         raise ValueError(f"tables is {tables!r}; it must be one of {', '.join(TABLE_KINDS)}")
     teacher = Teacher(teacher_seed)
-    x_eval, y_eval = sample(torch.Generator().manual_seed(EVAL_SEED), eval_size, rows, zipf,
-                            teacher)
+    held_out: list[Batch] = []  # generated at the first evaluate
+
+    def eval_set() -> Batch:
+        if not held_out:
+            held_out.append(sample(torch.Generator().manual_seed(EVAL_SEED), eval_size, rows,
+                                   zipf, teacher))
+        return held_out[0]
 
     def batches(worker: int, num_workers: int, batch_size: int, seed: int) -> Iterator[Batch]:
         gen = torch.Generator().manual_seed(seed * 100_003 + worker + 1)
@@ -227,6 +272,7 @@ def make_task(rows: int = 100_000, embedding_dim: int = 16, zipf: float = 1.2,
 
     def evaluate(model: nn.Module) -> Mapping[str, float]:
         device = next(model.parameters()).device
+        x_eval, y_eval = eval_set()
         with torch.no_grad():
             logits = torch.cat([model(chunk.to(device)).cpu()
                                 for chunk in x_eval.split(4096)])

@@ -42,6 +42,7 @@ class Metrics:
     train_seconds: float | None = None
     sparse_rows: int | None = None  # live rows of the sparse tables, over all servers
     sparse_bytes: int | None = None  # their memory on the servers
+    sparse_disk_rows: int | None = None  # of the live rows, those on the servers' disks
 
     @property
     def lost_steps(self) -> int:
@@ -122,8 +123,10 @@ def fold(metrics: Metrics, replica: str, event: Mapping[str, Any]) -> Metrics:
 
 def _table_sizes(metrics: Metrics, event: Mapping[str, Any]) -> dict[str, int | None]:
     rows, size = _int(event, "sparse_rows"), _int(event, "sparse_bytes")
+    disk = _int(event, "sparse_disk_rows")  # with spec.training.sparseStorage
     return {"sparse_rows": rows if rows is not None else metrics.sparse_rows,
-            "sparse_bytes": size if size is not None else metrics.sparse_bytes}
+            "sparse_bytes": size if size is not None else metrics.sparse_bytes,
+            "sparse_disk_rows": disk if disk is not None else metrics.sparse_disk_rows}
 
 
 def is_resume(restore: Restore) -> bool:
@@ -203,7 +206,16 @@ def build_summary(state: RunState, metrics: Metrics, wall_seconds: float,
     for name in ("auc", "logloss"):  # only a model whose evaluation reports them
         if getattr(metrics, name) is not None:
             summary[name] = getattr(metrics, name)
-    if metrics.sparse_rows is not None:  # only a model with sparse tables has these
-        summary["sparse_rows"] = metrics.sparse_rows
-        summary["sparse_bytes"] = metrics.sparse_bytes
+    summary.update(_sparse_fields(metrics))
     return summary
+
+
+def _sparse_fields(metrics: Metrics) -> dict[str, int | None]:
+    """A model with sparse tables: their rows and server memory, and the rows on the
+    servers' disks (with `spec.training.sparseStorage`)."""
+    fields: dict[str, int | None] = {}
+    if metrics.sparse_rows is not None:
+        fields.update(sparse_rows=metrics.sparse_rows, sparse_bytes=metrics.sparse_bytes)
+    if metrics.sparse_disk_rows is not None:
+        fields["sparse_disk_rows"] = metrics.sparse_disk_rows
+    return fields

@@ -12,7 +12,8 @@
 
 A temporary checkpoint directory (no --checkpoint-dir, none in the job) is removed at the
 end, all but the chief's TensorBoard event files in its `tensorboard/` (the summary says
-how to open them).
+how to open them). So is the temporary folder for the rows of sparse tables beyond the
+servers' memory budget (spec.training.sparseStorage without a directory).
 
 The loop runs on the calling thread, which also spawns every replica: on Linux the
 replicas' PR_SET_PDEATHSIG is tied to the thread that forked them.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import os
 import queue
 import shlex
+import shutil
 import signal
 import sys
 import tempfile
@@ -105,6 +107,28 @@ def with_checkpoint_dir(job: TrainingJob, directory: str) -> TrainingJob:
     data["spec"].setdefault("training", {}).setdefault("checkpoint", {})["directory"] = (
         directory)
     return TrainingJob.model_validate(data)
+
+
+def with_rows_directory(job: TrainingJob) -> tuple[TrainingJob, str | None]:
+    """A job with a sparse memory budget (spec.training.sparseStorage) and no directory
+    for the rows beyond it gets a temporary one (returned: the run removes it at the
+    end; each server keeps its rows in a folder of its own there); a directory it names
+    must exist and be writable (ConfigurationError, one line naming the field)."""
+    storage = job.spec.training.sparse_storage
+    if storage.server_memory is None:
+        return job, None
+    if storage.directory:
+        where = f"spec.training.sparseStorage.directory {storage.directory!r}"
+        if not Path(storage.directory).is_dir():
+            raise ConfigurationError(f"{where} does not exist or is not a directory; "
+                                     "create it, or leave it unset for a temporary one")
+        if not os.access(storage.directory, os.W_OK | os.X_OK):
+            raise ConfigurationError(f"{where} is not writable")
+        return job, None
+    temp = tempfile.mkdtemp(prefix=f"pstrain-{job.name}-rows-")
+    data = job.to_api()
+    data["spec"]["training"]["sparseStorage"]["directory"] = temp
+    return TrainingJob.model_validate(data), temp
 
 
 def with_workers(job: TrainingJob, workers: int) -> TrainingJob:
@@ -190,6 +214,7 @@ def run_job(job: TrainingJob, options: RunOptions = RunOptions(),
     # own keys (`keys`), given the path, never the key. Runs killed with SIGKILL left
     # theirs behind: remove those first.
     remove_stale_keys()
+    job, rows_dir = with_rows_directory(job)
     keys = LocalKeys(job.name) if job.spec.security.authentication else None
     result: RunResult | None = None
     try:
@@ -205,6 +230,8 @@ def run_job(job: TrainingJob, options: RunOptions = RunOptions(),
             remove_checkpoints(temp_dir)
         if keys is not None:
             keys.remove()
+        if rows_dir is not None:  # the servers' disk rows die with the run
+            shutil.rmtree(rows_dir, ignore_errors=True)
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@
 """
 
 from .ids import initial_rows, owner_of, stream_of
-from .layer import (SparseEmbedding, SparseEmbeddingBag, SparseEmbeddingCollection,
-                    apply_sparse_gradients, sparse_layers)
+from .collection import SparseEmbeddingCollection
+from .layer import SparseEmbedding, SparseEmbeddingBag, apply_sparse_gradients, sparse_layers
 from .spec import TableSpec
 
 __all__ = ["SparseEmbedding", "SparseEmbeddingBag", "SparseEmbeddingCollection", "TableSpec", "apply_sparse_gradients",

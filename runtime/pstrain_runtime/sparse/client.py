@@ -11,10 +11,12 @@ from typing import Any
 import torch
 
 from ..ps.store import PSError
+from .cache import RowCache
 from .ids import split_by_owner
 from .protocol import encode, header_of, tensor_of
 from .spec import TableSpec
 from .table import RowBlock
+from .tiered import StorageSettings
 
 MAX_CALL_BYTES = 32 * 1024 * 1024  # rows per call stay well under the frame limit
 EXPORT_ROWS = 65536  # rows per page when a shard is streamed out
@@ -146,33 +148,43 @@ class SparseClient:
 
     # ------------------------------------------------------------------ chief
     def configure(self, specs: Sequence[TableSpec], reset: bool,
-                  only: Sequence[int] | None = None) -> None:
-        header = {"op": "configure", "reset": reset, "num_ps": self.num_ps,
-                  "tables": [spec.to_json() for spec in specs]}
+                  only: Sequence[int] | None = None,
+                  storage: StorageSettings | None = None) -> None:
+        """Define the tables on the servers (`only` some); `storage`: each server's
+        memory budget for their rows and the directory for the rest (`tiered`)."""
+        header: dict[str, Any] = {"op": "configure", "reset": reset, "num_ps": self.num_ps,
+                                  "tables": [spec.to_json() for spec in specs]}
+        if storage is not None:
+            header["storage"] = storage.to_json()
         self._each(lambda ps: self._call(ps, header),
                    list(range(self.num_ps)) if only is None else list(only))
 
     def stats(self) -> dict[str, dict[str, int]]:
-        """Live rows and bytes per table, summed over the servers."""
+        """Live rows and bytes (RAM) per table, summed over the servers; with a disk
+        tier also `hot_rows`, `disk_rows`, `disk_bytes` and `hot_row_budget`."""
         total: dict[str, dict[str, int]] = {}
         for reply, _ in self._each(lambda ps: self._call(ps, {"op": "stats"}),
                                    list(range(self.num_ps))):
             for name, item in reply.get("tables", {}).items():
                 acc = total.setdefault(name, {"rows": 0, "bytes": 0})
-                acc["rows"] += int(item["rows"])
-                acc["bytes"] += int(item["bytes"])
+                for key, value in item.items():  # rows, bytes (and a disk tier's counts)
+                    acc[key] = acc.get(key, 0) + int(value)
         return total
 
     def export(self, ps: int, spec: TableSpec, slots: Sequence[str],
-               page_rows: int | None = None) -> Iterator[RowBlock]:
+               page_rows: int | None = None, since: int | None = None
+               ) -> Iterator[RowBlock]:
         """Server `ps`'s rows of a table, page by page (EXPORT_ROWS rows at most, and
-        no frame above the call size limit)."""
+        no frame above the call size limit); with `since`, only the rows updated at
+        clock >= since (a checkpoint's delta)."""
         dim = spec.embedding_dim
         page_rows = min(page_rows or EXPORT_ROWS, self._rows_per_call(dim))
         start = 0
         while True:
-            reply, frames = self._call(ps, {"op": "export", "table": spec.name,
-                                            "start": start, "limit": page_rows})
+            header = {"op": "export", "table": spec.name, "start": start, "limit": page_rows}
+            if since is not None:
+                header["since"] = since
+            reply, frames = self._call(ps, header)
             if len(frames) != 3 + len(slots):
                 raise PSError("INTERNAL", f"parameter server {ps} exported {len(frames)} "
                               f"frames of {spec.name!r}; expected {3 + len(slots)}")
@@ -185,28 +197,89 @@ class SparseClient:
             if start == 0:
                 return
 
-    def load(self, spec: TableSpec, slots: Sequence[str], block: RowBlock) -> None:
-        """Send restored rows to their owners."""
+    def mark(self, ps: int, spec: TableSpec, since: int | None) -> dict[str, Any]:
+        """Start a checkpoint export of a table on server `ps`: a full one (`since`
+        None) or a delta of the rows updated at clock >= since. The reply: the
+        `watermark` (the clock of the next update there, the next delta's `since`),
+        the server's `generation`, whether the ids dropped since `since` are all
+        recorded (`complete`; else the export must be a full one) and its live `rows`."""
+        reply, _ = self._call(ps, {"op": "export", "what": "mark", "table": spec.name,
+                                   "since": since})
+        return reply
+
+    def export_removed(self, ps: int, spec: TableSpec, since: int,
+                       page_ids: int | None = None) -> Iterator[torch.Tensor]:
+        """The ids server `ps` dropped from a table (eviction) at clock >= since, in
+        pages, once `mark` said they are recorded."""
+        page_ids = page_ids or self.max_call_bytes // 8
+        start = 0
+        while True:
+            reply, frames = self._call(ps, {"op": "export", "what": "removed",
+                                            "table": spec.name, "since": since,
+                                            "start": start, "limit": page_ids})
+            if len(frames) != 1:
+                raise PSError("INTERNAL", f"parameter server {ps} sent {len(frames)} "
+                              f"frames of removed ids of {spec.name!r}; expected 1")
+            yield tensor_of(frames[0], torch.int64, 0, "removed ids")
+            start = int(reply["next"])
+            if start == 0:
+                return
+
+    def load(self, spec: TableSpec, slots: Sequence[str], block: RowBlock,
+             upsert: bool = False) -> None:
+        """Send restored rows to their owners (`upsert`: a delta's rows, which replace
+        those the servers hold)."""
         positions = split_by_owner(block.ids, self.num_ps)
+        mode = "upsert" if upsert else "insert"
 
         def one(ps: int) -> None:
             pos = positions[ps]
-            self._call(ps, {"op": "import", "table": spec.name, "count": int(pos.numel())},
+            self._call(ps, {"op": "import", "table": spec.name, "count": int(pos.numel()),
+                            "mode": mode},
                        [block.ids[pos], block.rows[pos],
                         *(block.slots[n][pos] for n in slots), block.last[pos]])
 
         self._each(one, [ps for ps in range(self.num_ps) if positions[ps].numel()])
 
+    def remove(self, spec: TableSpec, ids: torch.Tensor) -> None:
+        """Drop the rows of `ids` on their owners (a delta's removed ids, restored)."""
+        positions = split_by_owner(ids, self.num_ps)
+
+        def one(ps: int) -> None:
+            pos = positions[ps]
+            self._call(ps, {"op": "import", "table": spec.name, "count": int(pos.numel()),
+                            "mode": "remove"}, [ids[pos]])
+
+        self._each(one, [ps for ps in range(self.num_ps) if positions[ps].numel()])
+
 
 class RemoteSource:
-    """A bound layer's rows: pulled from the parameter servers."""
+    """A bound layer's rows: pulled from the parameter servers, through a worker-side
+    cache (`cache.RowCache`) for the tables that have one. `step` is the worker's step
+    count (the session advances it), the cache's clock."""
 
-    def __init__(self, client: SparseClient) -> None:
+    def __init__(self, client: SparseClient,
+                 caches: Mapping[str, RowCache] | None = None) -> None:
         self.client = client
+        self.caches = dict(caches or {})
+        self.step = 0
+        self.looked_up = 0  # rows asked for, over every pull
+        self.pulled = 0  # rows of them pulled from the servers (the rest: the caches)
 
     def pull(self, spec: TableSpec, ids: torch.Tensor) -> torch.Tensor:
-        return self.client.pull(spec, ids)
+        return self.pull_many([spec], [ids])[0]
 
     def pull_many(self, specs: Sequence[TableSpec], ids: Sequence[torch.Tensor]
                   ) -> list[torch.Tensor]:
-        return self.client.pull_many(specs, ids)
+        asked = sum(int(i.numel()) for i in ids)
+        self.looked_up += asked
+        if not self.caches:
+            self.pulled += asked
+            return self.client.pull_many(specs, ids)
+        plans = [self.caches[spec.name].plan(i, self.step) if spec.name in self.caches
+                 else None for spec, i in zip(specs, ids, strict=True)]
+        wanted = [i if plan is None else plan.missing for i, plan in zip(ids, plans, strict=True)]
+        self.pulled += sum(int(i.numel()) for i in wanted)
+        pulled = self.client.pull_many(specs, wanted)
+        return [rows if plan is None else self.caches[spec.name].finish(plan, rows)
+                for spec, plan, rows in zip(specs, plans, pulled, strict=True)]

@@ -6,6 +6,9 @@
              each slot float32[count, dim] (in header order), last int64[count]
     end    = u64 0
 
+An ids file (`write_ids`: the ids a delta removes) is the same with MAGIC_IDS, a header
+of the table alone, and blocks of ids only.
+
 Writing a file returns its size and CRC-32 (`Written`), which the checkpoint records
 beside its name; reading checks both. A file that is missing, of another size, not a
 rows file, truncated, or not the bytes written is damaged (`CheckpointCorrupt`): a
@@ -17,7 +20,7 @@ from __future__ import annotations
 import json
 import struct
 import zlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -31,6 +34,7 @@ from .spec import TableSpec
 from .table import RowBlock
 
 MAGIC = b"PSTRAIN-ROWS 1\n"
+MAGIC_IDS = b"PSTRAIN-IDS 1\n"
 _COUNT = struct.Struct("<Q")
 
 
@@ -52,13 +56,17 @@ class _Summing:
     def __init__(self, fh: BinaryIO) -> None:
         self.fh, self.size, self.crc = fh, 0, 0
 
-    def _seen(self, data: bytes) -> bytes:
+    def _seen(self, data: bytes | memoryview) -> bytes | memoryview:
         self.size += len(data)
         self.crc = zlib.crc32(data, self.crc)
         return data
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         self.fh.write(self._seen(data))
+
+    def write_tensor(self, tensor: torch.Tensor) -> None:
+        """A tensor's bytes, without copying them into a bytes object first."""
+        self.write(memoryview(tensor.contiguous().numpy()).cast("B"))
 
     def read(self, size: int) -> bytes:
         return self._seen(self.fh.read(size))
@@ -67,27 +75,40 @@ class _Summing:
         return self._seen(self.fh.readline())
 
 
-def write_rows(path: Path, spec: TableSpec, slots: Sequence[str],
-               blocks: Iterable[RowBlock]) -> Written:
-    """Write `blocks` to `path` atomically; the rows written and the file's check."""
+def _write_file(path: Path, magic: bytes, header: dict[str, Any],
+                parts: Iterable[Sequence[torch.Tensor]]) -> Written:
+    """Write `magic`, `header` and one block per item of `parts` (tensors of equal
+    first dimension, the first one's length the block's count) atomically."""
     def write(raw: BinaryIO) -> Written:
         fh, total = _Summing(raw), 0
-        fh.write(MAGIC)
-        fh.write(json.dumps({"table": spec.name, "dim": spec.embedding_dim,
-                             "slots": list(slots)}).encode() + b"\n")
-        for block in blocks:
-            count = int(block.ids.numel())
+        fh.write(magic)
+        fh.write(json.dumps(header).encode() + b"\n")
+        for tensors in parts:
+            count = int(tensors[0].shape[0])
             if not count:
                 continue
             fh.write(_COUNT.pack(count))
-            for tensor in (block.ids, block.rows, *(block.slots[n] for n in slots),
-                           block.last):
-                fh.write(tensor.contiguous().numpy().tobytes())
+            for tensor in tensors:
+                fh.write_tensor(tensor)
             total += count
         fh.write(_COUNT.pack(0))
         return Written(total, fh.size, fh.crc)
 
     return write_atomically(path, write)
+
+
+def write_rows(path: Path, spec: TableSpec, slots: Sequence[str],
+               blocks: Iterable[RowBlock]) -> Written:
+    """Write `blocks` to `path` atomically; the rows written and the file's check."""
+    header = {"table": spec.name, "dim": spec.embedding_dim, "slots": list(slots)}
+    return _write_file(path, MAGIC, header, (
+        (block.ids, block.rows, *(block.slots[n] for n in slots), block.last)
+        for block in blocks))
+
+
+def write_ids(path: Path, spec: TableSpec, blocks: Iterable[torch.Tensor]) -> Written:
+    """Write blocks of ids (int64) to `path` atomically; the ids written and the check."""
+    return _write_file(path, MAGIC_IDS, {"table": spec.name}, ((ids,) for ids in blocks))
 
 
 def _read_exact(fh: _Summing, size: int, path: Path) -> bytes:
@@ -97,11 +118,13 @@ def _read_exact(fh: _Summing, size: int, path: Path) -> bytes:
     return data
 
 
-def read_rows(path: Path, spec: TableSpec, slots: Sequence[str],
-              check: Mapping[str, Any] | None = None) -> Iterator[RowBlock]:
-    """The blocks of a file written by `write_rows`, one at a time; with `check` (what
-    the checkpoint recorded), the file's size first and its CRC-32 at the end."""
-    dim = spec.embedding_dim
+def _read_file(path: Path, magic: bytes, header: dict[str, Any],
+               check: Mapping[str, Any] | None,
+               read_block: Callable[[Callable[[type, int], torch.Tensor]], Any]
+               ) -> Iterator[Any]:
+    """The blocks of a file of `_write_file`, each read by `read_block(part)`, where
+    part(dtype, width) reads the block's next tensor; with `check`, the file's size
+    first and its CRC-32 at the end."""
     check_rows_size(path, check)
     try:
         raw = open(path, "rb")  # noqa: SIM115 - closed below, read lazily
@@ -111,15 +134,16 @@ def read_rows(path: Path, spec: TableSpec, slots: Sequence[str],
         raise CheckpointError(f"sparse rows {path} cannot be read: {exc}") from exc
     with raw:
         fh = _Summing(raw)
-        if fh.read(len(MAGIC)) != MAGIC:
-            raise CheckpointCorrupt(f"{path} is not a pstrain sparse rows file")
+        if fh.read(len(magic)) != magic:
+            kind = "rows" if magic == MAGIC else "ids"
+            raise CheckpointCorrupt(f"{path} is not a pstrain sparse {kind} file")
         try:
-            header = json.loads(fh.readline())
+            found = json.loads(fh.readline())
         except ValueError as exc:
             raise CheckpointCorrupt(f"{path} has a corrupt header: {exc}") from exc
-        if header != {"table": spec.name, "dim": dim, "slots": list(slots)}:
-            raise CheckpointMismatch(f"{path} holds {header}; expected table {spec.name!r} "
-                                     f"with dim {dim} and slots {list(slots)}")
+        if found != header:
+            raise CheckpointMismatch(f"{path} holds {found}; expected "
+                                     + ", ".join(f"{k} {v!r}" for k, v in header.items()))
         while True:
             (count,) = _COUNT.unpack(_read_exact(fh, _COUNT.size, path))
             if count == 0:
@@ -128,13 +152,33 @@ def read_rows(path: Path, spec: TableSpec, slots: Sequence[str],
                                             "(their CRC-32 differs)")
                 return
 
-            def part(dtype: type, width: int) -> torch.Tensor:
+            def part(dtype: type, width: int, count: int = count) -> torch.Tensor:
                 itemsize = np.dtype(dtype).itemsize
                 data = bytearray(_read_exact(fh, count * max(width, 1) * itemsize, path))
                 array = torch.from_numpy(np.frombuffer(data, dtype=dtype))
                 return array.reshape(count, width) if width else array
 
-            ids = part(np.int64, 0)
-            rows = part(np.float32, dim)
-            slot_values = {name: part(np.float32, dim) for name in slots}
-            yield RowBlock(ids=ids, rows=rows, slots=slot_values, last=part(np.int64, 0))
+            yield read_block(part)
+
+
+def read_rows(path: Path, spec: TableSpec, slots: Sequence[str],
+              check: Mapping[str, Any] | None = None) -> Iterator[RowBlock]:
+    """The blocks of a file written by `write_rows`, one at a time; with `check` (what
+    the checkpoint recorded), the file's size first and its CRC-32 at the end."""
+    dim = spec.embedding_dim
+
+    def block(part: Callable[[type, int], torch.Tensor]) -> RowBlock:
+        ids = part(np.int64, 0)
+        rows = part(np.float32, dim)
+        slot_values = {name: part(np.float32, dim) for name in slots}
+        return RowBlock(ids=ids, rows=rows, slots=slot_values, last=part(np.int64, 0))
+
+    header = {"table": spec.name, "dim": dim, "slots": list(slots)}
+    return _read_file(path, MAGIC, header, check, block)
+
+
+def read_ids(path: Path, spec: TableSpec,
+             check: Mapping[str, Any] | None = None) -> Iterator[torch.Tensor]:
+    """The blocks of ids of a file written by `write_ids`, checked as `read_rows`."""
+    return _read_file(path, MAGIC_IDS, {"table": spec.name}, check,
+                      lambda part: part(np.int64, 0))

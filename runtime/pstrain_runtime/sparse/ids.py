@@ -74,13 +74,16 @@ def stream_of(seed: int, table: str) -> int:
     return int.from_bytes(digest[:8], "little")
 
 
-def initial_rows(ids: torch.Tensor, dim: int, std: float, stream: int) -> torch.Tensor:
+def initial_rows(ids: torch.Tensor, dim: int, std: float,
+                 stream: int | np.ndarray) -> torch.Tensor:
     """The initial float32 rows [len(ids), dim] of `ids`: N(0, std^2) elements that
-    depend only on (stream, id, element)."""
+    depend only on (stream, id, element). `stream` may also give each id its own (a
+    uint64 array, one per id: the tables of a fused table)."""
     n = int(ids.numel())
     if n == 0 or dim == 0:
         return torch.zeros((n, dim), dtype=torch.float32)
-    base = splitmix64(as_uint64(ids.reshape(-1)) ^ np.uint64(stream))
+    streams = stream if isinstance(stream, np.ndarray) else np.uint64(stream)
+    base = splitmix64(as_uint64(ids.reshape(-1)) ^ streams)
     half = (dim + 1) // 2
     with np.errstate(over="ignore"):
         lanes = base[:, None] + np.arange(1, half + 1, dtype=np.uint64)[None, :] * _GOLDEN

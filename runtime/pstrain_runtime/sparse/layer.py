@@ -14,7 +14,7 @@ update the local tables (the dense parameters keep their own torch optimizer).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -86,11 +86,16 @@ class _SparseLayer(nn.Module):
         self.padding_idx = padding_idx
         self.source: RowSource | None = None  # bound by a Trainer, else a LocalSource
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # Set by a SparseEmbeddingCollection that fused this table with others: the
+        # fused table and this table's id offset in it (a tuple: not a submodule).
+        self.fused_into: tuple[_SparseLayer, int] | None = None
 
     # ------------------------------------------------------------------ rows
     def local_source(self) -> LocalSource:
         """The layer's in-process table (made on first use, with SGD lr 0.1 unless the
         layer names an optimizer)."""
+        if self.fused_into is not None:
+            return self.fused_into[0].local_source()
         if not isinstance(self.source, LocalSource):
             if self.source is not None:
                 raise RuntimeError(f"sparse table {self.spec.name!r} is bound to the "
@@ -100,7 +105,25 @@ class _SparseLayer(nn.Module):
         return self.source
 
     def _source(self) -> RowSource:
+        if self.fused_into is not None:
+            return self.fused_into[0]._source()
         return self.source if self.source is not None else self.local_source()
+
+    def fused_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """A fused member's ids as ids of the fused table (checked against this table's
+        size: an id past it would read another table's row)."""
+        table, offset = self.fused_into  # type: ignore[misc]
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"sparse table {self.spec.name!r}: ids must be an integer "
+                            f"tensor, got {ids.dtype}")
+        if ids.numel():
+            low, high = int(ids.min()), int(ids.max())
+            n = self.spec.num_embeddings
+            if low < 0 or high >= n:  # type: ignore[operator]
+                raise ValueError(f"sparse table {self.spec.name!r} got id "
+                                 f"{low if low < 0 else high}; it has {n} rows, so ids "
+                                 f"must be in 0..{n - 1}")  # type: ignore[operator]
+        return ids.to(torch.int64) + offset
 
     def _prepare(self, ids: torch.Tensor) -> Lookup:
         """The batch's unique ids (the padding id left out) and where each id's row
@@ -135,6 +158,8 @@ class _SparseLayer(nn.Module):
         return weight, lookup.inverse.to(ids.device).reshape(ids.shape), lookup.pad_local
 
     def _lookup(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int | None]:
+        if self.fused_into is not None:
+            return self.fused_into[0]._lookup(self.fused_ids(ids))
         lookup = self._prepare(ids)
         return self._finish(lookup, self._source().pull(self.spec, lookup.unique))
 
@@ -164,6 +189,13 @@ class _SparseLayer(nn.Module):
         return f"{self.spec.name!r}, {rows}, {self.spec.embedding_dim}"
 
 
+def gathered(weight: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """weight[local] with one trailing dim: an index_select, whose backward is one
+    index_add_ into the unique rows' gradient (F.embedding's and F.embedding_bag's
+    backward sort the indices first, which costs more than the whole gather)."""
+    return weight.index_select(0, local.reshape(-1)).view(*local.shape, weight.shape[1])
+
+
 class SparseEmbedding(_SparseLayer):
     """`nn.Embedding` whose rows live on the parameter servers (see the module doc)."""
 
@@ -179,7 +211,8 @@ class SparseEmbedding(_SparseLayer):
 
     def _compute(self, weight: torch.Tensor, local: torch.Tensor, pad: int | None,
                  offsets: torch.Tensor | None) -> torch.Tensor:
-        return F.embedding(local, weight, padding_idx=pad)
+        # The padding id's row is the zero row appended in `_finish`, outside the leaf.
+        return gathered(weight, local)
 
 
 class SparseEmbeddingBag(_SparseLayer):
@@ -216,54 +249,21 @@ class SparseEmbeddingBag(_SparseLayer):
 
     def _compute(self, weight: torch.Tensor, local: torch.Tensor, pad: int | None,
                  offsets: torch.Tensor | None) -> torch.Tensor:
+        if local.dim() == 2 and (pad is None or self.mode == "sum"):
+            # Fixed-size bags: gather and reduce (the padding row is zero, so a sum
+            # needs no mask; a mean with padding excludes it from the count: below).
+            rows = gathered(weight, local)
+            if rows.shape[1] == 1:
+                return rows.squeeze(1)
+            return rows.sum(1) if self.mode == "sum" else rows.mean(1)
         return F.embedding_bag(local, weight, offsets, mode=self.mode, padding_idx=pad)
 
 
-class SparseEmbeddingCollection(nn.Module):
-    """Several sparse layers looked up together: the rows of all their tables come in
-    one call per parameter server (instead of one per table), which is what a model
-    with tens of tables wants. `forward(inputs)` takes one input per layer, in order
-    (ids, or `(input, offsets)` for a bag) and returns one output per layer, the same
-    as calling each layer; gradients are pushed per table as usual."""
-
-    def __init__(self, layers: Sequence[_SparseLayer]) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(layers)
-
-    def forward(self, inputs: Sequence[torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]]
-                ) -> list[torch.Tensor]:
-        if len(inputs) != len(self.layers):
-            raise ValueError(f"{len(inputs)} inputs for {len(self.layers)} sparse layers; "
-                             "give one per layer, in order")
-        prepared = []
-        for layer, item in zip(self.layers, inputs, strict=True):
-            ids, offsets = item if isinstance(item, tuple) else (item, None)
-            if isinstance(layer, SparseEmbeddingBag):
-                layer.check_input(ids, offsets)
-            prepared.append((layer, layer._prepare(ids), offsets))
-        rows: list[torch.Tensor | None] = [None] * len(prepared)
-        groups: dict[int, list[int]] = {}  # layers reading from the same servers
-        for k, (layer, _, _) in enumerate(prepared):
-            source = layer._source()
-            groups.setdefault(id(getattr(source, "client", source)), []).append(k)
-        for members in groups.values():
-            source = prepared[members[0]][0]._source()
-            specs = [prepared[k][0].spec for k in members]
-            wanted = [prepared[k][1].unique for k in members]
-            pull_many = getattr(source, "pull_many", None)
-            pulled = (pull_many(specs, wanted) if pull_many is not None
-                      else [source.pull(spec, ids) for spec, ids in zip(specs, wanted,
-                                                                         strict=True)])
-            for k, value in zip(members, pulled, strict=True):
-                rows[k] = value
-        return [layer._compute(*layer._finish(lookup, rows[k]), offsets)  # type: ignore[arg-type]
-                for k, (layer, lookup, offsets) in enumerate(prepared)]
-
-
 def sparse_layers(model: nn.Module) -> Iterator[tuple[str, _SparseLayer]]:
-    """The sparse layers of `model` with their module paths."""
+    """The tables of `model`: its sparse layers (a fused collection's fused table in
+    place of its members) with their module paths."""
     for path, module in model.named_modules():
-        if isinstance(module, _SparseLayer):
+        if isinstance(module, _SparseLayer) and module.fused_into is None:
             yield path, module
 
 

@@ -15,9 +15,14 @@ it (ABORTED), as it refuses a dense push of another generation.
                                                           + (ids, grad rows) per table
        reply:  {applied, note, global_step}
     configure: {op, namespace, reset, num_ps, tables: [TableSpec json]}
-    export:    {op, namespace, table, start, limit}
+    export:    {op, namespace, table, start, limit, since?}  (rows updated at >= since)
        reply:  {next, count}                              + ids, rows, slots..., last
-    import:    {op, namespace, table, count}              + ids, rows, slots..., last
+    export:    {op, namespace, table, what: "mark", since}   (a checkpoint export starts)
+       reply:  {watermark, generation, complete, rows}
+    export:    {op, namespace, table, what: "removed", since, start, limit}
+       reply:  {next, count}                              + ids dropped at >= since
+    import:    {op, namespace, table, count, mode?}       + ids, rows, slots..., last
+               (mode insert, the default, or upsert; mode remove: + ids only)
     stats:     {op, namespace}  reply: {tables: {name: {rows, bytes}}}
 """
 

@@ -35,23 +35,48 @@ from .checks import check_grads, check_ids
 from .protocol import Frame, encode, field, header_of, tensor_of
 from .spec import TableSpec
 from .table import RowBlock, RowTable
+from .tiered import FIELD as STORAGE_FIELD
+from .tiered import StorageSettings, TieredTable, shard_directory
 
 Entry = tuple[str, torch.Tensor, torch.Tensor]  # table, ids, grad rows
 
 
 class NamespaceTables:
     def __init__(self) -> None:
-        self.tables: dict[str, RowTable] = {}
+        self.tables: dict[str, RowTable | TieredTable] = {}
         self.pending: dict[int, dict[tuple[int, int], tuple[int, list[Entry]]]] = {}
 
-    def configure(self, specs: list[TableSpec], reset: bool, num_ps: int, where: str) -> None:
-        def make(spec: TableSpec) -> RowTable:
+    def configure(self, specs: list[TableSpec], reset: bool, num_ps: int, where: str,
+                  storage: StorageSettings | None = None, ps_index: int = 0) -> None:
+        """Define the tables (`reset`: afresh, dropping the rows held). With `storage`
+        (a memory budget for the server's rows), each table gets an even share of it
+        and keeps the rows beyond in `storage.directory` (`tiered`)."""
+        root = None
+        if storage is not None:
+            try:
+                if storage.directory is None:
+                    raise ValueError(f"{STORAGE_FIELD}.directory is unset while "
+                                     "serverMemory is set; point it at a volume mounted "
+                                     "in the parameter servers' pod template (see "
+                                     "docs/sparse.md)")
+                root = shard_directory(storage.directory, ps_index)
+            except ValueError as exc:
+                raise PSError("INVALID_ARGUMENT", f"{where}: {exc}") from exc
+
+        def make(spec: TableSpec) -> RowTable | TieredTable:
+            if root is not None and storage is not None:
+                try:  # an even share of the server's budget per table
+                    return TieredTable(spec, storage.memory_bytes // max(1, len(specs)),
+                                       root, num_ps=num_ps)
+                except ValueError as exc:
+                    raise PSError("INVALID_ARGUMENT", f"{where}: {exc}") from exc
             # A fixed-size table's shard is about num_embeddings / num_ps rows.
             reserve = (0 if spec.num_embeddings is None
                        else math.ceil(spec.num_embeddings / num_ps * 1.05) + 64)
-            return RowTable(spec, reserve=reserve)
+            return RowTable(spec, reserve=reserve, num_ps=num_ps)
 
         if reset:
+            self.close()
             self.tables = {spec.name: make(spec) for spec in specs}
             self.pending.clear()
             return
@@ -63,6 +88,12 @@ class NamespaceTables:
                 raise PSError("FAILED_PRECONDITION",
                               f"{where}: sparse table {spec.name!r} already exists with "
                               "another definition; use another namespace for another model")
+
+    def close(self) -> None:
+        """Drop the tables' disk rows, if any."""
+        for table in self.tables.values():
+            if isinstance(table, TieredTable):
+                table.close()
 
     def apply_step(self, ns: Namespace, step: int, contributors: int) -> None:
         """Apply step `step`'s rows (the store holds ns.cond)."""
@@ -94,7 +125,7 @@ def _tables(ns: Namespace, store: ParameterStore) -> NamespaceTables:
 
 
 def _table(tables: NamespaceTables, name: object, ns: Namespace,
-           store: ParameterStore, call: str) -> RowTable:
+           store: ParameterStore, call: str) -> RowTable | TieredTable:
     table = tables.tables.get(name) if isinstance(name, str) else None
     if table is None:
         raise PSError("NOT_FOUND", f"sparse {call}: table {name!r} is not defined in "
@@ -201,6 +232,7 @@ def _configure(store: ParameterStore, namespace: str, header: dict[str, Any],
     try:
         specs = [TableSpec.from_json(item) for item in field(header, "tables", list,
                                                               "configure")]
+        storage = StorageSettings.from_json(header.get("storage"))
     except (TypeError, ValueError) as exc:
         raise PSError("INVALID_ARGUMENT", f"sparse configure: {exc}") from exc
     if any(spec.optimizer is None for spec in specs):
@@ -214,7 +246,7 @@ def _configure(store: ParameterStore, namespace: str, header: dict[str, Any],
             raise PSError("INVALID_ARGUMENT", f"sparse configure: num_ps is {num_ps!r}; it "
                           "must be a positive integer")
         ns.sparse.configure(specs, bool(header.get("reset")), num_ps,
-                            f"parameter server {store.ps_index}")
+                            f"parameter server {store.ps_index}", storage, store.ps_index)
     return encode({"tables": len(specs)})
 
 
@@ -223,10 +255,33 @@ SLOTS_FIRST = ("ids", "rows")
 
 def _export(store: ParameterStore, namespace: str, header: dict[str, Any],
             body: list[Frame]) -> list[bytes]:
+    """A page of a table's rows (`what` "rows", the default; with `since`, only rows
+    updated at clock >= since), a checkpoint export's start (`what` "mark"), or a page
+    of the ids sweeps dropped at clock >= `since` (`what` "removed")."""
     ns = store.namespace(namespace)
     table = _table(_tables(ns, store), header.get("table"), ns, store, "export")
-    block, after = table.export(field(header, "start", int, "export"),
-                                field(header, "limit", int, "export"))
+    what = header.get("what", "rows")
+    since = header.get("since")
+    if since is not None and (not isinstance(since, int) or isinstance(since, bool)):
+        raise PSError("INVALID_ARGUMENT", f"sparse export: field 'since' is {since!r}; it "
+                      "must be an integer or absent")
+    if what == "mark":
+        # The clock the next update gets (async: global step + 1; sync: the next
+        # step's + 1): rows updated from now on have last >= it.
+        with ns.cond:
+            watermark, generation = ns.global_step + 1, ns.generation
+            complete = table.track_removals(since, watermark)
+        return encode({"watermark": watermark, "generation": generation,
+                       "complete": complete, "rows": table.stats().rows})
+    start = field(header, "start", int, "export")
+    limit = field(header, "limit", int, "export")
+    if what == "removed":
+        ids, after = table.removed_ids(field(header, "since", int, "export"), start, limit)
+        return encode({"next": after, "count": int(ids.numel())}, [ids])
+    if what != "rows":
+        raise PSError("INVALID_ARGUMENT", f"sparse export: field 'what' is {what!r}; it "
+                      "must be rows, mark or removed")
+    block, after = table.export(start, limit, since)
     return encode({"next": after, "count": int(block.ids.numel())},
                   [block.ids, block.rows, *(block.slots[n] for n in table.slot_names),
                    block.last])
@@ -234,15 +289,26 @@ def _export(store: ParameterStore, namespace: str, header: dict[str, Any],
 
 def _import(store: ParameterStore, namespace: str, header: dict[str, Any],
             body: list[Frame]) -> list[bytes]:
+    """Restored rows: `mode` "insert" (the default; ids must be absent), "upsert" (a
+    delta's rows replace those present) or "remove" (a delta's removed ids, one frame)."""
     ns = store.namespace(namespace)
     table = _table(_tables(ns, store), header.get("table"), ns, store, "import")
+    mode = header.get("mode", "insert")
+    if mode not in ("insert", "upsert", "remove"):
+        raise PSError("INVALID_ARGUMENT", f"sparse import: field 'mode' is {mode!r}; it "
+                      "must be insert, upsert or remove")
     names = table.slot_names
-    if len(body) != 3 + len(names):
-        raise PSError("INVALID_ARGUMENT", f"sparse import: {3 + len(names)} frames expected "
-                      f"(ids, rows, {', '.join(names) or 'no slots'}, last), got {len(body)}")
+    wanted = 1 if mode == "remove" else 3 + len(names)
+    if len(body) != wanted:
+        what = ("ids" if mode == "remove"
+                else f"ids, rows, {', '.join(names) or 'no slots'}, last")
+        raise PSError("INVALID_ARGUMENT", f"sparse import: {wanted} frames expected "
+                      f"({what}), got {len(body)}")
     dim = table.spec.embedding_dim
     ids = tensor_of(body[0], torch.int64, 0, "ids")
     check_ids(table.spec, ids, "sparse import")
+    if mode == "remove":
+        return encode({"count": table.remove(ids)})
     block = RowBlock(ids=ids, rows=tensor_of(body[1], torch.float32, dim, "rows"),
                      slots={n: tensor_of(f, torch.float32, dim, n)
                             for n, f in zip(names, body[2:-1], strict=True)},
@@ -251,7 +317,10 @@ def _import(store: ParameterStore, namespace: str, header: dict[str, Any],
         raise PSError("INVALID_ARGUMENT", "sparse import: ids, rows, slots and last "
                       "must have one entry per row")
     try:
-        table.load(block)
+        if mode == "upsert":
+            table.upsert(block)
+        else:
+            table.load(block)
     except ValueError as exc:
         raise PSError("INVALID_ARGUMENT", f"sparse import: {exc}") from exc
     return encode({"count": int(ids.numel())})
@@ -265,6 +334,8 @@ def _stats(store: ParameterStore, namespace: str, header: dict[str, Any],
     for name, table in tables.items():
         stats = table.stats()
         out[name] = {"rows": stats.rows, "bytes": stats.bytes}
+        if isinstance(table, TieredTable):  # the tiers apart (rows: both, bytes: RAM)
+            out[name].update(table.tier_stats())
     return encode({"tables": out})
 
 

@@ -6,37 +6,64 @@ reporting their size). `Trainer` holds one when the model has sparse layers."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+import threading
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..checkpoint import CheckpointCorrupt, NoUsableCheckpoint
+from ..checkpoint import CheckpointCorrupt, NoUsableCheckpoint, sparse_links
+from ..failure import ConfigurationError
 from ..optim import OptimizerConfig
+from ..ps.store import PSError
+from .chain import Chain, LinkPlan
+from .cache import RowCache
 from .client import RemoteSource, SparseClient
-from .files import read_rows, write_rows
+from .files import read_ids, read_rows
 from .layer import sparse_layers
 from .rowopt import coalesce
+from .saving import CAPTURE_BYTES, CapturedRows, LinkWrite, LiveRows, start_link, write_link
 from .spec import ROW_SLOTS, TableSpec, check_row_optimizer
+from .tiered import StorageSettings
 
 SPARSE_DIR_SUFFIX = ".sparse"
 
 
+def _what_to_remove(links: Sequence[Mapping[str, Any]], k: int) -> str:
+    """What to remove when link `k` of a chain is damaged: its directory and every
+    checkpoint whose chain names it (those of the steps from it to the chain's end)."""
+    name = str(links[k]["dir"])
+    if k == len(links) - 1:
+        return f"remove {name} and its checkpoint file"
+    first, last = links[k].get("step"), links[-1].get("step")
+    return (f"remove {name} and the checkpoint files whose rows build on it (steps "
+            f"{first} to {last})")
+
+
 class SparseSession:
     def __init__(self, layers: list[Any], specs: dict[str, TableSpec],
-                 client: SparseClient) -> None:
+                 client: SparseClient, storage: StorageSettings | None = None) -> None:
         self.layers = layers
         self.specs = specs
         self.client = client
+        self.storage = storage  # each server's memory budget for rows (`tiered`)
+        self.source: RemoteSource | None = None  # set by `attach`
+        self.chain = Chain()  # of the last checkpoint written (see `chain`)
+        self.writing: LinkWrite | None = None  # a checkpoint's link being written
 
     @classmethod
     def attach(cls, model: nn.Module, transports: Sequence[Any], namespace: str,
-               optimizer: OptimizerConfig, seed: int) -> SparseSession | None:
+               optimizer: OptimizerConfig, seed: int,
+               cache: tuple[int, int] | None = None,
+               storage: StorageSettings | None = None) -> SparseSession | None:
         """Bind the sparse layers of `model` to the servers; None when it has none.
         A table without its own optimizer uses the job's; the job's seed is added to
-        each table's seed. Layers sharing a table name must define it identically."""
+        each table's seed. Layers sharing a table name must define it identically.
+        `cache` (rows, staleness steps): each table's rows go through a worker-side
+        `RowCache` (None, or staleness 0: none). `storage`: each server's memory
+        budget for the rows, and where the rest go (None: all in memory)."""
         found = list(sparse_layers(model))
         if not found:
             return None
@@ -51,12 +78,18 @@ class SparseSession:
                                  f"different definitions (one at {path}); layers sharing "
                                  "a table must declare it the same way")
         client = SparseClient(transports, namespace)
-        source = RemoteSource(client)
+        rows, staleness = cache or (0, 0)
+        source = RemoteSource(client, {
+            name: RowCache(spec.embedding_dim, rows, staleness)
+            for name, spec in specs.items()} if staleness > 0 else None)
         for _, layer in found:
             layer.source = source
-        return cls([layer for _, layer in found], specs, client)
+        session = cls([layer for _, layer in found], specs, client, storage)
+        session.source = source
+        return session
 
     def close(self) -> None:
+        self.restart_chain()
         self.client.close()
 
     def fingerprint(self, dense: str) -> str:
@@ -68,6 +101,8 @@ class SparseSession:
     def begin_step(self) -> None:
         for layer in self.layers:
             layer.clear_gradients()
+        if self.source is not None:
+            self.source.step += 1  # the row cache's clock
 
     def push(self, worker: int, steps: Sequence[int]) -> None:
         """Push this step's gradient rows of every table (tables shared by several
@@ -91,47 +126,90 @@ class SparseSession:
     def install(self, manifest: dict[str, Any] | None, directory: Path | None,
                 only: Sequence[int] | None = None) -> None:
         """Define the tables afresh on the servers (`only` some), then stream the
-        checkpoint's rows (if any) to their owners. Call before the dense init, so no
-        worker touches a table before its rows are back."""
+        checkpoint's rows (if any) to their owners: its chain's base, then each delta's
+        removed ids and rows. Call before the dense init, so no worker touches a table
+        before its rows are back. Any link being written is abandoned: the next
+        checkpoint is a full one."""
+        self.restart_chain()
         specs = [spec for _, spec in sorted(self.specs.items())]
-        self.client.configure(specs, reset=True, only=only)
+        try:
+            self.client.configure(specs, reset=True, only=only, storage=self.storage)
+        except PSError as exc:
+            if exc.code == "INVALID_ARGUMENT":  # the job's settings: no retry helps
+                raise ConfigurationError(exc.message) from exc
+            raise
         if not manifest or directory is None:
             return
-        base = directory / manifest["dir"]
-        for name, entry in manifest["tables"].items():
+        links = sparse_links(manifest)
+        for k, link in enumerate(links):
+            try:
+                self._install_link(directory / str(link["dir"]), link)
+            except CheckpointCorrupt as exc:
+                # Found while streaming (the sizes were checked before): the rows
+                # are half loaded, and a restart would read the same bytes.
+                raise NoUsableCheckpoint(
+                    f"{exc}; a restart would read the same bytes: "
+                    f"{_what_to_remove(links, k)} from {directory} to restore the "
+                    "previous checkpoint") from exc
+
+    def _install_link(self, base: Path, link: Mapping[str, Any]) -> None:
+        """A link's removed ids, then its rows, upserted: a later row of an id replaces
+        an earlier one, of a link before or of this one (an async export may read an
+        id evicted and created again in another place twice: the later is newer)."""
+        for name, entry in link["tables"].items():
             spec = self.specs[name]
             slots = ROW_SLOTS[spec.optimizer.name]  # type: ignore[union-attr]
             checks = entry.get("checks") or {}
+            for filename in entry.get("removed") or []:
+                for ids in read_ids(base / filename, spec, checks.get(filename)):
+                    self.client.remove(spec, ids)
             for filename in entry["files"]:
-                try:
-                    for block in read_rows(base / filename, spec, slots,
-                                           checks.get(filename)):
-                        self.client.load(spec, slots, block)
-                except CheckpointCorrupt as exc:
-                    # Found while streaming (the sizes were checked before): the rows
-                    # are half loaded, and a restart would read the same bytes.
-                    raise NoUsableCheckpoint(
-                        f"{exc}; a restart would read the same bytes: remove "
-                        f"{base.name} and its checkpoint file from {directory} to "
-                        "restore the previous checkpoint") from exc
+                for block in read_rows(base / filename, spec, slots, checks.get(filename)):
+                    self.client.load(spec, slots, block, upsert=True)
 
-    def save(self, directory: Path, step: int) -> dict[str, Any]:
-        """Stream every server's rows of every table into files beside the checkpoint
-        of `step`; the manifest the checkpoint records."""
-        sub = f"ckpt-{step:012d}{SPARSE_DIR_SUFFIX}"
-        tables: dict[str, Any] = {}
-        for k, (name, spec) in enumerate(sorted(self.specs.items())):
-            slots = ROW_SLOTS[spec.optimizer.name]  # type: ignore[union-attr]
-            files, rows, checks = [], 0, {}
-            for ps in range(self.client.num_ps):
-                filename = f"table{k}-ps{ps}.rows"
-                written = write_rows(directory / sub / filename, spec, slots,
-                                     self.client.export(ps, spec, slots))
-                rows += written.rows
-                files.append(filename)
-                checks[filename] = written.check()
-            tables[name] = {"files": files, "rows": rows, "checks": checks}
-        return {"dir": sub, "tables": tables}
+    def begin_save(self, directory: Path, step: int, frozen: bool) -> LinkWrite:
+        """Start writing the rows of the checkpoint of `step` beside it (see `saving`):
+        `frozen` (sync mode) when the servers hold that step only until the chief
+        trains on. At most one at a time: the caller finishes (or abandons) the last."""
+        plan = start_link(self.client, self.specs, self.chain, step)
+        num_ps = self.client.num_ps
+
+        def live(cancel: threading.Event, plan: LinkPlan = plan) -> dict[str, Any]:
+            return write_link(self.specs, num_ps, directory, plan,
+                              LiveRows(self.client, cancel))
+
+        if not frozen:
+            write = LinkWrite(plan, live, background=True)
+        elif plan.full:
+            write = LinkWrite(plan, live, background=False)
+        else:
+            captured = CapturedRows.read(self.client, self.specs, plan, CAPTURE_BYTES)
+            if captured is None:  # too large to hold: a full link, at once
+                full = start_link(self.client, self.specs, self.chain, step, full=True)
+                write = LinkWrite(full, lambda c: live(c, full), background=False)
+            else:
+                write = LinkWrite(plan, lambda _c: write_link(
+                    self.specs, num_ps, directory, plan, captured), background=True)
+        self.writing = write
+        return write
+
+    def finish_save(self, write: LinkWrite) -> dict[str, Any]:
+        """Wait for `write`; the manifest its checkpoint records (its error, raised)."""
+        try:
+            return self.chain.manifest(write.plan, write.result())
+        finally:
+            self.writing = None
+
+    def commit(self, write: LinkWrite, manifest: Mapping[str, Any]) -> None:
+        """The checkpoint recording `manifest` is on disk: the next delta extends it."""
+        self.chain.extend(write.plan, manifest)
+
+    def restart_chain(self) -> None:
+        """Abandon the link being written, if any; the next checkpoint is a full one."""
+        if self.writing is not None:
+            self.writing.cancel()
+            self.writing = None
+        self.chain.reset()
 
     def stats(self) -> dict[str, dict[str, int]]:
         return self.client.stats()
@@ -140,6 +218,14 @@ class SparseSession:
         """Live rows and memory of the tables (over all servers), for progress events:
         `sparse_rows`, `sparse_bytes` and `sparse_tables` ({name: {rows, bytes}})."""
         tables = self.stats()
-        return {"sparse_rows": sum(t["rows"] for t in tables.values()),
-                "sparse_bytes": sum(t["bytes"] for t in tables.values()),
-                "sparse_tables": tables}
+        fields = {"sparse_rows": sum(t["rows"] for t in tables.values()),
+                  "sparse_bytes": sum(t["bytes"] for t in tables.values()),
+                  "sparse_tables": tables}
+        if self.storage is not None:  # rows is both tiers, bytes RAM only
+            fields.update(sparse_disk_rows=sum(t.get("disk_rows", 0) for t in tables.values()),
+                          sparse_disk_bytes=sum(t.get("disk_bytes", 0)
+                                                for t in tables.values()))
+        if self.source is not None:  # this worker's lookups, and how many were pulled
+            fields.update(sparse_rows_looked_up=self.source.looked_up,
+                          sparse_rows_pulled=self.source.pulled)
+        return fields

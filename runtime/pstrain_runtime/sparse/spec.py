@@ -7,12 +7,18 @@ the model fingerprint, so a checkpoint is only restored into the same tables.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+import numpy as np
+import torch
+
 from ..optim import OptimizerConfig, hyperparameter_problem
+from . import ids as idrule
 
 ROW_OPTIMIZERS = ("sgd", "adagrad", "adam")
 ROW_SLOTS: dict[str, tuple[str, ...]] = {"sgd": (), "adagrad": ("sum",),
@@ -49,6 +55,11 @@ class TableSpec:
     evict_after_steps: int | None = None
     optimizer: OptimizerConfig | None = None  # None: the job's optimizer
     seed: int = 0
+    # A fused table (`SparseEmbeddingCollection`): the tables it holds, in order, as
+    # (name, num_embeddings); table k's id i is id offset_k + i here, and its initial
+    # row is the one table k alone would have (its own stream), so fusing changes no
+    # value. Empty: a table of its own.
+    parts: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         where = f"sparse table {self.name!r}"
@@ -72,6 +83,10 @@ class TableSpec:
                              "must be at least 1, or None to keep rows forever")
         if self.optimizer is not None:
             check_row_optimizer(self.optimizer, where)
+        if self.parts and (self.num_embeddings != sum(n for _, n in self.parts)
+                           or any(n < 1 for _, n in self.parts)):
+            raise ValueError(f"{where}: parts {list(self.parts)} must have at least 1 row "
+                             "each and num_embeddings their sum")
 
     @property
     def dynamic(self) -> bool:
@@ -89,12 +104,34 @@ class TableSpec:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["optimizer"] = asdict(self.optimizer) if self.optimizer else None
+        if not self.parts:
+            del data["parts"]  # a table of its own: the definition it always had
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TableSpec:
         opt = data.get("optimizer")
-        return cls(**{**data, "optimizer": OptimizerConfig(**opt) if opt else None})
+        parts = tuple((str(name), int(n)) for name, n in data.get("parts") or ())
+        return cls(**{**data, "optimizer": OptimizerConfig(**opt) if opt else None,
+                      "parts": parts})
+
+    def initializer(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """ids (int64) -> their initial rows (`ids.initial_rows`; in a fused table,
+        each id's from its own table's stream)."""
+        dim, std = self.embedding_dim, self.init_std
+        if not self.parts:
+            stream = idrule.stream_of(self.seed, self.name)
+            return lambda ids: idrule.initial_rows(ids, dim, std, stream)
+        sizes = [n for _, n in self.parts]
+        starts = torch.tensor([0, *itertools.accumulate(sizes)][:-1])
+        streams = np.array([idrule.stream_of(self.seed, name) for name, _ in self.parts],
+                           dtype=np.uint64)
+
+        def initial(ids: torch.Tensor) -> torch.Tensor:
+            part = torch.searchsorted(starts, ids, right=True) - 1
+            return idrule.initial_rows(ids - starts[part], dim, std, streams[part.numpy()])
+
+        return initial
 
     def canonical(self) -> str:
         """The definition as one stable line (for fingerprints and comparisons)."""

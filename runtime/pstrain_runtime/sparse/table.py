@@ -15,9 +15,9 @@ Invariants:
 Storage is a row block [capacity, dim] per tensor (rows and each optimizer slot),
 grown by half when full (or reserved up front for the expected shard of a fixed-size
 table), 16 bytes of bookkeeping per row (its id, its last update),
-plus an open-addressing hash map from id to row index held in numpy arrays (16 bytes
-per entry at a load of 0.25 to 0.5: 32 to 64 bytes per row), so lookups and inserts of
-a batch's ids are vectorised.
+plus the id -> row map (`index`: a direct array for a fixed-size table, 4 bytes per id
+of the id space; else a hash map of 32 to 64 bytes per row), vectorised over a batch's
+ids.
 """
 
 from __future__ import annotations
@@ -25,109 +25,12 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-from . import ids as idrule
+from .fresh import RecentReads
+from .index import EMPTY, MIN_CAPACITY, index_for
 from .rowopt import apply_rows, coalesce
 from .spec import ROW_SLOTS, TableSpec
-
-EMPTY = -1
-MIN_CAPACITY = 1024
-MAX_LOAD = 0.5
-
-
-class IdIndex:
-    """An int64 -> int64 hash map over numpy arrays, vectorised (linear probing)."""
-
-    def __init__(self, capacity: int = MIN_CAPACITY) -> None:
-        capacity = 1 << max(int(capacity - 1).bit_length(), 4)
-        self.keys = np.full(capacity, EMPTY, dtype=np.int64)
-        self.vals = np.zeros(capacity, dtype=np.int64)
-        self.size = 0
-
-    @property
-    def nbytes(self) -> int:
-        return self.keys.nbytes + self.vals.nbytes
-
-    def _home(self, keys: np.ndarray) -> np.ndarray:
-        mask = np.uint64(len(self.keys) - 1)
-        return (idrule.index_hash(keys.view(np.uint64)) & mask).astype(np.int64)
-
-    def find(self, keys: np.ndarray) -> np.ndarray:
-        """The position of each key in the map, or -1."""
-        out = np.full(len(keys), -1, dtype=np.int64)
-        if self.size == 0 or len(keys) == 0:
-            return out
-        mask = len(self.keys) - 1
-        pending = np.arange(len(keys))
-        pos = self._home(keys)
-        while len(pending):
-            found = self.keys[pos]
-            hit = found == keys[pending]
-            out[pending[hit]] = pos[hit]
-            go_on = ~hit & (found != EMPTY)
-            pending, pos = pending[go_on], (pos[go_on] + 1) & mask
-        return out
-
-    def get(self, keys: np.ndarray, default: int = -1) -> np.ndarray:
-        pos = self.find(keys)
-        out = np.full(len(keys), default, dtype=np.int64)
-        there = pos >= 0
-        out[there] = self.vals[pos[there]]
-        return out
-
-    def put(self, keys: np.ndarray, vals: np.ndarray) -> None:
-        """Set keys (unique) to vals, inserting the absent ones."""
-        pos = self.find(keys)
-        there = pos >= 0
-        self.vals[pos[there]] = vals[there]
-        self.add(keys[~there], vals[~there])
-
-    def add(self, new_keys: np.ndarray, new_vals: np.ndarray) -> None:
-        """Insert keys that are unique and absent (the caller knows)."""
-        if len(new_keys) == 0:
-            return
-        if (self.size + len(new_keys)) > MAX_LOAD * len(self.keys):
-            live = self.keys != EMPTY
-            self._rebuild(np.concatenate([self.keys[live], new_keys]),
-                          np.concatenate([self.vals[live], new_vals]))
-            return
-        self._insert(new_keys, new_vals)
-
-    def _insert(self, keys: np.ndarray, vals: np.ndarray) -> None:
-        mask = len(self.keys) - 1
-        pending = np.arange(len(keys))
-        pos = self._home(keys)
-        while len(pending):
-            free = np.flatnonzero(self.keys[pos] == EMPTY)
-            # Several keys may want the same free place: the first of each wins.
-            _, first = np.unique(pos[free], return_index=True)
-            winners = free[first]
-            self.keys[pos[winners]] = keys[pending[winners]]
-            self.vals[pos[winners]] = vals[pending[winners]]
-            rest = np.ones(len(pending), dtype=bool)
-            rest[winners] = False
-            # Every other key now sees its place taken: probe the next one.
-            pending, pos = pending[rest], (pos[rest] + 1) & mask
-        self.size += len(keys)
-
-    def _rebuild(self, keys: np.ndarray, vals: np.ndarray) -> None:
-        # A power of two above len / MAX_LOAD: the load is 0.25..0.5 after a rebuild.
-        fresh = IdIndex(max(MIN_CAPACITY, int(len(keys) / MAX_LOAD) + 1))
-        fresh._insert(keys, vals)
-        self.keys, self.vals, self.size = fresh.keys, fresh.vals, fresh.size
-
-    def items(self) -> tuple[np.ndarray, np.ndarray]:
-        live = self.keys != EMPTY
-        return self.keys[live], self.vals[live]
-
-    def keep(self, mask_fn) -> None:  # type: ignore[no-untyped-def]
-        """Drop every entry whose (key, val) mask_fn marks False."""
-        keys, vals = self.items()
-        keep = mask_fn(keys, vals)
-        self._rebuild(keys[keep], vals[keep])
-
 
 @dataclass(frozen=True)
 class TableStats:
@@ -148,18 +51,20 @@ class RowBlock:
 class RowTable:
     """One shard of one table; `spec.optimizer` must be set (the row optimizer)."""
 
-    def __init__(self, spec: TableSpec, reserve: int = 0) -> None:
+    def __init__(self, spec: TableSpec, reserve: int = 0, num_ps: int = 1) -> None:
         """`reserve`: rows to allocate up front (the expected shard of a fixed-size
-        table; allocated, not touched, so it saves growing without costing memory)."""
+        table; allocated, not touched, so it saves growing without costing memory).
+        `num_ps`: how many servers share the table (it picks the id map, `index`)."""
         if spec.optimizer is None:
             raise ValueError(f"sparse table {spec.name!r} has no optimizer")
         self.spec = spec
         self.dim = spec.embedding_dim
         self.slot_names = ROW_SLOTS[spec.optimizer.name]
-        self.stream = idrule.stream_of(spec.seed, spec.name)
+        self.initial = RecentReads(spec.initializer())  # initial rows, kept from reads
         self.lock = threading.Lock()
-        self.index = IdIndex()
-        self.seen = IdIndex() if spec.admit_after > 1 else None  # id -> updates counted
+        self.index = index_for(spec, num_ps)
+        # id -> updates counted
+        self.seen = index_for(spec, num_ps) if spec.admit_after > 1 else None
         self.capacity = 0
         self.rows = torch.empty((0, self.dim))
         self.slots = {name: torch.empty((0, self.dim)) for name in self.slot_names}
@@ -208,8 +113,7 @@ class RowTable:
     def _create(self, ids: torch.Tensor, now: int) -> torch.Tensor:
         """Rows for `ids` (unique, absent), set to their initial values."""
         where = self._take_rows(int(ids.numel()))
-        self.rows.index_copy_(0, where, idrule.initial_rows(ids, self.dim, self.spec.init_std,
-                                                            self.stream))
+        self.rows.index_copy_(0, where, self.initial.create(ids))
         fill = self.spec.optimizer.initial_accumulator_value  # type: ignore[union-attr]
         for name, tensor in self.slots.items():
             tensor.index_fill_(0, where, fill if name == "sum" else 0.0)
@@ -234,8 +138,7 @@ class RowTable:
             present = torch.nonzero(there).reshape(-1)
             out.index_copy_(0, present, self.rows.index_select(0, where[present]))
         absent = ~there
-        out[absent] = idrule.initial_rows(ids[absent], self.dim, self.spec.init_std,
-                                          self.stream)
+        out[absent] = self.initial.read(ids[absent])
         return out
 
     # ------------------------------------------------------------------ updates
@@ -273,7 +176,7 @@ class RowTable:
         self.seen.put(waiting, counts)  # type: ignore[union-attr]
         admitted = torch.ones_like(absent)
         admitted[absent] = torch.from_numpy(counts >= self.spec.admit_after)
-        if len(self.seen.keys) and self.seen.size > 4 * max(1, self.index.size):  # type: ignore[union-attr]
+        if self.seen.size > 4 * max(1, self.index.size):  # type: ignore[union-attr]
             # Forget the counts of admitted ids (they have rows now).
             have = self.index
             self.seen.keep(lambda keys, _vals: have.find(keys) < 0)  # type: ignore[union-attr]
@@ -289,10 +192,13 @@ class RowTable:
         if not bool(stale.any()):
             return
         gone = torch.nonzero(stale).reshape(-1)
+        if self.removals is not None:  # a checkpoint chain needs the ids dropped
+            self.removals.add(now, self.owner[gone],
+                              max(REMOVAL_LOG_MIN, 2 * self.index.size))
         self.owner[gone] = EMPTY
         self.free.extend(gone.tolist())
         alive = torch.nonzero(self.owner[:self.used] >= 0).reshape(-1)
-        self.index = IdIndex()
+        self.index.clear()
         if alive.numel():
             self.index.put(self.owner[alive].numpy(), alive.numpy())
 
@@ -307,16 +213,22 @@ class RowTable:
                 held += self.seen.nbytes
             return TableStats(rows=self.index.size, bytes=int(held))
 
-    def export(self, start: int, limit: int) -> tuple[RowBlock, int]:
+    def export(self, start: int, limit: int, since: int | None = None
+               ) -> tuple[RowBlock, int]:
         """The live rows among row indices [start, start + limit) and the next start
-        (0 once the end is reached): a page of the shard, for streaming it out."""
+        (0 once the end is reached): a page of the shard, for streaming it out. With
+        `since`, only the rows last updated at clock >= since (a checkpoint's delta)."""
         with self.lock:
             end = min(self.used, start + limit)
-            span = torch.arange(start, max(start, end), dtype=torch.int64)
-            live = span[self.owner[span] >= 0] if span.numel() else span
-            block = RowBlock(ids=self.owner[live].clone(), rows=self.rows[live].clone(),
-                             slots={n: t[live].clone() for n, t in self.slots.items()},
-                             last=self.last[live].clone())
+            keep = self.owner[start:max(start, end)] >= 0
+            if since is not None:
+                keep &= self.last[start:max(start, end)] >= since
+            live = torch.nonzero(keep).reshape(-1) + start
+            # index_select copies: the block owns its tensors, the lock can go
+            block = RowBlock(ids=self.owner.index_select(0, live),
+                             rows=self.rows.index_select(0, live),
+                             slots={n: t.index_select(0, live) for n, t in self.slots.items()},
+                             last=self.last.index_select(0, live))
             return block, (end if end < self.used else 0)
 
     def load(self, block: RowBlock) -> None:
@@ -327,9 +239,149 @@ class RowTable:
                 raise ValueError(f"sparse table {self.spec.name!r}: rows being restored "
                                  "are already present")
             where = self._take_rows(int(ids.numel()))
-            self.rows[where] = block.rows
-            for name in self.slot_names:
-                self.slots[name][where] = block.slots[name]
-            self.last[where] = block.last
+            self._install_rows(where, block)
             self.owner[where] = ids
             self.index.put(ids.numpy(), where.numpy())
+
+    # ------------------------------------------------------------------ checkpoint chains
+    # Ids dropped by sweeps since a checkpoint chain began (see `track_removals`); None
+    # while no chain is being written. (A class default: set per table when tracked.)
+    removals: RemovalLog | None = None
+
+    def _install_rows(self, where: torch.Tensor, block: RowBlock) -> None:
+        self.rows[where] = block.rows
+        for name in self.slot_names:
+            self.slots[name][where] = block.slots[name]
+        self.last[where] = block.last
+
+    def upsert(self, block: RowBlock) -> None:
+        """Install a delta's rows (ids unique): an id present gets the block's row,
+        slots and last update in place of its own; an absent one gets a row."""
+        with self.lock:
+            ids = block.ids.to(torch.int64)
+            where = self._where(ids)
+            absent = where < 0
+            if bool(absent.any()):
+                fresh = self._take_rows(int(absent.sum()))
+                where[absent] = fresh
+                self.owner[fresh] = ids[absent]
+                self.index.add(ids[absent].numpy(), fresh.numpy())
+            self._install_rows(where, block)
+
+    def remove(self, ids: torch.Tensor) -> int:
+        """Drop the rows of `ids` (a delta's removed ids; ids without a row are
+        skipped): they read as their initial values again. Returns the rows dropped."""
+        with self.lock:
+            where = self._where(ids.reshape(-1).to(torch.int64))
+            gone = torch.unique(where[where >= 0])  # an id may be named twice
+            if not gone.numel():
+                return 0
+            self.owner[gone] = EMPTY
+            self.free.extend(gone.tolist())
+            owner = self.owner.numpy()
+            self.index.keep(lambda _keys, vals: owner[vals] >= 0)
+            return int(gone.numel())
+
+    def track_removals(self, since: int | None, watermark: int) -> bool:
+        """A checkpoint export begins at clock `watermark`. A full one (`since` None)
+        starts recording the ids sweeps drop from now on (older records go). A delta
+        of the rows changed at clock >= `since` needs every id dropped at clock >=
+        since: True when they are recorded (records older than `since` go, no later
+        delta asks for them), False when not (the record began later, or was given up
+        for its size): then the checkpoint must be a full one."""
+        with self.lock:
+            if since is None:
+                self.removals = RemovalLog(watermark)
+                return True
+            log = self.removals
+            if log is None or log.overflowed or log.origin > since:
+                return False
+            log.trim(since)
+            return True
+
+    def removed_ids(self, since: int, start: int, limit: int) -> tuple[torch.Tensor, int]:
+        """A page of the ids dropped at clock >= `since` (see `track_removals`): at most
+        `limit` from the `start`-th on, and the next start (0 once the end is reached)."""
+        with self.lock:
+            if self.removals is None:
+                return torch.empty(0, dtype=torch.int64), 0
+            return self.removals.page(since, start, limit)
+
+    # ------------------------------------------------------------------ tiers
+    # For a table with a disk tier (`tiered.TieredTable`), which holds this table as
+    # its rows in RAM.
+    def present(self, ids: torch.Tensor) -> torch.Tensor:
+        """Which of `ids` have a row here (bool [n])."""
+        with self.lock:
+            return self._where(ids.reshape(-1).to(torch.int64).contiguous()) >= 0
+
+    def take_oldest(self, count: int, keep: torch.Tensor | None = None) -> RowBlock:
+        """Remove and return the `count` rows updated least recently (fewer when fewer
+        are live), leaving those of the ids in `keep`. Unlike an eviction this records
+        no removal: the rows live on elsewhere."""
+        with self.lock:
+            live = self.owner[:self.used] >= 0
+            if keep is not None and keep.numel():
+                held = self._where(keep.reshape(-1).to(torch.int64).contiguous())
+                live[held[held >= 0]] = False
+            candidates = torch.nonzero(live).reshape(-1)
+            if count < candidates.numel():
+                oldest = torch.topk(self.last[candidates], count, largest=False).indices
+                candidates = candidates[oldest]
+            block = RowBlock(ids=self.owner.index_select(0, candidates),
+                             rows=self.rows.index_select(0, candidates),
+                             slots={n: t.index_select(0, candidates)
+                                    for n, t in self.slots.items()},
+                             last=self.last.index_select(0, candidates))
+            if candidates.numel():
+                self.owner[candidates] = EMPTY
+                self.free.extend(candidates.tolist())
+                owner = self.owner.numpy()
+                self.index.keep(lambda _keys, vals: owner[vals] >= 0)
+            return block
+
+
+REMOVAL_LOG_MIN = 1 << 20  # ids a removal record may always hold (8 MiB)
+
+
+class RemovalLog:
+    """Ids dropped by sweeps, each batch with its clock, recorded from clock `origin` on.
+    A record that outgrows its cap (a table's live rows, twice; checkpoints that stopped
+    being written) is given up (`overflowed`): the next checkpoint is a full one."""
+
+    def __init__(self, origin: int) -> None:
+        self.origin = origin
+        self.chunks: list[tuple[int, torch.Tensor]] = []  # (clock, ids), clock ascending
+        self.count = 0
+        self.overflowed = False
+
+    def add(self, clock: int, ids: torch.Tensor, cap: int) -> None:
+        if self.overflowed:
+            return
+        self.chunks.append((clock, ids))
+        self.count += int(ids.numel())
+        if self.count > cap:
+            self.chunks, self.count, self.overflowed = [], 0, True
+
+    def trim(self, since: int) -> None:
+        """Forget the ids dropped before clock `since`."""
+        kept = [(c, ids) for c, ids in self.chunks if c >= since]
+        self.chunks, self.count = kept, sum(int(ids.numel()) for _, ids in kept)
+
+    def page(self, since: int, start: int, limit: int) -> tuple[torch.Tensor, int]:
+        parts, skip, taken = [], start, 0
+        chunks = [ids for clock, ids in self.chunks if clock >= since]
+        for ids in chunks:
+            if skip >= ids.numel():
+                skip -= int(ids.numel())
+                continue
+            part = ids[skip:skip + limit - taken]
+            skip = 0
+            parts.append(part)
+            taken += int(part.numel())
+            if taken >= limit:
+                break
+        total = sum(int(ids.numel()) for ids in chunks)
+        out = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+        after = start + taken
+        return out, (after if after < total else 0)

@@ -7,21 +7,33 @@ so that a model without sparse layers runs no table code at all:
 - every step: the layers' gradient rows are cleared before forward and pushed beside
   the dense gradients (`step`);
 - the chief: the tables (and their rows) are installed before the dense parameters, their
-  rows are checkpointed beside the checkpoint file, and their size goes into progress
-  events and status.
+  rows are checkpointed beside the checkpoint file (a chain of a full write and deltas,
+  written off the training thread: `sparse.chain`, `sparse.saving`), and their size goes
+  into progress events and status.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from ..optim import OptimizerConfig
 from ..ps.store import PSError
+from ..sparse.saving import LinkWrite
 from ..sparse.session import SparseSession
+from ..sparse.tiered import StorageSettings
+
+if TYPE_CHECKING:
+    from pstrain_api.model import SparseStorage
+
+
+def storage_settings(storage: SparseStorage) -> StorageSettings | None:
+    """`spec.training.sparseStorage` as the servers get it (None: rows all in RAM)."""
+    memory = storage.memory_bytes()
+    return None if memory is None else StorageSettings(memory, storage.directory)
 
 
 class SparseBinding:
@@ -30,8 +42,11 @@ class SparseBinding:
 
     @classmethod
     def attach(cls, model: nn.Module, transports: Sequence[Any], namespace: str,
-               optimizer: OptimizerConfig, seed: int) -> SparseBinding:
-        return cls(SparseSession.attach(model, transports, namespace, optimizer, seed))
+               optimizer: OptimizerConfig, seed: int,
+               cache: tuple[int, int] | None = None,
+               storage: StorageSettings | None = None) -> SparseBinding:
+        return cls(SparseSession.attach(model, transports, namespace, optimizer, seed, cache,
+                                        storage))
 
     @property
     def bound(self) -> bool:
@@ -56,10 +71,27 @@ class SparseBinding:
         if self.session is not None:
             self.session.install(rows, directory, only)
 
-    def save(self, directory: Path, step: int) -> dict[str, Any] | None:
-        """The chief: write each table's rows beside a checkpoint; what the checkpoint
-        keeps of them (None without tables)."""
-        return None if self.session is None else self.session.save(directory, step)
+    def begin_save(self, directory: Path, step: int, frozen: bool) -> LinkWrite | None:
+        """The chief: start writing each table's rows beside the checkpoint of `step`
+        (`sparse.saving`; `frozen`: sync mode); None without tables."""
+        if self.session is None:
+            return None
+        return self.session.begin_save(directory, step, frozen)
+
+    def finish_save(self, write: LinkWrite) -> dict[str, Any]:
+        """Wait for the rows of `write`; what the checkpoint keeps of them."""
+        assert self.session is not None  # a write exists only with tables
+        return self.session.finish_save(write)
+
+    def commit(self, write: LinkWrite, manifest: dict[str, Any]) -> None:
+        """The checkpoint of `write` is on disk: the next one may write a delta on it."""
+        if self.session is not None:
+            self.session.commit(write, manifest)
+
+    def restart_chain(self) -> None:
+        """Abandon the rows being written, if any: the next checkpoint writes them all."""
+        if self.session is not None:
+            self.session.restart_chain()
 
     def progress_fields(self) -> dict[str, Any]:
         """Sparse tables' live rows and memory for an event (best effort, like status)."""

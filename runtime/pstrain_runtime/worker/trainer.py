@@ -33,7 +33,7 @@ from .membership import Membership
 from .parameters import LocalParameters
 from .pipeline import may_pipeline
 from .placement import build_placement, param_specs
-from .sparse_binding import SparseBinding
+from .sparse_binding import SparseBinding, storage_settings
 from .step import Step
 
 
@@ -54,8 +54,11 @@ class Trainer:
         local = LocalParameters(model, device)
         optimizer = OptimizerConfig.from_model(training.optimizer)
         # Sparse tables (rows on the servers): pushed beside the dense gradients.
-        self.tables = SparseBinding.attach(model, transports, role.namespace, optimizer,
-                                           training.seed)
+        cache = training.sparse_cache  # async only: a sync step reads exact parameters
+        self.tables = SparseBinding.attach(
+            model, transports, role.namespace, optimizer, training.seed,
+            (cache.rows, cache.staleness_steps) if training.mode == "async" else None,
+            storage_settings(training.sparse_storage))
         fingerprint = self.tables.fingerprint(model_fingerprint(local.mirror))
         placement = build_placement(
             param_specs({n: tuple(t.shape) for n, t in local.mirror.items()}), len(transports))

@@ -93,12 +93,14 @@ class ServerRestore:
             lost_steps = max(0, before - ckpt.global_step)
             self.lost_steps += lost_steps
             ctx.last_step = ckpt.global_step
+            self.schedule.begin()  # the next checkpoint: after the restored step
             ctx.emit("restored", step=ckpt.global_step, path=str(path),
                      lost_steps=lost_steps, servers=lost, **skipped)
             return
         step = infos[0].global_step if 0 not in lost else ctx.last_step
         self.install(ctx.local.mirror, None, step, only=lost)
         ctx.last_step = step
+        self.schedule.begin()
         ctx.emit("restored", step=step, path=None, lost_steps=0, servers=lost,
                  note="no checkpoint directory: restarted servers got the chief's latest "
                  "pulled parameters and fresh optimizer state")
@@ -112,6 +114,9 @@ class ServerRestore:
         a sparse model's tables (and their rows) first: Init lets the workers in."""
         ctx, training, store = self.ctx, self.ctx.training, self.schedule.store
         directory = store.directory if store is not None else None
+        # A checkpoint in flight read the servers being replaced: it is dropped, and
+        # the next one writes every row (its chain would not match them).
+        self.schedule.abandon()
         ctx.retry(lambda: self.tables.install(sparse_rows, directory, only))
         ctx.retry(lambda: ctx.client.init(
             params, ctx.optimizer, mode=training.mode,

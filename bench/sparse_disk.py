@@ -1,0 +1,201 @@
+"""Item `sparse_disk`: the CTR model with a table many times a server's memory budget
+(`spec.training.sparseStorage`: the rows beyond the budget on local disk, RocksDB).
+
+The CTR model of item `ctr` (`pstrain_runtime.examples.ctr`, 26 tables fused into one,
+`TOTAL_ROWS` rows x `DIM` float32, Adagrad), pstrain async with 2 PS + 2 workers, batch
+`BATCH` per worker, each side in a process group of its own, one after the other in
+the same run: `ram` (every row in memory, as before) and `disk` (each server's budget
+`BUDGET_MIB`: the table, `TOTAL_ROWS / 2` rows x (row + Adagrad state) per server, is
+about 8 times that). For Zipf 1.2 ids (the example's default) and uniform ids (no hot
+rows: nearly every update goes to disk and back). Reported:
+
+- samples/s of each side (the chief's progress events, warm-up window dropped) and
+  disk / ram;
+- Zipf: the held-out AUC of each side after the same `AUC_SAMPLES` samples (a job of
+  its own right after the measured one, same processes, a fresh model; the chief's
+  end-of-job evaluation), and their difference;
+- each server's RSS at the end of the measured windows, and its growth over the RSS of
+  a bare parameter server (`ps_baseline_rss`: torch, the runtime and rocksdict
+  imported, serving, no tables), against the budget: all of it, and the anonymous
+  part (`RssAnon`: without mapped files, i.e. without the code pages of torch's
+  kernels that run for the first time, shared and reclaimable), which the target
+  judges;
+- the rows in memory and on disk at the end (over both servers), from the chief's
+  progress events.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+from typing import Any
+
+from .core import Config, Figure, ratio, run_parts
+from .ctr import ADAGRAD, PS, WORKERS, auc_figure, process_note
+from .usage import rss_bytes, status_field
+
+DIM = 32
+ROW_BYTES = DIM * 4 * 2 + 16  # row + Adagrad sum, float32, + bookkeeping
+TOTAL_ROWS, QUICK_TOTAL_ROWS = 4_000_000, 260_000
+BUDGET_MIB, QUICK_BUDGET_MIB = 64, 4
+BATCH, QUICK_BATCH = 512, 64
+AUC_SAMPLES, QUICK_AUC_SAMPLES = 1 << 18, 1 << 14
+IDS = {"zipf": 1.2, "uniform": 0.0}
+SIDES = ("ram", "disk")
+ENTRYPOINT = "pstrain_runtime.examples.ctr:make_task"
+EVAL_SIZE = 16_384
+
+
+def sizes(cfg: Config) -> tuple[int, int, int, int]:
+    """(total rows, budget MiB per server, batch, AUC samples) of this run."""
+    if cfg.quick:
+        return QUICK_TOTAL_ROWS, QUICK_BUDGET_MIB, QUICK_BATCH, QUICK_AUC_SAMPLES
+    return TOTAL_ROWS, BUDGET_MIB, BATCH, AUC_SAMPLES
+
+
+def _spec(cfg: Config, ids: str) -> Any:
+    from .training import ModelSpec
+
+    total, _, batch, _ = sizes(cfg)
+    args = {"rows": math.ceil(total / 26), "embedding_dim": DIM, "tables": "ps",
+            "zipf": IDS[ids], "eval_size": EVAL_SIZE}
+    return ModelSpec(f"ctr-disk-{ids}", f"CTR {total:,} rows x {DIM}, {ids} ids",
+                     ENTRYPOINT, args, batch, dict(ADAGRAD))
+
+
+def side_jobs(cfg: Config, ids: str, side: str, directory: str | None
+              ) -> list[dict[str, Any]]:
+    """The measured job of one side and, for Zipf ids, its AUC job."""
+    from .training import _throughput_job
+
+    total, budget, batch, auc = sizes(cfg)
+    spec = _spec(cfg, ids)
+    what = f"CTR {total / 1e6:g} M rows x {DIM}, {ids} ids"
+    where = ("every row in memory" if side == "ram" else
+             f"{budget} MiB of rows in memory per server, the rest on disk")
+    job = _throughput_job(cfg, spec, "async", f"sparse_disk.{ids}.{side}",
+                          f"{what}: pstrain async, {PS} PS + {WORKERS} workers, {where}",
+                          f"{what}: pstrain async, {where}", f"bench/disk-{ids}-{side}")
+    job["sample_memory"] = True
+    jobs = [job]
+    if ids == "zipf":
+        jobs.append({"kind": "fixed", "namespace": f"bench/disk-{ids}-{side}-auc",
+                     "training": spec.training("async", math.ceil(auc / batch)),
+                     "progress_s": 1.0})
+    if side == "disk":
+        for each in jobs:
+            each["training"]["sparseStorage"] = {"serverMemory": budget,
+                                                 "directory": directory}
+    return jobs
+
+
+def _bare_ps_rss(rank: int) -> tuple[int, int]:
+    """(RSS, anonymous RSS) of a serving parameter server with no tables: the floor
+    under its RSS."""
+    import rocksdict  # noqa: F401 - what a server with a disk tier has loaded
+
+    from . import rt
+    from .procs import find_free_ports
+
+    server = rt.start_ps(0, find_free_ports(1)[0])
+    try:
+        return rss_bytes(os.getpid()), status_field(os.getpid(), "RssAnon") * 1024
+    finally:
+        server.stop(grace=0)
+
+
+def memory_figures(cfg: Config, ids: str, side: str, got: dict[str, Any],
+                   baseline: tuple[int, int]) -> list[Figure]:
+    """Each server's RSS and its growth over `baseline`, all of it and without mapped
+    files (code pages of torch's kernels first run, shared and reclaimable), against the
+    budget; the rows in memory and on disk at the end of the measured windows."""
+    _, budget, _, _ = sizes(cfg)
+    progress = [f for _, k, f in got["events"] if k == "progress" and "rss_anon" in f]
+    if not progress:
+        return []
+    last = progress[-1]
+    key, figs = f"sparse_disk.{ids}.{side}", []
+    of_budget = ((lambda b: f"{b / (budget << 20):.2f}x the budget of {budget} MiB")
+                 if side == "disk" else (lambda b: "no budget"))
+    for ps in range(PS):
+        rss, anon = last["rss"][ps], last["rss_anon"][ps]
+        figs += [Figure(f"{key}.ps{ps}_rss", f"{ids} ids, {side}: PS {ps} RSS", "MB",
+                        rss / 1e6, note=f"at the end of the measured windows; growth over "
+                        f"a bare server {(rss - baseline[0]) / 1e6:.1f} MB, "
+                        f"{of_budget(rss - baseline[0])}"),
+                 Figure(f"{key}.ps{ps}_rss_growth", f"{ids} ids, {side}: PS {ps} anonymous "
+                        "RSS over a bare server's", "MB", (anon - baseline[1]) / 1e6,
+                        note=of_budget(anon - baseline[1]))]
+    table = last.get("sparse_tables", {})
+    rows = sum(t.get("rows", 0) for t in table.values())
+    disk = sum(t.get("disk_rows", 0) for t in table.values())
+    figs.append(Figure(f"{key}.rows", f"{ids} ids, {side}: live rows (both servers)", "rows",
+                       float(rows), note=f"{disk:,} on disk ({100 * disk / max(rows, 1):.0f}%)"
+                       f", {(rows - disk) * ROW_BYTES / 1e6:,.0f} MB of rows in memory"))
+    return figs
+
+
+def run_side(cfg: Config, ids: str, side: str, baseline: tuple[int, int]) -> list[Figure]:
+    from .training import _run_ps_jobs, _throughput_figures
+
+    directory = tempfile.mkdtemp(prefix="pstrain-bench-rows-") if side == "disk" else None
+    try:
+        jobs = side_jobs(cfg, ids, side, directory)
+        got = _run_ps_jobs(cfg, jobs, PS)
+    finally:
+        if directory:
+            shutil.rmtree(directory, ignore_errors=True)
+    figs = _throughput_figures(cfg, jobs[:1], got[:1], PS)
+    progress = [f for _, k, f in got[0]["events"] if k == "progress" and "threads" in f]
+    if progress and figs:
+        threads = progress[-1]["threads"]
+        figs[0].note += "; " + process_note([("PS", t) for t in threads[:PS]]
+                                            + [("workers", t) for t in threads[PS:]])
+    figs += memory_figures(cfg, ids, side, got[0], baseline)
+    if len(got) > 1:
+        evals = [(f["step"], f) for _, k, f in got[1]["events"] if k == "eval"]
+        step, metrics = evals[-1] if evals else (0, None)
+        figs.append(auc_figure(f"sparse_disk.{ids}.{side}.auc", f"{ids} ids, {side}: "
+                               "held-out AUC", metrics, step * jobs[0]["batch"],
+                               "a job of its own after the measured one"))
+    return figs
+
+
+def compare(figs: list[Figure]) -> list[Figure]:
+    """disk / ram samples/s per id law, the AUC gap, the larger server's RSS growth
+    against the budget."""
+    by = {f.key: f for f in figs}
+    out = []
+    for ids in IDS:
+        out.append(ratio(f"sparse_disk.{ids}.vs_ram", f"{ids} ids: samples/s with the disk "
+                         "tier / every row in memory", by.get(f"sparse_disk.{ids}.disk"),
+                         by.get(f"sparse_disk.{ids}.ram")))
+    disk, ram = by.get("sparse_disk.zipf.disk.auc"), by.get("sparse_disk.zipf.ram.auc")
+    if disk and ram and disk.median is not None and ram.median is not None:
+        out.append(Figure("sparse_disk.zipf.auc_gap", "Zipf ids: |AUC disk - AUC ram| after "
+                          "the same samples", "AUC", abs(disk.median - ram.median),
+                          note=f"disk {disk.median:.4f}, ram {ram.median:.4f}"))
+    return out
+
+
+def run(cfg: Config) -> list[Figure]:
+    from .procs import run_group
+
+    baseline = tuple(run_group(_bare_ps_rss, 1, timeout_s=cfg.item_time_limit_s)[0])
+    figs = [Figure("sparse_disk.ps_baseline_rss", "RSS of a bare parameter server (torch, "
+                   "the runtime, rocksdict; no tables)", "MB", baseline[0] / 1e6,
+                   note=f"anonymous (no mapped files) {baseline[1] / 1e6:.1f} MB")]
+    total, budget, _, _ = sizes(cfg)
+    figs.append(Figure("sparse_disk.budget", "each server's memory budget for rows "
+                       "(serverMemory)", "MB", (budget << 20) / 1e6))
+    figs.append(Figure("sparse_disk.table_vs_budget", "the table's rows and Adagrad state "
+                       "per server / its budget", "x",
+                       total / PS * ROW_BYTES / (budget << 20),
+                       note=f"{total:,} rows x {ROW_BYTES} B over {PS} servers; "
+                       f"{budget} MiB each"))
+    parts = [(f"{side} {ids}", lambda side=side, ids=ids: run_side(cfg, ids, side, baseline))
+             for ids in IDS for side in SIDES]
+    figs += run_parts("sparse_disk", parts)
+    return figs + compare(figs)

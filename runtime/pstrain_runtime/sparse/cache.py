@@ -1,0 +1,160 @@
+"""A worker's cache of hot rows, with a staleness bound (as in HET, VLDB 2022).
+
+With Zipf-skewed ids most of a batch's lookups hit a few hot rows, and without a
+cache every step pulls them again. `RowCache` keeps, per table, up to `rows` rows the
+worker pulled, each with the worker step it was pulled at; a lookup at step t uses a
+kept row only if it was pulled at step t - S or later (S = `staleness`), and pulls the
+others (then keeps them). So no row the worker computes with is more than S of its
+steps older than the servers' copy was when pulled; gradients go to the servers as
+before (the cache holds no updates of its own). When full, the rows used least
+recently make room, an eighth of the cache at a time; rows used in the current step
+are never dropped (a batch with more new rows than that keeps what fits). Where
+lookups hardly ever hit (uniform ids), it stands aside for a while (`_judge`).
+
+Sync mode never uses a cache: a sync step reads exactly the parameters of the step
+before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .index import IdIndex
+
+NEVER = -(1 << 62)
+JUDGE_EVERY = 16  # lookups between checks of the hit rate
+MIN_HIT_RATE = 0.05  # below it (uniform ids: nothing repeats) the cache stands aside
+STAND_ASIDE = 256  # lookups, then it tries again
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """A lookup between its two halves: the rows found, and where the pulled go."""
+
+    ids: torch.Tensor
+    step: int
+    out: torch.Tensor  # rows of `ids`; those at `miss` still to fill
+    miss: torch.Tensor  # positions in `ids` to pull
+    slots: torch.Tensor  # their slots where held (stale), else -1
+    keep: bool = True  # False: the cache stands aside (see `RowCache`)
+
+    @property
+    def missing(self) -> torch.Tensor:
+        return self.ids[self.miss]
+
+
+class RowCache:
+    def __init__(self, dim: int, rows: int, staleness: int) -> None:
+        if rows < 1 or staleness < 1:
+            raise ValueError(f"a row cache needs rows >= 1 and staleness >= 1, got {rows} "
+                             f"and {staleness}")
+        self.capacity = rows
+        self.staleness = staleness
+        self.index = IdIndex()  # id -> slot; a slot given to another id is checked below
+        self.rows = torch.empty((rows, dim))  # pages mapped only as slots fill
+        self.owner = torch.full((rows,), -1, dtype=torch.int64)  # id in each slot
+        self.pulled = torch.full((rows,), NEVER, dtype=torch.int64)  # step pulled
+        self.used = torch.full((rows,), NEVER, dtype=torch.int64)  # step last used
+        self.free = torch.arange(rows - 1, -1, -1)  # slots to fill, taken from the end
+        self.hits = 0
+        self.misses = 0
+        self.window = [0, 0]  # hits, lookups since the last check of the hit rate
+        self.judged = 0  # lookups since that check
+        self.aside = 0  # lookups left standing aside
+
+    def lookup(self, ids: torch.Tensor, step: int,
+               pull: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """Rows of `ids` (unique int64) at worker step `step`: kept rows pulled at step
+        - S or later, the others from `pull` (then kept)."""
+        plan = self.plan(ids, step)
+        return self.finish(plan, pull(plan.missing))
+
+    def plan(self, ids: torch.Tensor, step: int) -> Lookup:
+        """The first half of `lookup`: the kept rows found, and the ids to pull."""
+        if self.aside:  # a hit rate too low to pay for the lookups: pull everything
+            self.aside -= 1
+            self.misses += int(ids.numel())
+            everything = torch.arange(ids.numel())
+            return Lookup(ids, step, torch.empty(0), everything,
+                          torch.full((ids.numel(),), -1), keep=False)
+        slots = torch.from_numpy(self.index.get(ids.numpy()))
+        safe = slots.clamp(min=0)
+        held = (slots >= 0) & (self.owner[safe] == ids)
+        fresh = held & (self.pulled[safe] >= step - self.staleness)
+        hit = torch.nonzero(fresh).reshape(-1)
+        miss = torch.nonzero(~fresh).reshape(-1)
+        out = torch.empty((ids.numel(), self.rows.shape[1]), dtype=torch.float32)
+        if hit.numel():
+            out[hit] = self.rows[slots[hit]]
+            self.used[slots[hit]] = step
+        self.hits += int(hit.numel())
+        self.misses += int(miss.numel())
+        self._judge(int(hit.numel()), int(ids.numel()))
+        return Lookup(ids, step, out, miss, torch.where(held[miss], slots[miss], -1))
+
+    def _judge(self, hits: int, lookups: int) -> None:
+        """Every JUDGE_EVERY lookups: below MIN_HIT_RATE (ids that do not repeat within
+        S steps, such as uniform ones), stand aside for STAND_ASIDE lookups: no row is
+        looked up or kept, so the cache costs nothing where it cannot help."""
+        self.window[0] += hits
+        self.window[1] += lookups
+        self.judged += 1
+        if self.judged < JUDGE_EVERY:
+            return
+        if self.window[0] < MIN_HIT_RATE * self.window[1]:
+            self.aside = STAND_ASIDE
+        self.window, self.judged = [0, 0], 0
+
+    def finish(self, plan: Lookup, pulled: torch.Tensor) -> torch.Tensor:
+        """The second half: the pulled rows (of `plan.missing`, in order) in place, and
+        kept."""
+        if not plan.keep:
+            return pulled
+        if plan.miss.numel():
+            plan.out[plan.miss] = pulled
+            self._keep(plan.ids[plan.miss], pulled, plan.slots, plan.step)
+        return plan.out
+
+    def _keep(self, ids: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor,
+              step: int) -> None:
+        """Store pulled rows: refreshed in their slots where held, else in free slots."""
+        known = torch.nonzero(slots >= 0).reshape(-1)
+        new = torch.nonzero(slots < 0).reshape(-1)
+        if new.numel():
+            where = self._take(int(new.numel()), step)
+            new = new[:where.numel()]
+            slots = slots.clone()
+            slots[new] = where
+            self.owner[where] = ids[new]
+            self.index.put(ids[new].numpy(), where.numpy())
+            if self.index.size > 2 * self.capacity + 1024:
+                self._reindex()
+        kept = torch.cat([known, new])
+        where = slots[kept]
+        self.rows[where] = rows[kept]
+        self.pulled[where] = step
+        self.used[where] = step
+
+    def _take(self, count: int, step: int) -> torch.Tensor:
+        """Up to `count` free slots; when short, the rows used least recently (before
+        `step`) are dropped first, at least an eighth of the cache at once."""
+        if self.free.numel() < count:
+            old = torch.nonzero((self.used < step) & (self.owner >= 0)).reshape(-1)
+            drop = min(old.numel(), max(count - self.free.numel(), self.capacity // 8))
+            if drop:
+                old = old[torch.topk(self.used[old], drop, largest=False).indices]
+                self.owner[old] = -1
+                self.free = torch.cat([old, self.free])
+        take = min(count, self.free.numel())
+        taken = self.free[self.free.numel() - take:]
+        self.free = self.free[:self.free.numel() - take]
+        return taken
+
+    def _reindex(self) -> None:
+        """Drop the map's entries of ids no longer held."""
+        live = torch.nonzero(self.owner >= 0).reshape(-1)
+        self.index = IdIndex()
+        self.index.put(self.owner[live].numpy(), live.numpy())

@@ -1,0 +1,269 @@
+"""A table shard's rows on local disk (the cold tier of `tiered.TieredTable`), in RocksDB
+through `rocksdict` (the `disk` extra: `pip install 'pstrain[disk]'`).
+
+Why RocksDB and not LMDB: the server's resident memory must stay under its budget.
+LMDB reads through a memory map, so every page it touches counts in the process's RSS
+(reclaimable by the kernel, but visible to the pod's memory accounting and to anyone
+sizing the server); RocksDB reads into a block cache of a fixed size and writes through
+memtables of a fixed size, so its memory is bounded by its options (`memory`), whatever
+the size of the table on disk.
+
+Layout: one RocksDB database per shard, in a directory of its own that `close` removes.
+A key is the id as 8 big-endian bytes (so keys sort as ids do, ids being >= 0); a value
+is the row's last update (int64, little-endian) then the row and its optimizer slots
+(`width` float32 values). Nothing is written ahead (no WAL, no fsync): a server's disk
+rows die with the server, whose rows come back from the checkpoint, as its RAM rows do.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import shutil
+from collections import deque
+from collections.abc import Iterator
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+KEY = np.dtype(">u8")
+KEEP_READS = 4  # reads whose records are kept: one pull per worker in flight (and slack)
+MIN_MEMORY = 2 << 20  # RocksDB's own memory per shard, at least
+MAX_MEMORY = 64 << 20  # and at most (block cache + two memtables)
+
+
+def _engine() -> Any:
+    try:
+        import rocksdict
+    except ImportError as exc:  # the extra is not installed
+        raise ValueError("spec.training.sparseStorage needs the rocksdict package on the "
+                         "parameter servers; install pstrain with the disk extra "
+                         "(pip install 'pstrain[disk]'; the runtime image has it)") from exc
+    return rocksdict
+
+
+def _libc_trim() -> Any:
+    """glibc's `malloc_trim`, or None elsewhere (musl, macOS)."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_TRIM = _libc_trim()
+
+
+def release_free_memory() -> None:
+    """Give the pages the heap holds free back to the OS. Moving rows between the tiers
+    frees many blocks of a few hundred KB (ids, records, torch's gathers) between
+    blocks still in use; glibc returns only the free top of its heap by itself, so the
+    holes would stay resident and the server's RSS would grow past its budget."""
+    if _TRIM is not None:
+        _TRIM(0)
+
+
+def _keys(ids: np.ndarray) -> list[bytes]:
+    raw = np.ascontiguousarray(ids, dtype=np.int64).astype(KEY).tobytes()
+    return [raw[i:i + 8] for i in range(0, len(raw), 8)]
+
+
+class RecentRecords:
+    """Records that reads fetched from disk, kept for the update that usually follows
+    (a worker pulls its batch's rows, then pushes their gradients: the update would
+    read them from disk again). At most `capacity` records of the last `KEEP_READS`
+    reads; the oldest reads go first.
+    The owner drops the ids it writes or deletes, so a record kept is the one on disk."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.blocks: deque[tuple[np.ndarray, np.ndarray, np.ndarray]] = deque()
+        self.size = 0
+
+    def add(self, ids: np.ndarray, records: np.ndarray) -> None:
+        ids, first = np.unique(ids, return_index=True)
+        if not 0 < len(ids) <= self.capacity:
+            return
+        self.blocks.append((ids, records[first], np.ones(len(ids), dtype=bool)))
+        self.size += len(ids)
+        while self.size > self.capacity or len(self.blocks) > KEEP_READS:
+            self.size -= len(self.blocks.popleft()[0])
+
+    def _where(self, block_ids: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        pos = np.minimum(np.searchsorted(block_ids, ids), len(block_ids) - 1)
+        return pos, block_ids[pos] == ids
+
+    def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(which of `ids` are kept, their records, in the order of `ids`)."""
+        hit = np.zeros(len(ids), dtype=bool)
+        out = np.empty(len(ids), self.blocks[0][1].dtype) if self.blocks else None
+        for block_ids, records, valid in reversed(self.blocks):
+            pos, same = self._where(block_ids, ids)
+            new = same & valid[pos] & ~hit
+            out[new] = records[pos[new]]  # type: ignore[index]
+            hit |= new
+        return hit, (out[hit] if out is not None else np.empty(0))
+
+    def drop(self, ids: np.ndarray) -> None:
+        for block_ids, _, valid in self.blocks:
+            pos, same = self._where(block_ids, ids)
+            valid[pos[same]] = False
+
+
+class ColdStore:
+    """Rows by id on disk. `width`: float32 values per row (row + slots); `memory`:
+    the memory of the store: RocksDB's block cache (a quarter) and two memtables (a
+    quarter each), and the records recent reads fetched (`RecentRecords`, a quarter).
+    Not thread-safe: the owning table holds its lock around every call."""
+
+    def __init__(self, path: Path, width: int, memory: int, num_ids: int | None = None
+                 ) -> None:
+        """`num_ids`: a fixed-size table's id space; the store then keeps one bit per id
+        in memory (which ids are on disk), so that a lookup of ids not on disk, most of
+        a batch's, never reaches RocksDB."""
+        rd = _engine()
+        self.path = path
+        self.width = width
+        self.bits = None if num_ids is None else np.zeros((num_ids + 7) // 8, np.uint8)
+        self.record = np.dtype([("last", "<i8"), ("values", "<f4", (width,))])
+        self.count = 0  # rows held (the owner keeps it exact: it knows what is new)
+        memory = min(MAX_MEMORY, max(MIN_MEMORY, memory))
+        opts = rd.Options(raw_mode=True)
+        opts.create_if_missing(True)
+        table = rd.BlockBasedOptions()
+        self.recent = RecentRecords(memory // 4 // self.record.itemsize)
+        table.set_block_cache(rd.Cache(memory // 4))
+        table.set_cache_index_and_filter_blocks(True)  # charged to the cache, bounded
+        table.set_bloom_filter(10, False)  # an id that is not on disk costs no read
+        opts.set_block_based_table_factory(table)
+        opts.set_write_buffer_size(memory // 4)
+        opts.set_max_write_buffer_number(2)
+        opts.set_compression_type(rd.DBCompressionType.none())  # float rows hardly shrink
+        opts.set_max_background_jobs(2)
+        # Compaction's own buffers (outside the cache): small, they are transient RSS.
+        opts.set_compaction_readahead_size(256 << 10)
+        opts.set_writable_file_max_buffer_size(256 << 10)
+        self.db = rd.Rdict(str(path), opts)
+        writes = rd.WriteOptions()
+        writes.disable_wal = True
+        self.db.set_write_options(writes)
+        self._rd = rd
+
+    # ------------------------------------------------------------------ rows
+    def get(self, ids: np.ndarray, remember: bool = False
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(found [n] bool, values [found, width] float32, last [found] int64) of
+        `ids`: the rows of those found, in the order of `ids`. `remember`: keep the
+        records read from disk for a `get` soon after (a read before an update)."""
+        found = np.zeros(len(ids), dtype=bool)
+        if len(ids) == 0 or self.count == 0:
+            return found, np.empty((0, self.width), np.float32), np.empty(0, np.int64)
+        out = np.empty(len(ids), self.record)
+        kept, records = self.recent.find(ids)
+        out[kept], found[kept] = records, True
+        rest = ~kept if self.bits is None else ~kept & self._marked(ids)
+        ask = np.flatnonzero(rest)
+        if len(ask):
+            got = self.db.get(_keys(ids[ask]))
+            there = np.fromiter((v is not None for v in got), dtype=bool, count=len(got))
+            fetched = np.frombuffer(b"".join(v for v in got if v is not None), self.record)
+            out[ask[there]], found[ask[there]] = fetched, True
+            if remember:
+                self.recent.add(ids[ask[there]], fetched)
+        out = out[found]
+        return found, out["values"].copy(), out["last"].copy()
+
+    def _marked(self, ids: np.ndarray) -> np.ndarray:
+        return ((self.bits[ids >> 3] >> (ids & 7).astype(np.uint8)) & 1).astype(bool)  # type: ignore[index]
+
+    def _mark(self, ids: np.ndarray, on: bool) -> None:
+        if self.bits is None:
+            return
+        bits = np.left_shift(1, ids & 7).astype(np.uint8)
+        if on:
+            np.bitwise_or.at(self.bits, ids >> 3, bits)
+        else:
+            np.bitwise_and.at(self.bits, ids >> 3, ~bits)
+
+    def put(self, ids: np.ndarray, values: np.ndarray, last: np.ndarray) -> None:
+        """Write rows (ids unique); an id on disk gets the new row."""
+        if len(ids) == 0:
+            return
+        records = np.empty(len(ids), self.record)
+        records["last"] = last
+        records["values"] = values
+        raw, size = records.tobytes(), self.record.itemsize
+        batch = self._rd.WriteBatch(raw_mode=True)
+        for k, key in enumerate(_keys(ids)):
+            batch.put(key, raw[k * size:(k + 1) * size])
+        self.db.write(batch)
+        self._mark(ids, True)
+        self.recent.drop(ids)
+
+    def delete(self, ids: np.ndarray) -> None:
+        if len(ids) == 0:
+            return
+        batch = self._rd.WriteBatch(raw_mode=True)
+        for key in _keys(ids):
+            batch.delete(key)
+        self.db.write(batch)
+        self._mark(ids, False)
+        self.recent.drop(ids)
+
+    # ------------------------------------------------------------------ scans
+    # (rocksdict's snapshots do not hold for iterators: scans read the store as it is.)
+    def page(self, first: int, limit: int
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int | None]:
+        """Up to `limit` rows from id `first` on, in id order: (ids, values, last, the
+        next id to read or None at the end)."""
+        start = _keys(np.array([first]))[0]
+        items = list(islice(self.db.items(from_key=start), limit + 1))
+        after = None
+        if len(items) > limit:
+            after = int(np.frombuffer(items[-1][0], KEY)[0])
+            items = items[:limit]
+        ids = np.frombuffer(b"".join(k for k, _ in items), KEY).astype(np.int64)
+        records = np.frombuffer(b"".join(v for _, v in items), self.record)
+        return ids, records["values"].copy(), records["last"].copy(), after
+
+    def last_id(self) -> int | None:
+        """The greatest id on disk (None: none)."""
+        it = self.db.iter()
+        try:
+            it.seek_to_last()
+            return int(np.frombuffer(it.key(), KEY)[0]) if it.valid() else None
+        finally:
+            del it
+
+    def scan(self, page_rows: int = 65536) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(ids, last) of every row, a page at a time (nothing may write meanwhile)."""
+        first = 0
+        while True:
+            ids, _, last, after = self.page(first, page_rows)
+            yield ids, last
+            if after is None:
+                return
+            first = after
+
+    # ------------------------------------------------------------------ the store
+    def disk_bytes(self) -> int:
+        """Bytes of the table files on disk (rows still in a memtable are in memory:
+        `memory_bytes`)."""
+        files = self.db.property_int_value("rocksdb.total-sst-files-size") or 0
+        return int(files)
+
+    def memory_bytes(self) -> int:
+        """The store's memory now: RocksDB's memtables and block cache content, the
+        records kept from reads and the id bitmap."""
+        tables = self.db.property_int_value("rocksdb.cur-size-all-mem-tables") or 0
+        cache = self.db.property_int_value("rocksdb.block-cache-usage") or 0
+        bits = 0 if self.bits is None else self.bits.nbytes
+        return int(tables) + int(cache) + self.recent.size * self.record.itemsize + bits
+
+    def close(self) -> None:
+        """Close the database and remove its directory (its rows are gone)."""
+        try:
+            self.db.close()
+        finally:
+            shutil.rmtree(self.path, ignore_errors=True)

@@ -1,0 +1,432 @@
+"""A table shard larger than its share of the server's memory: the rows updated most
+recently in RAM (a `RowTable`, the hot tier), the others on local disk (`cold.ColdStore`).
+
+`spec.training.sparseStorage` sets each server's memory budget for sparse rows
+(`serverMemory`) and where the rest go (`directory`); the chief sends both with the
+tables in the sparse `configure` call, and a server splits its budget evenly over the
+namespace's tables (`hot_row_budget` turns a table's share into rows).
+
+Invariants (each id has its row in at most one tier):
+- After every update the hot tier holds at most `hot_rows` rows (unless one update
+  alone touches more ids). When an update would pass that, the rows updated least
+  recently (`RowTable.last`) go to disk first, in one batch that leaves 1/16 of the
+  budget free, so batches are few; the rows of the update itself stay.
+- An update of a row on disk brings it back to RAM (it is the most recent row then).
+  A read of a row on disk reads it from disk and leaves it there: reads come from
+  every worker's pull of the ids it sees, and promoting on a read would make the next
+  batch of updates push out rows that are updated.
+- Values are exactly those of one `RowTable` after the same calls: admission counts
+  only ids without a row in either tier; eviction (`evict_after_steps` K) sweeps the
+  disk at the clocks the RAM table sweeps (every max(1, K // 4) steps), dropping the
+  disk rows not updated for K steps, and records them for checkpoint deltas as the RAM
+  table records its own.
+- `export` pages the RAM rows (start >= 0, as `RowTable.export`), then the disk rows
+  in id order (start < 0), each with the same `since` rule, each id once, and the
+  disk pass only the rows on disk when it began. Training goes on between pages (async
+  mode): a row that goes to disk during the RAM pass is read by the disk pass (or was
+  given already); one that goes to disk during the disk pass was in RAM when it began,
+  so the RAM pass gave it, or it was updated after the RAM pass passed it; a row that
+  comes back to RAM was updated. An updated row is in the next delta (its update
+  clock is past the export's watermark), as with `RowTable`. A delta skips the disk
+  without reading it while no row on disk was updated at or after `since`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .cold import MAX_MEMORY, MIN_MEMORY, ColdStore, release_free_memory
+from .index import DIRECT_MAX_IDS, DIRECT_MAX_SERVERS
+from .rowopt import coalesce
+from .spec import ROW_SLOTS, TableSpec
+from .table import REMOVAL_LOG_MIN, RemovalLog, RowBlock, RowTable, TableStats
+
+FIELD = "spec.training.sparseStorage"
+MIN_HOT_ROWS = 1024  # a table's share of the budget must hold this many rows at least
+ROW_BOOKKEEPING = 16  # bytes per RAM row besides its values: id, last update
+HASH_BYTES_PER_ROW = 48  # the hash map's worst case per row (`index.IdIndex`)
+DISK_FIRST = -1  # export's start of the disk pass (then -(2 + next id))
+_cleaned: set[Path] = set()  # server directories emptied by this process
+_cleaned_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class StorageSettings:
+    """A server's memory budget for sparse rows, in bytes, and the directory for the
+    rows beyond it (None: none given; the server refuses tables then)."""
+
+    memory_bytes: int
+    directory: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"memory_bytes": self.memory_bytes, "directory": self.directory}
+
+    @classmethod
+    def from_json(cls, data: Any) -> StorageSettings | None:
+        if data is None:
+            return None
+        memory, directory = (data.get("memory_bytes"), data.get("directory")
+                             ) if isinstance(data, dict) else (None, None)
+        if not isinstance(memory, int) or isinstance(memory, bool) or memory < 1:
+            raise ValueError(f"storage.memory_bytes is {memory!r}; it must be a positive "
+                             "integer")
+        if directory is not None and not isinstance(directory, str):
+            raise ValueError(f"storage.directory is {directory!r}; it must be a string")
+        return cls(memory, directory)
+
+
+def cold_memory(budget: int) -> int:
+    """The disk store's share of a table's budget: 1/8, within [MIN_MEMORY, MAX_MEMORY]."""
+    return min(MAX_MEMORY, max(MIN_MEMORY, budget // 8))
+
+
+def working_memory(budget: int) -> int:
+    """The share of a table's budget left for what an update or a pull holds for a
+    moment (gathered rows, records read from disk, freed heap not yet given back): 1/8."""
+    return budget // 8
+
+
+def hot_row_budget(spec: TableSpec, num_ps: int, budget: int) -> int:
+    """The rows a table's `budget` bytes hold in RAM on one of `num_ps` servers: after
+    the disk store's memory, the working memory and, for a fixed-size table, its id maps (4 bytes per id of the
+    table, twice with `admit_after` > 1, and a bit per id for the disk), each row costs its values and slots, 16 bytes
+    of bookkeeping and, for a dynamic table, up to 48 bytes of hash map."""
+    n = spec.num_embeddings
+    direct = n is not None and n <= DIRECT_MAX_IDS and num_ps <= DIRECT_MAX_SERVERS
+    fixed = cold_memory(budget) + working_memory(budget)
+    per_row = spec.row_bytes() + ROW_BOOKKEEPING
+    if n is not None:  # the disk's id bitmap (`ColdStore.bits`)
+        fixed += (n + 7) // 8
+    if direct:
+        fixed += 4 * n * (2 if spec.admit_after > 1 else 1)  # type: ignore[operator]
+    else:
+        per_row += HASH_BYTES_PER_ROW
+    rows = (budget - fixed) // per_row
+    if rows < MIN_HOT_ROWS:
+        need = (fixed - working_memory(budget) + MIN_HOT_ROWS * per_row) * 8 // 7
+        raise ValueError(f"{FIELD}.serverMemory leaves {budget} bytes on a server for "
+                         f"sparse table {spec.name!r}; it must leave about {need} or more "
+                         f"({MIN_HOT_ROWS} rows of {per_row} bytes in RAM plus "
+                         f"{fixed} bytes of id maps, disk store and working memory): raise "
+                         "serverMemory")
+    return int(rows)
+
+
+def shard_directory(directory: str, ps_index: int) -> Path:
+    """This server's folder in `directory` (`pstrain-ps<i>`), made if missing. The
+    rows a previous run of this server left there are removed once per process (they
+    died with it: rows come back from checkpoints). One line naming the field when
+    `directory` does not exist or is not writable."""
+    base = Path(directory)
+    if not base.is_dir():
+        raise ValueError(f"{FIELD}.directory {directory!r} does not exist or is not a "
+                         "directory; mount a volume there in the parameter servers' pod "
+                         "template (see docs/sparse.md)")
+    root = base / f"pstrain-ps{ps_index}"
+    try:
+        root.mkdir(exist_ok=True)
+        with _cleaned_lock:
+            if root not in _cleaned:
+                for old in root.glob("rows-*"):
+                    shutil.rmtree(old, ignore_errors=True)
+                _cleaned.add(root)
+        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=root)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ValueError(f"{FIELD}.directory {directory!r} is not writable: "
+                         f"{exc.strerror or exc}") from exc
+    return root
+
+
+def _part(block: RowBlock, which: torch.Tensor) -> RowBlock:
+    return RowBlock(ids=block.ids[which], rows=block.rows[which],
+                    slots={n: t[which] for n, t in block.slots.items()},
+                    last=block.last[which])
+
+
+class TieredTable:
+    """One shard of one table in RAM and on disk, with `RowTable`'s interface."""
+
+    def __init__(self, spec: TableSpec, budget: int, directory: Path, num_ps: int = 1
+                 ) -> None:
+        """`budget`: this shard's bytes of memory; `directory`: this server's folder
+        (`shard_directory`), where the shard's disk rows get a folder of their own."""
+        self.spec = spec
+        self.dim = spec.embedding_dim
+        self.slot_names = ROW_SLOTS[spec.optimizer.name]  # type: ignore[union-attr]
+        self.hot_rows = hot_row_budget(spec, num_ps, budget)
+        self.hot = RowTable(spec, reserve=self.hot_rows + MIN_HOT_ROWS, num_ps=num_ps)
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", spec.name)[:40]
+        path = Path(tempfile.mkdtemp(prefix=f"rows-{safe}-", dir=directory))
+        self.cold = ColdStore(path, self.dim * (1 + len(self.slot_names)),
+                              cold_memory(budget), spec.num_embeddings)
+        self.lock = threading.RLock()
+        self.swept = 0  # the clock of the RAM table's last sweep (the same rule)
+        self.disk_min_last = math.inf  # at most the least last update on disk
+        self.disk_max_last = -1  # at least the greatest last update on disk
+        self.removals: RemovalLog | None = None  # disk rows evicted, for deltas
+        self.given: torch.Tensor | None = None  # ids the export under way gave
+        self.disk_pass = False  # an export is reading the disk
+        self.disk_end: int | None = None  # the last id on disk as its pass began
+        self.closed = False
+
+    # ------------------------------------------------------------------ tiers
+    def _to_disk(self, block: RowBlock, new: bool) -> None:
+        if not block.ids.numel():
+            return
+        values = torch.cat([block.rows, *(block.slots[n] for n in self.slot_names)], 1)
+        self.cold.put(block.ids.numpy(), values.numpy(), block.last.numpy())
+        if new:
+            self.cold.count += int(block.ids.numel())
+        if self.disk_pass and self.given is not None:
+            # Rows reaching disk while an export reads it were in RAM when its disk
+            # pass began: given by its RAM pass, or updated since (the next delta).
+            self.given = torch.cat([self.given, block.ids])
+        self.disk_min_last = min(self.disk_min_last, int(block.last.min()))
+        self.disk_max_last = max(self.disk_max_last, int(block.last.max()))
+
+    def _from_disk(self, ids: torch.Tensor, remember: bool = False
+                   ) -> tuple[torch.Tensor, RowBlock]:
+        """(which of `ids` are on disk, their rows); `remember`: see `ColdStore.get`."""
+        found, values, last = self.cold.get(ids.numpy(), remember)
+        there = torch.from_numpy(found)
+        rows = torch.from_numpy(values)
+        slots = {n: rows[:, (k + 1) * self.dim:(k + 2) * self.dim]
+                 for k, n in enumerate(self.slot_names)}
+        return there, RowBlock(ids=ids[there], rows=rows[:, :self.dim], slots=slots,
+                               last=torch.from_numpy(last))
+
+    def _make_room(self, incoming: int, keep: torch.Tensor | None) -> None:
+        """Move the rows updated least recently to disk, so that `incoming` more rows
+        fit in RAM (down to 15/16 of the budget: one batch now and then)."""
+        live = self.hot.stats().rows
+        if live + incoming <= self.hot_rows:
+            return
+        count = live + incoming - self.hot_rows + self.hot_rows // 16
+        self._to_disk(self.hot.take_oldest(count, keep), new=True)
+
+    def _check(self) -> None:
+        if self.closed:
+            raise RuntimeError(f"sparse table {self.spec.name!r} was closed (the tables "
+                               "were defined again)")
+
+    # ------------------------------------------------------------------ reads
+    def read(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of `ids` (any order, repeats allowed), float32 [n, dim]."""
+        ids = ids.reshape(-1).to(torch.int64).contiguous()
+        with self.lock:
+            self._check()
+            if self.cold.count == 0:
+                return self.hot.read(ids)
+            missing = torch.nonzero(~self.hot.present(ids)).reshape(-1)
+            there, block = self._from_disk(ids[missing], remember=True)
+            if not bool(there.any()):
+                return self.hot.read(ids)
+            out = torch.empty((ids.numel(), self.dim), dtype=torch.float32)
+            on_disk = missing[there]
+            rest = torch.ones(ids.numel(), dtype=torch.bool)
+            rest[on_disk] = False
+            rest_at = torch.nonzero(rest).reshape(-1)
+            out[rest_at] = self.hot.read(ids[rest_at])
+            out[on_disk] = block.rows
+            del block
+            release_free_memory()
+            return out
+
+    # ------------------------------------------------------------------ updates
+    def apply(self, ids: torch.Tensor, grads: torch.Tensor, t: int, now: int) -> int:
+        """`RowTable.apply`: rows on disk come back to RAM first, room is made."""
+        ids, grads = coalesce(ids.reshape(-1).to(torch.int64), grads)
+        with self.lock:
+            self._check()
+            hot = self.hot.present(ids)
+            others = ids[~hot]
+            self._make_room(int(others.numel()), ids[hot])
+            if self.cold.count and others.numel():
+                there, block = self._from_disk(others)
+                if bool(there.any()):
+                    self.cold.delete(block.ids.numpy())
+                    self.cold.count -= int(block.ids.numel())
+                    self.hot.load(block)
+            updated = self.hot.apply(ids, grads, t, now)
+            after = self.spec.evict_after_steps
+            if after is not None and now - self.swept >= max(1, after // 4):
+                self.swept = now  # the RAM table swept now too
+                self._sweep_disk(now, after)
+            if self.hot.stats().rows > self.hot_rows:  # one update above the budget
+                self._make_room(0, None)
+            if self.cold.count:
+                release_free_memory()  # rows moving between tiers leave heap holes
+            return updated
+
+    def _sweep_disk(self, now: int, after: int) -> None:
+        """Drop the disk rows not updated for `after` steps, as the RAM table's sweep
+        drops its own (and records them as it does)."""
+        if not self.cold.count or now - self.disk_min_last < after:
+            return
+        gone, least = [], math.inf
+        for ids, last in self.cold.scan():
+            stale = now - last >= after
+            gone.append(ids[stale])
+            if (~stale).any():
+                least = min(least, int(last[~stale].min()))
+        dropped = np.concatenate(gone) if gone else np.empty(0, np.int64)
+        self.cold.delete(dropped)
+        self.cold.count -= len(dropped)
+        self.disk_min_last = least
+        if len(dropped) and self.removals is not None:
+            self.removals.add(now, torch.from_numpy(dropped),
+                              max(REMOVAL_LOG_MIN, 2 * (self.cold.count + len(dropped))))
+
+    # ------------------------------------------------------------------ whole table
+    def stats(self) -> TableStats:
+        """Live rows of both tiers; the memory of the RAM rows and of the disk store's
+        caches (`tier_stats`: the tiers apart)."""
+        with self.lock:
+            hot = self.hot.stats()
+            return TableStats(rows=hot.rows + self.cold.count,
+                              bytes=hot.bytes + self.cold.memory_bytes())
+
+    def tier_stats(self) -> dict[str, int]:
+        with self.lock:
+            return {"hot_rows": self.hot.stats().rows, "disk_rows": self.cold.count,
+                    "disk_bytes": self.cold.disk_bytes(), "hot_row_budget": self.hot_rows}
+
+    def export(self, start: int, limit: int, since: int | None = None
+               ) -> tuple[RowBlock, int]:
+        """`RowTable.export` over both tiers: RAM rows for start >= 0, then disk rows
+        (start < 0: -(2 + the next id)); the next start, 0 at the end. Each id once,
+        and the disk pass gives only rows that were on disk when it began (see the
+        module doc)."""
+        with self.lock:
+            self._check()
+            if start >= 0:
+                if start == 0 or self.given is None:
+                    self.given = torch.empty(0, dtype=torch.int64)
+                    self.disk_pass = False
+                block, after = self.hot.export(start, limit, since)
+                block = self._not_given(block)
+                self.given = torch.cat([self.given, block.ids])
+                return block, (after if after else DISK_FIRST)
+            if since is not None and since > self.disk_max_last:
+                self.given, self.disk_pass = None, False
+                return self._empty(), 0
+            if start == DISK_FIRST or not self.disk_pass:
+                # Ids past the last one on disk now arrive during the pass: skipped.
+                self.disk_pass, self.disk_end = True, self.cold.last_id()
+            if self.disk_end is None:
+                self.given, self.disk_pass = None, False
+                return self._empty(), 0
+            ids, values, last, after = self.cold.page(
+                0 if start == DISK_FIRST else -start - 2, limit)
+            if after is not None and after > self.disk_end:
+                after = None
+            keep = (torch.ones(len(ids), dtype=torch.bool) if since is None
+                    else torch.from_numpy(last >= since))
+            rows = torch.from_numpy(values)[keep]
+            block = self._not_given(RowBlock(
+                ids=torch.from_numpy(ids)[keep], rows=rows[:, :self.dim],
+                slots={n: rows[:, (k + 1) * self.dim:(k + 2) * self.dim]
+                       for k, n in enumerate(self.slot_names)},
+                last=torch.from_numpy(last)[keep]))
+            if after is None:
+                self.given, self.disk_pass = None, False
+                return block, 0
+            return block, -(after + 2)
+
+    def _not_given(self, block: RowBlock) -> RowBlock:
+        """`block` without the ids this export gave already."""
+        if self.given is None or not self.given.numel() or not block.ids.numel():
+            return block
+        return _part(block, ~torch.isin(block.ids, self.given))
+
+    def _empty(self) -> RowBlock:
+        empty = torch.empty((0, self.dim))
+        return RowBlock(ids=torch.empty(0, dtype=torch.int64), rows=empty,
+                        slots={n: empty for n in self.slot_names},
+                        last=torch.empty(0, dtype=torch.int64))
+
+    def _place(self, block: RowBlock) -> None:
+        """New rows (absent from both tiers): in RAM while there is room, then on disk."""
+        room = max(0, self.hot_rows - self.hot.stats().rows)
+        order = torch.arange(block.ids.numel())
+        self.hot.load(_part(block, order[:room]))
+        self._to_disk(_part(block, order[room:]), new=True)
+
+    def load(self, block: RowBlock) -> None:
+        """Install exported rows (ids unique and in neither tier)."""
+        with self.lock:
+            self._check()
+            ids = block.ids.to(torch.int64)
+            there, _ = self._from_disk(ids)
+            if bool(self.hot.present(ids).any()) or bool(there.any()):
+                raise ValueError(f"sparse table {self.spec.name!r}: rows being restored "
+                                 "are already present")
+            self._place(block)
+
+    def upsert(self, block: RowBlock) -> None:
+        """`RowTable.upsert`: a row in RAM or on disk is replaced where it is."""
+        with self.lock:
+            self._check()
+            ids = block.ids.to(torch.int64)
+            hot = self.hot.present(ids)
+            self.hot.upsert(_part(block, hot))
+            rest = _part(block, ~hot)
+            there, _ = self._from_disk(rest.ids)
+            self._to_disk(_part(rest, there), new=False)
+            self._place(_part(rest, ~there))
+
+    def remove(self, ids: torch.Tensor) -> int:
+        """`RowTable.remove` over both tiers."""
+        with self.lock:
+            self._check()
+            ids = torch.unique(ids.reshape(-1).to(torch.int64))
+            gone = self.hot.remove(ids)
+            there, block = self._from_disk(ids)
+            self.cold.delete(block.ids.numpy())
+            self.cold.count -= int(block.ids.numel())
+            return gone + int(block.ids.numel())
+
+    def track_removals(self, since: int | None, watermark: int) -> bool:
+        """`RowTable.track_removals`, for the RAM rows' evictions and the disk's."""
+        complete = self.hot.track_removals(since, watermark)
+        with self.lock:
+            if since is None:
+                self.removals = RemovalLog(watermark)
+                return complete
+            log = self.removals
+            if log is None or log.overflowed or log.origin > since:
+                return False
+            log.trim(since)
+            return complete
+
+    def removed_ids(self, since: int, start: int, limit: int) -> tuple[torch.Tensor, int]:
+        """The RAM rows' removed ids (start >= 0), then the disk's (start < 0)."""
+        if start >= 0:
+            ids, after = self.hot.removed_ids(since, start, limit)
+            return ids, (after if after else DISK_FIRST)
+        with self.lock:
+            if self.removals is None:
+                return torch.empty(0, dtype=torch.int64), 0
+            ids, after = self.removals.page(since, -start - 1, limit)
+            return ids, (-(after + 1) if after else 0)
+
+    def close(self) -> None:
+        """Remove the disk rows (the table is being replaced or its server stops)."""
+        with self.lock:
+            if not self.closed:
+                self.closed = True
+                self.given = None
+                self.cold.close()

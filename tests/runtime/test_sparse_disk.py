@@ -1,0 +1,421 @@
+"""Sparse tables larger than the servers' memory (`sparse.tiered`, `sparse.cold`): the
+rows past a table's share of `spec.training.sparseStorage.serverMemory` live on disk,
+with values equal to an in-RAM table's after the same updates (SGD, Adagrad, admission,
+eviction), rows moving to disk and back, the RAM tier within its budget under a burst of
+new ids, checkpoints (full and delta) that page over both tiers and restore exactly,
+also after a crash mid-write, one-line errors for an unusable directory, and
+`pstrain run` of the CTR example with most rows on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+pytest.importorskip("rocksdict")
+
+from pstrain_runtime.checkpoint import (Checkpoint, CheckpointStore,  # noqa: E402
+                                        load_checkpoint)
+from pstrain_runtime.failure import ConfigurationError  # noqa: E402
+from pstrain_runtime.optim import OptimizerConfig  # noqa: E402
+from pstrain_runtime.ps.store import ParameterStore, PSError  # noqa: E402
+from pstrain_runtime.sparse import saving  # noqa: E402
+from pstrain_runtime.sparse.client import SparseClient  # noqa: E402
+from pstrain_runtime.sparse.cold import MIN_MEMORY  # noqa: E402
+from pstrain_runtime.sparse.ids import split_by_owner  # noqa: E402
+from pstrain_runtime.sparse.session import SparseSession  # noqa: E402
+from pstrain_runtime.sparse.spec import TableSpec  # noqa: E402
+from pstrain_runtime.sparse.table import RowBlock, RowTable  # noqa: E402
+from pstrain_runtime.sparse.tiered import (HASH_BYTES_PER_ROW, ROW_BOOKKEEPING,  # noqa: E402
+                                           StorageSettings, TieredTable, hot_row_budget,
+                                           shard_directory)
+from pstrain_runtime.worker.client import LocalTransport  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+ROOT = Path(__file__).resolve().parents[2]
+HOT = 1024  # rows in RAM per table in these tests
+Rows = dict[int, tuple[torch.Tensor, ...]]
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def make_spec(optimizer: str = "sgd", dim: int = 4, num_embeddings: int | None = None,
+              **options: Any) -> TableSpec:
+    return TableSpec("t", num_embeddings, dim, 0.1,
+                     optimizer=OptimizerConfig(name=optimizer, learning_rate=0.1), **options)
+
+
+def budget_for(spec: TableSpec, rows: int = HOT) -> int:
+    """The bytes of memory that hold `rows` rows of the table in RAM (below 16 MiB
+    the disk store takes its minimum, MIN_MEMORY; 1/8 is working memory; a fixed-size
+    table's id maps come off)."""
+    per_row = spec.row_bytes() + ROW_BOOKKEEPING
+    fixed = MIN_MEMORY
+    if spec.num_embeddings is None:
+        per_row += HASH_BYTES_PER_ROW
+    else:
+        fixed += 4 * spec.num_embeddings * (2 if spec.admit_after > 1 else 1)
+        fixed += (spec.num_embeddings + 7) // 8
+    budget = (fixed + rows * per_row) * 8 // 7 + 8  # 1/8 is working memory
+    while hot_row_budget(spec, 1, budget) > rows:
+        budget -= 1
+    assert hot_row_budget(spec, 1, budget) == rows
+    return budget
+
+
+def tiered(spec: TableSpec, directory: Path, rows: int = HOT) -> TieredTable:
+    directory.mkdir(parents=True, exist_ok=True)
+    return TieredTable(spec, budget_for(spec, rows), directory)
+
+
+def pages(table: TieredTable | RowTable, since: int | None = None, limit: int = 300
+          ) -> list[RowBlock]:
+    out, start = [], 0
+    while True:
+        block, start = table.export(start, limit, since)
+        out.append(block)
+        if start == 0:
+            return out
+
+
+def rows_of(blocks: list[RowBlock]) -> Rows:
+    out: Rows = {}
+    for block in blocks:
+        for k, i in enumerate(block.ids.tolist()):
+            assert i not in out, f"id {i} exported twice"
+            out[i] = (block.rows[k], block.last[k], *(s[k] for _, s in sorted(block.slots.items())))
+    return out
+
+
+def assert_same(got: Rows, want: Rows) -> None:
+    assert got.keys() == want.keys()
+    for i, values in want.items():
+        assert all(torch.equal(a, b) for a, b in zip(got[i], values, strict=True)), i
+
+
+def skewed_ids(gen: torch.Generator, n: int, space: int) -> torch.Tensor:
+    """Ids over [0, space), the low ones far more often (a few hot rows, a long tail)."""
+    return (torch.rand(n, generator=gen) ** 3 * space).to(torch.int64)
+
+
+# ---------------------------------------------------------------------- one shard
+@pytest.mark.parametrize("size", [None, 6000], ids=["dynamic", "fixed"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+@pytest.mark.parametrize("options", [{}, {"admit_after": 2}, {"evict_after_steps": 6}],
+                         ids=["plain", "admission", "eviction"])
+def test_rows_equal_an_in_ram_tables_after_the_same_steps(tmp_path: Path, optimizer: str,
+                                                          options: dict[str, Any],
+                                                          size: int | None) -> None:
+    spec = make_spec(optimizer, dim=8, num_embeddings=size, **options)
+    ram, disk = RowTable(spec), tiered(spec, tmp_path)
+    gen = torch.Generator().manual_seed(0)
+    every = torch.arange(6000)
+    most_on_disk = 0
+    for step in range(1, 41):
+        ids = skewed_ids(gen, 512, 6000)
+        grads = torch.randn(len(ids), 8, generator=gen)
+        # A pull of the batch's rows first (rows read from disk are kept for the update).
+        assert torch.equal(disk.read(ids), ram.read(ids)), step
+        assert ram.apply(ids, grads, t=step, now=step) == disk.apply(ids, grads, t=step,
+                                                                      now=step)
+        tiers = disk.tier_stats()
+        assert tiers["hot_rows"] <= HOT
+        most_on_disk = max(most_on_disk, tiers["disk_rows"])
+        assert disk.stats().rows == ram.stats().rows
+        if step % 10 == 0:
+            assert torch.equal(disk.read(every), ram.read(every)), step
+    assert most_on_disk > HOT // 2, "many rows went to disk"
+    assert_same(rows_of(pages(disk)), rows_of(pages(ram)))
+
+
+def test_rows_move_to_disk_and_come_back_when_updated_not_when_read(tmp_path: Path) -> None:
+    spec = make_spec()
+    ram, disk = RowTable(spec), tiered(spec, tmp_path)
+    first, second = torch.arange(HOT), torch.arange(HOT, 2 * HOT)
+    for step, ids in ((1, first), (2, second)):
+        for table in (ram, disk):
+            table.apply(ids, torch.ones(len(ids), 4), t=step, now=step)
+    # The first rows were updated least recently: they made room for the second.
+    assert not bool(disk.hot.present(first).any())
+    assert disk.tier_stats()["disk_rows"] == HOT
+    assert torch.equal(disk.read(first[:5]), ram.read(first[:5]))
+    assert not bool(disk.hot.present(first[:5]).any()), "a read leaves rows on disk"
+    some = first[:5]
+    for table in (ram, disk):
+        table.apply(some, torch.full((5, 4), 0.5), t=3, now=3)
+    assert bool(disk.hot.present(some).all()), "an update brings rows back"
+    assert not disk.cold.get(some.numpy())[0].any(), "each row lives in one tier only"
+    assert torch.equal(disk.read(torch.arange(2 * HOT)), ram.read(torch.arange(2 * HOT)))
+    assert disk.stats().rows == 2 * HOT
+
+
+def test_the_ram_tier_stays_within_its_budget_under_a_burst_of_new_ids(tmp_path: Path
+                                                                       ) -> None:
+    spec = make_spec("adagrad")
+    disk = tiered(spec, tmp_path)
+    capacity = disk.hot.capacity
+    for step in range(1, 21):
+        ids = torch.arange(700) + 700 * step  # every id new
+        disk.apply(ids, torch.ones(700, 4), t=step, now=step)
+        assert disk.tier_stats()["hot_rows"] <= HOT, step
+    assert disk.hot.capacity == capacity, "the RAM rows never grew past what was reserved"
+    assert disk.stats().rows == 20 * 700
+    assert disk.tier_stats()["disk_rows"] >= 20 * 700 - HOT
+
+
+def test_exports_page_both_tiers_and_a_delta_skips_unchanged_disk_rows(tmp_path: Path
+                                                                        ) -> None:
+    spec = make_spec("adagrad")
+    ram, disk = RowTable(spec), tiered(spec, tmp_path / "a")
+    for step in range(1, 6):
+        ids = torch.arange(800) + 800 * (step - 1)
+        for table in (ram, disk):
+            table.apply(ids, torch.full((800, 4), float(step)), t=step, now=step)
+    assert disk.tier_stats()["disk_rows"] > 2000
+    assert_same(rows_of(pages(disk)), rows_of(pages(ram)))
+    # A delta from clock 6: one row on disk and one in RAM changed since.
+    changed = torch.tensor([5, 3900])
+    for table in (ram, disk):
+        table.apply(changed, torch.ones(2, 4), t=6, now=6)
+    assert set(rows_of(pages(disk, since=6))) == {5, 3900}
+    # Rows on disk all older than `since`: the disk is not read at all.
+    disk.cold.page = None  # type: ignore[assignment]
+    assert set(rows_of(pages(disk, since=7))) == set()
+
+    # A restore: as many rows in RAM as the budget holds, the rest on disk, exactly.
+    fresh = tiered(spec, tmp_path / "b")
+    for block in pages(ram):
+        fresh.load(block)
+    assert fresh.tier_stats()["hot_rows"] == HOT
+    assert fresh.stats().rows == ram.stats().rows
+    assert_same(rows_of(pages(fresh)), rows_of(pages(ram)))
+    with pytest.raises(ValueError, match="already present"):
+        fresh.load(pages(ram)[-1])
+
+
+def test_an_export_while_rows_move_gives_each_row_once(tmp_path: Path) -> None:
+    """Async mode: updates go on between the pages of a checkpoint's export. Rows move
+    to disk meanwhile; each id is given once, and every row not updated during the
+    export is given with its values at the start."""
+    spec = make_spec()
+    disk = tiered(spec, tmp_path)
+    for step in range(1, 4):
+        disk.apply(torch.arange(HOT) + HOT * step, torch.ones(HOT, 4), t=step, now=step)
+    before = rows_of(pages(disk))
+    got, start, step = [], 0, 4
+    while True:
+        block, start = disk.export(start, 200, None)
+        got.append(block)
+        if start == 0:
+            break
+        new = torch.arange(300) + 10_000 * step  # new rows push old ones to disk
+        disk.apply(new, torch.ones(300, 4), t=step, now=step)
+        step += 1
+    given = rows_of(got)  # raises on an id given twice
+    assert_same({i: v for i, v in given.items() if i in before}, before)
+
+
+@pytest.mark.parametrize("num_ids", [None, 100], ids=["dynamic", "fixed"])
+def test_the_disk_store_gives_what_was_written_last(tmp_path: Path,
+                                                    num_ids: int | None) -> None:
+    """Records kept from reads (for the update that follows) never hide a later write
+    or delete; a fixed-size table's id bitmap never hides a row."""
+    from pstrain_runtime.sparse.cold import ColdStore
+
+    store = ColdStore(tmp_path / "db", 2, MIN_MEMORY, num_ids)
+    ids = np.array([3, 7, 50])
+    store.put(ids, np.ones((3, 2), np.float32), np.array([1, 2, 3]))
+    store.count = 3
+    found, values, last = store.get(np.array([7, 8, 3, 7]), remember=True)
+    assert found.tolist() == [True, False, True, True] and last.tolist() == [2, 1, 2]
+    store.put(np.array([7]), np.full((1, 2), 5.0, np.float32), np.array([9]))
+    store.delete(np.array([3]))
+    found, values, last = store.get(np.array([3, 7, 50]))
+    assert found.tolist() == [False, True, True]
+    assert values.tolist() == [[5.0, 5.0], [1.0, 1.0]] and last.tolist() == [9, 3]
+    store.close()
+    assert not (tmp_path / "db").exists()
+
+
+# ---------------------------------------------------------------------- servers
+class Servers:
+    """Two parameter servers with a disk tier for their tables, driven by hand as sync
+    mode drives them; `save` writes a checkpoint's rows through the chief's session."""
+
+    def __init__(self, spec: TableSpec, directory: Path) -> None:
+        self.spec = spec
+        self.stores = [ParameterStore(i) for i in range(2)]
+        client = SparseClient([LocalTransport(s) for s in self.stores], "ns")
+        directory.mkdir(parents=True, exist_ok=True)
+        storage = StorageSettings(budget_for(spec), str(directory))
+        self.session = SparseSession([], {spec.name: spec}, client, storage)
+        self.session.install(None, None)
+
+    def table(self, ps: int) -> TieredTable:
+        return self.stores[ps].namespace("ns").sparse.tables[self.spec.name]
+
+    def step(self, ids: torch.Tensor) -> None:
+        ids = torch.unique(ids)
+        for ps, pos in enumerate(split_by_owner(ids, 2)):
+            ns = self.stores[ps].namespace("ns")
+            self.table(ps).apply(ids[pos], torch.linspace(-1, 1, len(pos) * 4).reshape(-1, 4),
+                                 t=ns.global_step + 1, now=ns.global_step + 1)
+        for store in self.stores:
+            store.namespace("ns").global_step += 1
+
+    def save(self, store: CheckpointStore, step: int) -> None:
+        write = self.session.begin_save(store.directory, step, frozen=True)
+        manifest = self.session.finish_save(write)
+        store.save(Checkpoint(global_step=step, fingerprint="f", optimizer="sgd", params={},
+                              sparse=manifest))
+        self.session.commit(write, manifest)
+
+    def rows(self) -> Rows:
+        out: Rows = {}
+        for ps in range(2):
+            out.update(rows_of(pages(self.table(ps))))
+        return out
+
+
+def test_a_restore_equals_the_live_tables_also_after_a_crash_mid_write(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = make_spec("adagrad", evict_after_steps=8)
+    live = Servers(spec, tmp_path / "rows")
+    store = CheckpointStore(tmp_path / "ckpt", keep=5)
+    gen = torch.Generator().manual_seed(3)
+    saved: dict[int, Rows] = {}
+    for step in range(1, 31):
+        live.step(skewed_ids(gen, 1000, 30_000))
+        if step in (10, 20):  # a full write, then a delta
+            live.save(store, step)
+            saved[step] = live.rows()
+    stats = live.session.stats()["t"]  # over both servers: rows in both tiers, RAM bytes
+    assert stats["disk_rows"] > 2 * HOT and stats["hot_rows"] <= 2 * HOT
+    assert stats["rows"] == stats["hot_rows"] + stats["disk_rows"]
+    chain = load_checkpoint(store.path_for(20)).sparse["chain"]
+    assert [link["full"] for link in chain] == [True, False]
+    # The checkpoint of step 30 crashes after its first file: it has no .pt file.
+    real = saving.write_rows
+
+    def crash(path: Path, *args: Any) -> Any:
+        if path.name.endswith("ps1.rows"):
+            raise OSError("the server died")
+        return real(path, *args)
+
+    monkeypatch.setattr(saving, "write_rows", crash)
+    with pytest.raises(OSError):
+        live.save(store, 30)
+    assert store.steps() == [10, 20]
+    for step in (10, 20):
+        fresh = Servers(spec, tmp_path / f"fresh{step}")
+        fresh.session.install(load_checkpoint(store.path_for(step)).sparse, store.directory)
+        assert_same(fresh.rows(), saved[step])
+        assert all(fresh.table(ps).tier_stats()["hot_rows"] <= HOT for ps in range(2))
+
+
+def test_an_unusable_directory_is_one_line_naming_the_field(tmp_path: Path) -> None:
+    client = SparseClient([LocalTransport(ParameterStore(0))], "ns")
+    spec = make_spec()
+    cases = {str(tmp_path / "missing"): "does not exist",
+             "/sys/kernel" if os.geteuid() == 0 else str(tmp_path / "ro"): "is not writable"}
+    if os.geteuid() != 0:
+        (tmp_path / "ro").mkdir(mode=0o500)
+    for directory, rule in cases.items():
+        with pytest.raises(PSError) as caught:
+            client.configure([spec], reset=True,
+                             storage=StorageSettings(budget_for(spec), directory))
+        text = str(caught.value)
+        assert "\n" not in text
+        assert f"spec.training.sparseStorage.directory {directory!r} {rule}" in text
+    with pytest.raises(PSError, match=r"sparseStorage.directory is unset"):
+        client.configure([spec], reset=True, storage=StorageSettings(budget_for(spec)))
+    with pytest.raises(PSError, match=r"sparseStorage.serverMemory leaves 1000000 bytes"):
+        client.configure([spec], reset=True,
+                         storage=StorageSettings(1_000_000, str(tmp_path)))
+    # The chief: a configuration error (the job fails at once; a restart would not help).
+    session = SparseSession([], {"t": spec}, client,
+                            StorageSettings(budget_for(spec), str(tmp_path / "missing")))
+    with pytest.raises(ConfigurationError, match=r"sparseStorage.directory .* does not exist"):
+        session.install(None, None)
+
+
+def test_a_server_empties_its_folder_of_a_previous_runs_rows(tmp_path: Path) -> None:
+    stale = tmp_path / "pstrain-ps7" / "rows-t-old"
+    stale.mkdir(parents=True)
+    (stale / "000001.sst").write_bytes(b"x")
+    other = tmp_path / "keep.txt"
+    other.write_text("not ours")
+    assert shard_directory(str(tmp_path), 7) == tmp_path / "pstrain-ps7"
+    assert not stale.exists() and other.exists()
+
+
+def test_the_local_runner_checks_the_directory_and_makes_a_temporary_one() -> None:
+    from pstrain_api.model import TrainingJob
+    from pstrain_runtime.local.runner import with_rows_directory
+
+    def job(storage: dict[str, Any]) -> TrainingJob:
+        return TrainingJob.model_validate({
+            "apiVersion": "pstrain.io/v1alpha1", "kind": "TrainingJob",
+            "metadata": {"name": "j"},
+            "spec": {"replicas": {"ps": {"replicas": 1}, "worker": {"replicas": 1}},
+                     "training": {"sparseStorage": storage}}})
+
+    with pytest.raises(ConfigurationError, match=r"^spec.training.sparseStorage.directory "
+                       r"'/nonexistent/rows' does not exist"):
+        with_rows_directory(job({"serverMemory": "64Mi", "directory": "/nonexistent/rows"}))
+    made, temp = with_rows_directory(job({"serverMemory": 64}))
+    try:
+        assert temp is not None and Path(temp).is_dir()
+        assert made.spec.training.sparse_storage.directory == temp
+    finally:
+        os.rmdir(temp)  # type: ignore[arg-type]
+    assert with_rows_directory(job({}))[1] is None
+
+
+# ---------------------------------------------------------------------- end to end
+def run_ctr(tmp_path: Path, name: str, storage: dict[str, Any] | None) -> dict[str, Any]:
+    manifest = yaml.safe_load((ROOT / "examples" / "ctr.yaml").read_text())
+    training = manifest["spec"]["training"]
+    # Sync mode: both runs apply the same updates, so the tables hold the same rows
+    # (up to the order of float sums) and the AUCs agree closely.
+    training.update(args={"rows": 20_000, "embedding_dim": 8, "eval_size": 4096},
+                    steps=60, evalIntervalSteps=60, mode="sync")
+    if storage is not None:
+        training["sparseStorage"] = storage
+    manifest["metadata"]["name"] = name
+    job = tmp_path / f"{name}.yaml"
+    job.write_text(yaml.safe_dump(manifest))
+    run = subprocess.run([sys.executable, "-m", "pstrain_api.cli", "run", str(job), "--json"],
+                         capture_output=True, text=True, timeout=180, cwd=ROOT,
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_pstrain_run_of_the_ctr_example_with_most_rows_on_disk(tmp_path: Path) -> None:
+    """26 x 20 000 ids of dim 8 (Adagrad) on 2 servers, each with 6 MiB for rows: about
+    15 000 rows in memory per server, the rest of the rows trained on disk."""
+    on_disk = run_ctr(tmp_path, "ctr-disk", {"serverMemory": "6Mi"})
+    in_ram = run_ctr(tmp_path, "ctr-ram", None)
+    print(f"\nctr on disk: auc {on_disk['auc']:.4f}, {on_disk['sparse_disk_rows']} of "
+          f"{on_disk['sparse_rows']} rows on disk, {on_disk['samples_per_sec']} samples/s; "
+          f"in memory: auc {in_ram['auc']:.4f}, {in_ram['samples_per_sec']} samples/s")
+    assert on_disk["phase"] == "Succeeded"
+    assert on_disk["sparse_disk_rows"] > on_disk["sparse_rows"] / 2, on_disk
+    assert "sparse_disk_rows" not in in_ram
+    assert on_disk["sparse_rows"] == in_ram["sparse_rows"]
+    assert abs(on_disk["auc"] - in_ram["auc"]) < 0.002, (on_disk["auc"], in_ram["auc"])
+    assert not list(Path(tempfile.gettempdir()).glob("pstrain-ctr-disk-rows-*")), \
+        "the run removes its rows folder"

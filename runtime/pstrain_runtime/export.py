@@ -35,7 +35,7 @@ import re
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,6 @@ from .checkpoint import (Checkpoint, CheckpointCorrupt, CheckpointError, Checkpo
                          check_sparse_files, load_checkpoint, sparse_links,
                          write_atomically)
 from .sparse.files import MAGIC, read_ids, read_rows
-from .sparse.ids import initial_rows, stream_of
 from .sparse.layer import sparse_layers
 from .sparse.spec import TableSpec
 
@@ -399,10 +398,9 @@ def _describe(t: torch.Tensor) -> str:
 
 
 def _initial_values(spec: TableSpec, seed: int) -> Any:
-    """The training's initial rows of ids without a row (the stream the servers use:
-    the layer's seed plus the job's)."""
-    stream = stream_of(spec.seed + seed, spec.name)
-    return lambda ids: initial_rows(ids, spec.embedding_dim, spec.init_std, stream)
+    """The training's initial rows of ids without a row (what the servers compute: the
+    layer's seed plus the job's; a fused table's ids each from their own table)."""
+    return replace(spec, seed=spec.seed + seed).initializer()
 
 
 # ---------------------------------------------------------------------- the command

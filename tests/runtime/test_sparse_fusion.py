@@ -164,3 +164,16 @@ def test_alike_members_are_gathered_at_once_with_the_same_values(mode: str) -> N
     bad[2][1, 1] = 8  # table b2 has 8 rows: ids 0..7
     with pytest.raises(ValueError, match=r"sparse table 'b2' got id 8; it has 8 rows"):
         fused(bad)
+
+
+def test_an_export_loaded_with_the_seed_gives_a_fused_id_its_own_tables_initial_row() -> None:
+    from pstrain_runtime.export import _initial_values
+    from pstrain_runtime.sparse import initial_rows, stream_of
+
+    table = SparseEmbeddingCollection(tables()).fused[0]
+    spec = table.spec  # f0: ids 0..6, f1: 7..11, f2: 12..20
+    got = _initial_values(spec, seed=4)(torch.tensor([2, 8, 20]))
+    want = torch.cat([initial_rows(torch.tensor([i]), 4, spec.init_std,
+                                   stream_of(spec.seed + 4, name))
+                      for name, i in (("f0", 2), ("f1", 1), ("f2", 8))])
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -445,36 +445,15 @@ def _ddp_rank(rank: int, world: int, port: int, spec: Any, window_s: float, skip
     """One DDP rank (as `training._baseline_rank`); unless `auc_steps` is None, rank 0
     evaluates its model after `auc_steps` steps."""
     import warnings
-    from datetime import timedelta
 
-    import torch
     import torch.distributed as dist
-    from pstrain_api.model import Optimizer
-    from pstrain_runtime.optim import OptimizerConfig, torch_optimizer
-    from pstrain_runtime.task import load_task
-    from pstrain_runtime.worker.context import pick_device
 
-    from .procs import LOOPBACK
-    from .training import SEED, agreed_max
+    from .training import agreed_max, baseline_step
 
     # torch's Adagrad on sparse gradients warns once per process about invariant checks
     warnings.filterwarnings("ignore", message="Sparse invariant checks")
-    device = pick_device()
-    task = load_task(spec.entrypoint, spec.args)
-    dist.init_process_group("gloo", init_method=f"tcp://{LOOPBACK}:{port}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=120))
+    task, model, step = baseline_step(rank, world, port, spec)
     try:
-        model = torch.nn.parallel.DistributedDataParallel(task.model.to(device))
-        config = OptimizerConfig.from_model(Optimizer.model_validate(spec.optimizer))
-        opt = torch_optimizer(config, list(model.parameters()))
-        batches = task.batches(rank, world, spec.batch, SEED)
-
-        def step() -> None:
-            x, y = next(batches)
-            opt.zero_grad(set_to_none=False)
-            task.loss(model(x.to(device)), y.to(device)).backward()
-            opt.step()
-
         def evaluate() -> Mapping[str, float] | None:
             if rank != 0:
                 return None

@@ -399,8 +399,11 @@ def agreed_max(n: int) -> int:
     return int(t.item())
 
 
-def _baseline_rank(rank: int, world: int, port: int, spec: ModelSpec, window_s: float,
-                   skip: int, count: int) -> list[tuple[float, int, float]]:
+def baseline_step(rank: int, world: int, port: int, spec: ModelSpec
+                  ) -> tuple[Any, Any, Callable[[], None]]:
+    """The task, its model (under DDP over gloo when `world` > 1: the process group is
+    made here, the caller destroys it) and one step of the plain PyTorch loop every
+    baseline runs."""
     import torch
     import torch.distributed as dist
     from pstrain_api.model import Optimizer
@@ -424,6 +427,15 @@ def _baseline_rank(rank: int, world: int, port: int, spec: ModelSpec, window_s: 
         opt.zero_grad(set_to_none=False)
         task.loss(model(x.to(device)), y.to(device)).backward()
         opt.step()
+
+    return task, model, step
+
+
+def _baseline_rank(rank: int, world: int, port: int, spec: ModelSpec, window_s: float,
+                   skip: int, count: int) -> list[tuple[float, int, float]]:
+    import torch.distributed as dist
+
+    _, _, step = baseline_step(rank, world, port, spec)
 
     def agree(n: int) -> int:
         return n if world == 1 else agreed_max(n)

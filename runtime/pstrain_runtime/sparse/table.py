@@ -290,14 +290,8 @@ class RowTable:
         delta asks for them), False when not (the record began later, or was given up
         for its size): then the checkpoint must be a full one."""
         with self.lock:
-            if since is None:
-                self.removals = RemovalLog(watermark)
-                return True
-            log = self.removals
-            if log is None or log.overflowed or log.origin > since:
-                return False
-            log.trim(since)
-            return True
+            self.removals, complete = RemovalLog.tracked(self.removals, since, watermark)
+            return complete
 
     def removed_ids(self, since: int, start: int, limit: int) -> tuple[torch.Tensor, int]:
         """A page of the ids dropped at clock >= `since` (see `track_removals`): at most
@@ -362,6 +356,19 @@ class RemovalLog:
         self.count += int(ids.numel())
         if self.count > cap:
             self.chunks, self.count, self.overflowed = [], 0, True
+
+    @classmethod
+    def tracked(cls, log: RemovalLog | None, since: int | None, watermark: int
+                ) -> tuple[RemovalLog | None, bool]:
+        """The record to keep when a checkpoint export begins at clock `watermark`, and
+        whether it holds every id dropped at clock >= `since` (see
+        `RowTable.track_removals`): a full export (`since` None) starts a new one."""
+        if since is None:
+            return cls(watermark), True
+        if log is None or log.overflowed or log.origin > since:
+            return log, False
+        log.trim(since)
+        return log, True
 
     def trim(self, since: int) -> None:
         """Forget the ids dropped before clock `since`."""

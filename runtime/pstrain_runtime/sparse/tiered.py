@@ -403,14 +403,8 @@ class TieredTable:
         """`RowTable.track_removals`, for the RAM rows' evictions and the disk's."""
         complete = self.hot.track_removals(since, watermark)
         with self.lock:
-            if since is None:
-                self.removals = RemovalLog(watermark)
-                return complete
-            log = self.removals
-            if log is None or log.overflowed or log.origin > since:
-                return False
-            log.trim(since)
-            return complete
+            self.removals, disk_complete = RemovalLog.tracked(self.removals, since, watermark)
+            return complete and disk_complete
 
     def removed_ids(self, since: int, start: int, limit: int) -> tuple[torch.Tensor, int]:
         """The RAM rows' removed ids (start >= 0), then the disk's (start < 0)."""

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 from . import constants as c
 from . import rules
 from .cluster import environment_problem
+from .kube_rules import kubernetes_problems
 from .manifest_yaml import ManifestLimitError, UnreadableManifest, load_all, read_manifest_text
 from .model import TrainingJob
 from .quote import MAX_QUOTED, quote
@@ -355,6 +356,18 @@ def check_manifest(data: Any, source: str = "") -> tuple[TrainingJob | None, lis
         path, message = too_large
         return None, [Problem(source, path, f"{message}.")]
     return job, []
+
+
+def check_for_kubernetes(data: Any, source: str = "") -> tuple[TrainingJob | None,
+                                                                 list[Problem]]:
+    """`check_manifest`, then the rules that hold on Kubernetes only (`kube_rules`: what
+    `pstrain run` fills in itself, e.g. sparseStorage.directory): the operator's check."""
+    job, problems = check_manifest(data, source)
+    if job is None:
+        return None, problems
+    found = [Problem(source, path, f"{message}.")
+             for path, message in kubernetes_problems(job)]
+    return (None, found) if found else (job, [])
 
 
 def parse_documents(text: str, source: str = "") -> tuple[list[Any], list[Problem]]:

@@ -28,7 +28,7 @@ from pstrain_api import security
 from pstrain_api.cluster import kubernetes_cluster_spec
 from pstrain_api.model import TrainingJob, TrainingJobStatus
 from pstrain_api.readiness import runs_pstrain_runtime
-from pstrain_api.validate import check_manifest
+from pstrain_api.validate import check_for_kubernetes, check_manifest
 
 from .build import job_selector
 from .kube import Kube, KubeError
@@ -203,7 +203,7 @@ class Reconciler:
         """Parse and observe, then decide."""
         now = self.clock()
         manifest = {k: v for k, v in body.items() if k != "status"}
-        job, problems = check_manifest(manifest, source="")
+        job, problems = check_for_kubernetes(manifest, source="")
         meta = body.get("metadata") or {}
         if job is None:
             return decide_invalid(old_status, [p.message for p in problems],

@@ -506,3 +506,47 @@ def test_a_refused_scale_then_a_good_one_leaves_no_invalid_spec(e2e: E2E, ns: Na
     assert st["phase"] == "Running", st
     assert "InvalidSpec" not in {e["reason"] for e in job_events(ns)}
     ns.kubectl("delete", "tj", JOB, "--wait=false")
+
+
+def invalid_spec(e2e: E2E, ns: Namespace, says: str) -> dict[str, Any]:
+    """The job's InvalidSpec condition once its message says `says`."""
+    def found() -> dict[str, Any] | None:
+        conds = [cond for cond in status(ns).get("conditions") or []
+                 if cond.get("reason") == "InvalidSpec" and says in cond.get("message", "")]
+        return conds[0] if conds else None
+
+    return wait_for(e2e, ns, f"InvalidSpec saying {says!r}", found, timeout=30)
+
+
+@pytest.mark.timeout(150)
+def test_a_disk_tier_off_a_mounted_volume_is_refused_before_any_pod(
+        e2e: E2E, ns: Namespace) -> None:
+    """spec.training.sparseStorage.serverMemory without a directory, then with one that
+    no volume of the PS's main container holds: the API server stores the job (no CEL
+    rule: `pstrain run` accepts it), the operator refuses it before it creates anything,
+    in one line naming the field, the value and the rule, and changes nothing of the
+    user's; with a volume mounted there, the job starts."""
+    field = "spec.training.sparseStorage.directory"
+    job = digits_job(steps=200000, workers=1)
+    storage: dict[str, Any] = {"serverMemory": "256Mi"}
+    job["spec"]["training"]["sparseStorage"] = storage
+    ns.apply(job)
+    cond = invalid_spec(e2e, ns, f"{field} is missing; with serverMemory set")
+    assert "spec.replicas.ps.template" in cond["message"] and "\n" not in cond["message"]
+    storage["directory"] = "/var/lib/pstrain/rows"
+    ns.apply(job)
+    cond = invalid_spec(e2e, ns, f"{field} is '/var/lib/pstrain/rows'; it must be at or "
+                        "under the mountPath of a volumeMounts entry")
+    assert cond["status"] == "False" and cond["type"] == c.COND_CREATED, cond
+    kinds = "pods,services,secrets,networkpolicies"
+    assert ns.get_json(kinds, "-l", f"{c.LABEL_JOB}={JOB}")["items"] == []
+    assert ns.get_json("tj", JOB)["spec"]["training"]["sparseStorage"] == storage
+    assert "InvalidSpec" in {e["reason"] for e in job_events(ns)}
+
+    job["spec"]["replicas"]["ps"]["template"] = {"spec": {
+        "containers": [{"name": c.MAIN_CONTAINER, "volumeMounts": [
+            {"name": "rows", "mountPath": "/var/lib/pstrain"}]}],
+        "volumes": [{"name": "rows", "emptyDir": {}}]}}
+    st = running_job(e2e, ns, job, min_step=1)
+    assert "InvalidSpec" not in {cond.get("reason") for cond in st["conditions"]}, st
+    ns.kubectl("delete", "tj", JOB, "--wait=false")

@@ -129,6 +129,52 @@ def test_invalid_spec_no_pods_condition_and_event() -> None:
     assert events.reasons() == ["InvalidSpec"]
 
 
+ROWS = "spec.training.sparseStorage.directory"
+
+
+@pytest.mark.parametrize(("directory", "mounts", "says"), [
+    (None, None, f"{ROWS} is missing; with serverMemory set"),
+    ("/rows", [{"name": "ckpt", "mountPath": "/ckpt"}],
+     f"{ROWS} is '/rows'; it must be at or under the mountPath of a volumeMounts entry"),
+], ids=["no-directory", "not-a-mount"])
+def test_a_disk_tier_without_a_mounted_directory_is_refused_before_any_pod(
+        directory: str | None, mounts: list[dict[str, str]] | None, says: str) -> None:
+    """sparseStorage.serverMemory on Kubernetes needs `directory` on a volume of the
+    parameter servers' main container: refused up front (no Secret, Service or pod),
+    the status names the field, the value and the rule; the spec is left as it was,
+    and once fixed (a new generation) the job starts."""
+    kube, events = FakeKube(), Recorder()
+    storage = {"serverMemory": "1Gi", **({"directory": directory} if directory else {})}
+    builder = make_job()
+    builder.data["spec"]["training"]["sparseStorage"] = storage
+    if mounts is not None:
+        builder.template("ps", volumeMounts=mounts,
+                         volumes=[{"name": m["name"], "emptyDir": {}} for m in mounts])
+    kube.add_job(builder.body())
+    op = make_reconciler(kube, events, FakeStatus())
+    assert op.reconcile("ns", "j") is None
+    assert (kube.pods, kube.services, kube.secrets) == ({}, {}, {})
+    stored = kube.jobs[("ns", "j")]
+    assert {k: v for k, v in stored.items() if k != "status"} == builder.body()
+    (cond,) = stored["status"]["conditions"]
+    assert (cond["type"], cond["status"], cond["reason"]) == ("Created", "False", "InvalidSpec")
+    assert says in cond["message"] and "spec.replicas.ps.template" in cond["message"]
+    assert "\n" not in cond["message"]
+    assert events.reasons() == ["InvalidSpec"]
+    op.reconcile("ns", "j")  # said once
+    assert events.reasons() == [] and kube.pods == {}
+
+    builder.data["spec"]["training"]["sparseStorage"]["directory"] = "/var/rows/ps"
+    builder.data["metadata"]["generation"] = 2
+    builder.template("ps", volumeMounts=[{"name": "rows", "mountPath": "/var/rows"}],
+                     volumes=[{"name": "rows", "emptyDir": {"sizeLimit": "1Gi"}}])
+    kube.jobs[("ns", "j")] = {**builder.body(), "status": stored["status"]}
+    op.reconcile("ns", "j")
+    assert kube.pod_names() == ["j-ps-0"]
+    reasons = {cond["reason"] for cond in kube.jobs[("ns", "j")]["status"]["conditions"]}
+    assert "InvalidSpec" not in reasons
+
+
 def test_ttl_deletes_the_job() -> None:
     kube, events = FakeKube(), Recorder()
     kube.add_job(make_job().policy(ttlSecondsAfterFinished=10)

@@ -1,12 +1,30 @@
-"""The worker's row cache: never a row older than S steps, always the row of the id
-asked for, hot rows pulled far less often, bounded in size."""
+"""The worker's row cache: never a row older than S steps nor missing more than S
+updates of other workers (the rows' versions), never a row of a server reset or
+restored since (its generation), always the row of the id asked for, hot rows pulled
+far less often, bounded in size; the versions on the wire only when asked for."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 import torch
+from torch import nn
 
+from pstrain_runtime.optim import OptimizerConfig
+from pstrain_runtime.ps.store import ParameterStore
+from pstrain_runtime.sparse import SparseEmbedding
 from pstrain_runtime.sparse.cache import RowCache
+from pstrain_runtime.sparse.client import SparseClient
+from pstrain_runtime.sparse.ids import owner_of
+from pstrain_runtime.sparse.protocol import encode, header_of, tensor_of
+from pstrain_runtime.sparse.session import SparseSession
+from pstrain_runtime.sparse.spec import TableSpec
+from pstrain_runtime.sparse.table import RowBlock, RowTable
+from pstrain_runtime.sparse.tiered import MIN_HOT_ROWS, StorageSettings, hot_row_budget
+from pstrain_runtime.worker.client import LocalTransport, ShardedClient
+from pstrain_runtime.worker.placement import build_placement, param_specs
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -142,3 +160,253 @@ def test_with_ids_that_never_repeat_the_cache_stands_aside_and_keeps_nothing() -
     rows = cache.lookup(torch.arange(5), step, server.pull)  # kept rows: pulled anyway
     assert torch.equal(rows[:, 0], torch.arange(5, dtype=torch.float32))
     assert float(rows[0, 1]) == 0.0 and int((cache.owner >= 0).sum()) == held
+
+
+# ---------------------------------------------------------------------- versions, generations
+# A kept row also misses at most S updates by other workers (as of this worker's last
+# push of it), and rows of a server reset or restored since are never served.
+DIM = 4
+SGD = OptimizerConfig(name="sgd", learning_rate=0.5)
+
+
+class Embed(nn.Module):
+    def __init__(self, num_embeddings: int | None) -> None:
+        super().__init__()
+        self.items = SparseEmbedding("items", num_embeddings, DIM, init_std=0.1)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.items(ids)  # the rows of `ids`, exact copies of those looked up
+
+
+class Job:
+    """`num_ps` servers in async mode for workers 0 and 1, the `items` table defined by
+    the chief's session; `other` is worker 1's client, pushing without a cache."""
+
+    def __init__(self, num_ps: int = 2, num_embeddings: int | None = 64,
+                 storage: Callable[[TableSpec], StorageSettings] | None = None) -> None:
+        self.stores = [ParameterStore(i) for i in range(num_ps)]
+        self.transports = [LocalTransport(s) for s in self.stores]
+        self.num_embeddings = num_embeddings
+        self.chief = SparseSession.attach(Embed(num_embeddings), self.transports, "ns", SGD, 0)
+        self.spec = self.chief.specs["items"]
+        self.chief.storage = storage(self.spec) if storage else None
+        self.other = SparseClient(self.transports, "ns")
+        self.reader = SparseClient(self.transports, "ns")
+        self.restore()
+
+    def restore(self) -> None:
+        """The chief defines the tables afresh and initialises the servers (as after a
+        restart): a new generation."""
+        self.chief.install(None, None)
+        placement = build_placement(param_specs({"w": torch.Size([3, 4])}), len(self.stores))
+        ShardedClient(self.transports, placement, "ns").init(
+            {"w": torch.zeros(3, 4)}, SGD, mode="async", num_workers=2,
+            staleness_bound=None, fingerprint="cd" * 32)
+
+    def worker(self, staleness: int, rows: int = 1000) -> tuple[nn.Module, SparseSession]:
+        """Worker 0: a model whose lookups go through row caches of S = `staleness`."""
+        model = Embed(self.num_embeddings)
+        session = SparseSession.attach(model, self.transports, "ns", SGD, 0,
+                                       cache=(rows, staleness))
+        return model, session
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The servers' rows of `ids` now."""
+        return self.reader.pull(self.spec, ids)
+
+    def push_other(self, ids: torch.Tensor, gen: torch.Generator) -> None:
+        self.other.push({"items": (ids, torch.randn(len(ids), DIM, generator=gen))},
+                        worker=1, steps=[0] * len(self.stores))
+
+
+def step(model: nn.Module, session: SparseSession, ids: torch.Tensor,
+         between: Callable[[torch.Tensor], None] = lambda served: None) -> torch.Tensor:
+    """One step of worker 0: look the rows of `ids` up, call `between` with them, then
+    push their gradients; returns the rows served."""
+    session.begin_step()
+    served = model(ids)
+    between(served.detach())
+    (served * torch.linspace(-1, 1, served.numel()).reshape(served.shape)).sum().backward()
+    session.push(worker=0, steps=[0] * session.client.num_ps)
+    return served.detach()
+
+
+def test_a_cached_row_misses_at_most_s_updates_of_other_workers() -> None:
+    S = 2
+    job = Job(num_ps=2)
+    model, session = job.worker(staleness=S)
+    hot = torch.arange(8)
+    gen = torch.Generator().manual_seed(3)
+    others = dict.fromkeys(hot.tolist(), 0)  # worker 1's updates of each row so far
+    history: dict[int, list[tuple[torch.Tensor, int]]] = {i: [] for i in others}
+    missed: list[int] = []
+
+    def record() -> None:  # each value a row held, with worker 1's updates of it then
+        for i, row in zip(hot.tolist(), job.rows(hot), strict=True):
+            history[i].append((row, others[i]))
+
+    def check_then_other_worker(served: torch.Tensor) -> None:
+        for i, row in zip(hot.tolist(), served, strict=True):
+            held = [count for value, count in history[i] if torch.equal(value, row)]
+            assert held, f"row {i} was served with a value its server never held"
+            missed.append(others[i] - held[-1])  # worker 1's updates the copy lacks
+            assert missed[-1] <= S, f"row {i} was served missing {missed[-1]} updates"
+        for _ in range(int(torch.randint(0, 6, (1,), generator=gen))):
+            some = hot[torch.rand(len(hot), generator=gen) < 0.7]
+            job.push_other(some, gen)
+            for i in some.tolist():
+                others[i] += 1
+            record()
+
+    record()
+    for _ in range(60):
+        step(model, session, hot, check_then_other_worker)
+        record()
+    assert max(missed) == S  # copies missing updates were served, never more than S
+    assert session.source.pulled < 0.8 * session.source.looked_up  # the cache served rows
+
+
+def test_a_copy_is_dropped_once_it_misses_more_than_s_updates_or_its_row_was_replaced(
+        ) -> None:
+    cache = RowCache(dim=2, rows=10, staleness=2)
+    ids = torch.arange(4)
+    cache.finish(cache.plan(ids, 0), torch.zeros(4, 2),
+                 torch.tensor([5, 5, 5, 5], dtype=torch.int32))
+    # After this worker's push: no other update, 2 (= S), 3 (> S), row replaced.
+    assert cache.note_pushed(ids, torch.tensor([6, 8, 9, 1], dtype=torch.int32)) == 2
+    assert sorted(cache.owner[cache.owner >= 0].tolist()) == [0, 1]
+    # This worker's pushes are its own: row 0 misses nothing, row 1 still 2, then 3.
+    assert cache.note_pushed(ids[:2], torch.tensor([7, 9], dtype=torch.int32)) == 0
+    assert cache.note_pushed(ids[:2], torch.tensor([8, 11], dtype=torch.int32)) == 1
+    assert cache.owner[cache.owner >= 0].tolist() == [0]
+    # Rows pulled without versions are bounded by their age only.
+    cache.finish(cache.plan(torch.tensor([7]), 1), torch.zeros(1, 2))
+    assert cache.note_pushed(torch.tensor([7, 8]), torch.tensor([50, 1], dtype=torch.int32)) == 0
+
+
+def test_a_servers_rows_are_dropped_from_the_cache_and_only_those() -> None:
+    server, cache = Server(), RowCache(dim=2, rows=100, staleness=10)
+    ids = torch.arange(50)
+    cache.lookup(ids, 0, server.pull)
+    theirs = owner_of(ids, 3) == 1
+    assert cache.drop_owned_by(1, 3) == int(theirs.sum()) > 0
+    assert sorted(cache.owner[cache.owner >= 0].tolist()) == ids[~theirs].tolist()
+    before = server.pulled_rows
+    cache.lookup(ids, 1, server.pull)
+    assert server.pulled_rows - before == int(theirs.sum())
+
+
+@pytest.mark.parametrize("lookup", ["all-kept", "with-a-new-id"])
+def test_rows_of_a_server_restored_since_are_pulled_again_never_served(lookup: str) -> None:
+    job = Job(num_ps=2)
+    model, session = job.worker(staleness=100)
+    ids = torch.arange(8)
+    gen = torch.Generator().manual_seed(5)
+    job.push_other(ids, gen)  # rows away from their initial values
+    step(model, session, ids)  # pulled and kept
+    kept = step(model, session, ids)  # served from the cache
+    assert session.source.pulled == 8
+    job.restore()  # the rows are their initial values again, in a new generation
+    job.push_other(ids[:4], gen)  # and worker 1 updates some of them
+    asked = ids if lookup == "all-kept" else torch.cat([ids, torch.tensor([40])])
+    now = job.rows(asked)
+    assert not any(torch.equal(a, b) for a, b in zip(kept, now, strict=False))
+
+    def the_servers_rows(served: torch.Tensor) -> None:
+        assert torch.equal(served, now)
+
+    step(model, session, asked, the_servers_rows)
+    # Every row pulled again (the new id twice: by the pull that told the new
+    # generation, then by the lookup made again).
+    assert session.source.pulled == 8 + {"all-kept": 8, "with-a-new-id": 1 + 9}[lookup]
+    assert session.source.generations == [s.namespace("ns").generation for s in job.stores]
+
+
+def test_versions_are_on_the_wire_only_when_asked_for() -> None:
+    job = Job(num_ps=1)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.tensor([1, 2, 3])
+    for _ in range(3):
+        job.push_other(ids[:2], gen)
+    job.push_other(ids[:1], gen)  # updates: 4 of id 1, 3 of id 2, none of id 3 (no row)
+
+    def call(header: dict, tensors: list[torch.Tensor]) -> list[bytes]:
+        return job.transports[0].sparse(encode({**header, "namespace": "ns"}, tensors))
+
+    def versions(frame: bytes) -> list[int]:
+        return tensor_of(frame, torch.int32, 0, "versions").tolist()
+
+    pull = {"op": "pull", "tables": [{"name": "items", "count": 3}]}
+    plain = call(pull, [ids])
+    assert len(plain) == 2 and header_of(plain).keys() == {"global_step", "generation"}
+    asked = call({**pull, "versions": True}, [ids])
+    assert len(asked) == 3 and asked[:2] == plain  # the same frames, then the versions
+    assert versions(asked[2]) == [4, 3, 0]
+    push = {"op": "push", "worker": 1, "step": 0, "tables": [{"name": "items", "count": 2}]}
+    plain = call(push, [ids[1:], torch.ones(2, DIM)])
+    assert plain == [b'{"applied":true,"note":"","global_step":0}']
+    asked = call({**push, "versions": True}, [ids[1:], torch.ones(2, DIM)])
+    assert len(asked) == 2 and header_of(asked) == {
+        "applied": True, "note": "", "global_step": 0,
+        "generation": job.stores[0].namespace("ns").generation}
+    assert versions(asked[1]) == [5, 2]  # after this push, in the order pushed
+
+
+def test_a_rows_version_counts_its_updates_and_starts_again_when_replaced() -> None:
+    table = RowTable(TableSpec("t", None, DIM, 0.1, optimizer=SGD))
+    ids = torch.tensor([3, 9])
+    assert table.versions(ids).tolist() == [0, 0]  # no rows yet
+    for t in range(1, 4):
+        table.apply(torch.cat([ids, ids[:1]]), torch.ones(3, DIM), t=t, now=t)
+    table.apply(ids[:1], torch.ones(1, DIM), t=4, now=4)
+    got = table.versions(torch.tensor([9, 3, 9, 4]))
+    assert got.dtype == torch.int32 and got.tolist() == [3, 4, 3, 0]
+    block, _ = table.export(0, 10)
+    table.upsert(block)  # a checkpoint's rows in place of the live ones
+    assert table.versions(ids).tolist() == [0, 0]
+    table.remove(ids[:1])
+    table.apply(ids, torch.ones(2, DIM), t=5, now=5)
+    assert table.versions(ids).tolist() == [1, 1]
+    restored = RowTable(table.spec)
+    restored.load(RowBlock(block.ids, block.rows, block.slots, block.last))
+    assert restored.versions(ids).tolist() == [0, 0]
+
+
+def budget_for(spec: TableSpec) -> int:
+    """The least memory budget that holds MIN_HOT_ROWS rows of `spec` in RAM."""
+    low, high = 1, 1 << 32
+    while low < high:
+        middle = (low + high) // 2
+        try:
+            fits = hot_row_budget(spec, 1, middle) >= MIN_HOT_ROWS
+        except ValueError:
+            fits = False
+        low, high = (low, middle) if fits else (middle + 1, high)
+    return low
+
+
+def test_a_row_that_went_to_disk_and_came_back_is_pulled_again(tmp_path: Path) -> None:
+    pytest.importorskip("rocksdict")
+    job = Job(num_ps=1, num_embeddings=None,
+              storage=lambda spec: StorageSettings(budget_for(spec), str(tmp_path)))
+    table = job.stores[0].namespace("ns").sparse.tables["items"]
+    model, session = job.worker(staleness=100)
+    gen = torch.Generator().manual_seed(2)
+    row = torch.tensor([7])
+    step(model, session, row)  # pulled (no row: version 0); the push creates it (1)
+    job.push_other(row, gen)
+    job.push_other(row, gen)
+    step(model, session, row)  # served; after its push the row is at 4: 2 missed, kept
+    pulled = session.source.pulled
+    job.push_other(torch.arange(1000, 1000 + 2 * MIN_HOT_ROWS), gen)
+    assert table.tier_stats()["disk_rows"] and not bool(table.hot.present(row).any())
+    job.push_other(row, gen)  # back in RAM from disk: its count starts again
+    assert bool(table.hot.present(row).all()) and table.versions(row).tolist() == [1]
+    step(model, session, row)  # served; its push leaves 2 < 0 + 3 own: replaced
+    assert session.source.pulled == pulled
+
+    def the_servers_row(served: torch.Tensor) -> None:
+        assert torch.equal(served, job.rows(row))
+
+    step(model, session, row, the_servers_row)
+    assert session.source.pulled == pulled + 1

@@ -15,7 +15,7 @@ from pstrain_runtime.ps.store import PSError
 from pstrain_runtime.sparse import (SparseEmbedding, SparseEmbeddingBag, SparseEmbeddingCollection,
                                     apply_sparse_gradients, initial_rows, owner_of, stream_of)
 from pstrain_runtime.sparse.spec import TableSpec
-from pstrain_runtime.sparse.index import IdIndex
+from pstrain_runtime.sparse.index import DirectIndex, IdIndex
 from pstrain_runtime.sparse.table import RowTable
 
 pytestmark = pytest.mark.timeout(60)
@@ -77,6 +77,24 @@ def test_id_index_matches_a_dict() -> None:
     probe = np.array(list(expected)[:500] + [3, 4, 5])
     got = index.get(probe)
     assert got.tolist() == [expected.get(k, -1) for k in probe.tolist()]
+    assert index.size == len(expected)
+
+
+@pytest.mark.parametrize("make", [IdIndex, lambda: DirectIndex(5000)], ids=["hash", "direct"])
+def test_dropping_ids_from_either_map_matches_a_dict(make) -> None:
+    rng = np.random.default_rng(2)
+    index, expected = make(), {}
+    for _ in range(20):
+        keys = np.unique(rng.integers(0, 5000, 200))
+        vals = rng.integers(0, 1000, len(keys))
+        index.put(keys, vals)
+        expected.update(zip(keys.tolist(), vals.tolist(), strict=True))
+        gone = rng.integers(0, 5000, 150)  # some held, some not, some twice
+        index.drop(gone)
+        for key in gone.tolist():
+            expected.pop(key, None)
+    probe = np.arange(5000)
+    assert index.get(probe).tolist() == [expected.get(k, -1) for k in range(5000)]
     assert index.size == len(expected)
 
 

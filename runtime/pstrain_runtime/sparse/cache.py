@@ -6,7 +6,18 @@ worker pulled, each with the worker step it was pulled at; a lookup at step t us
 kept row only if it was pulled at step t - S or later (S = `staleness`), and pulls the
 others (then keeps them). So no row the worker computes with is more than S of its
 steps older than the servers' copy was when pulled; gradients go to the servers as
-before (the cache holds no updates of its own). When full, the rows used least
+before (the cache holds no updates of its own).
+
+A kept row also misses at most S updates by other workers, as of this worker's last
+push of it (`note_pushed`): each row carries its server's version (the updates applied
+to it, `table.RowTable`) as pulled, and counts this worker's pushes of it since. A
+push's reply gives the pushed rows' versions after it: a copy that misses more than S
+updates of others (version now - version pulled - own pushes), or whose row was
+replaced on its server (recreated, restored, back from disk: a version below version
+pulled + own pushes), is dropped, and pulled again at its next use. A server that was
+reset or restored (a new generation) has every row it owns dropped from every
+table's cache (`drop_owned_by`; `client.RemoteSource` watches the generations) before
+anything more is served. When full, the rows used least
 recently make room, an eighth of the cache at a time; rows used in the current step
 are never dropped (a batch with more new rows than that keeps what fits). Where
 lookups hardly ever hit (uniform ids), it stands aside for a while (`_judge`).
@@ -22,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .ids import owner_of
 from .index import IdIndex
 
 NEVER = -(1 << 62)
@@ -45,6 +57,13 @@ class Lookup:
     def missing(self) -> torch.Tensor:
         return self.ids[self.miss]
 
+    @property
+    def served(self) -> torch.Tensor:
+        """The ids found in the cache."""
+        found = torch.ones(self.ids.numel(), dtype=torch.bool)
+        found[self.miss] = False
+        return self.ids[found]
+
 
 class RowCache:
     def __init__(self, dim: int, rows: int, staleness: int) -> None:
@@ -58,6 +77,10 @@ class RowCache:
         self.owner = torch.full((rows,), -1, dtype=torch.int64)  # id in each slot
         self.pulled = torch.full((rows,), NEVER, dtype=torch.int64)  # step pulled
         self.used = torch.full((rows,), NEVER, dtype=torch.int64)  # step last used
+        # The server's version of each row as pulled (-1: not known), and this worker's
+        # pushes of it since (see `note_pushed`).
+        self.version = torch.full((rows,), -1, dtype=torch.int32)
+        self.own = torch.zeros(rows, dtype=torch.int32)
         self.free = torch.arange(rows - 1, -1, -1)  # slots to fill, taken from the end
         self.hits = 0
         self.misses = 0
@@ -108,18 +131,56 @@ class RowCache:
             self.aside = STAND_ASIDE
         self.window, self.judged = [0, 0], 0
 
-    def finish(self, plan: Lookup, pulled: torch.Tensor) -> torch.Tensor:
+    def finish(self, plan: Lookup, pulled: torch.Tensor,
+               versions: torch.Tensor | None = None) -> torch.Tensor:
         """The second half: the pulled rows (of `plan.missing`, in order) in place, and
-        kept."""
+        kept with their `versions` (None: not known; those rows are never dropped for
+        updates missed). Nothing may be dropped between `plan` and `finish`."""
         if not plan.keep:
             return pulled
         if plan.miss.numel():
             plan.out[plan.miss] = pulled
-            self._keep(plan.ids[plan.miss], pulled, plan.slots, plan.step)
+            if versions is None:
+                versions = torch.full((plan.miss.numel(),), -1, dtype=torch.int32)
+            self._keep(plan.ids[plan.miss], pulled, versions, plan.slots, plan.step)
         return plan.out
 
-    def _keep(self, ids: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor,
-              step: int) -> None:
+    def note_pushed(self, ids: torch.Tensor, versions: torch.Tensor) -> int:
+        """This worker pushed gradients of `ids`, whose rows stand at `versions` on
+        their server after the push: count the push for each kept row, and drop those
+        that now miss more than S updates of other workers, or whose row was replaced
+        on the server (see the module doc). Returns the rows dropped."""
+        if not ids.numel():
+            return 0
+        slots = torch.from_numpy(self.index.get(ids.numpy()))
+        safe = slots.clamp(min=0)
+        held = (slots >= 0) & (self.owner[safe] == ids)
+        at = slots[held]
+        self.own[at] += 1  # (an id named twice: one update on the server, one count)
+        pulled = self.version[at].to(torch.int64)
+        missed = versions[held].to(torch.int64) - pulled - self.own[at]
+        stale = torch.unique(at[(pulled >= 0) & ((missed > self.staleness) | (missed < 0))])
+        self._drop(stale)
+        return int(stale.numel())
+
+    def drop_owned_by(self, ps: int, num_ps: int) -> int:
+        """Drop every kept row that server `ps` (of `num_ps`) owns (`ids.owner_of`): its
+        rows were replaced (a new generation). Returns the rows dropped."""
+        held = torch.nonzero(self.owner >= 0).reshape(-1)
+        if not held.numel():
+            return 0
+        gone = held[owner_of(self.owner[held], num_ps) == ps]
+        self._drop(gone)
+        return int(gone.numel())
+
+    def _drop(self, slots: torch.Tensor) -> None:
+        """Free the slots (distinct, held): their ids are pulled at their next use."""
+        if slots.numel():
+            self.owner[slots] = -1
+            self.free = torch.cat([slots, self.free])
+
+    def _keep(self, ids: torch.Tensor, rows: torch.Tensor, versions: torch.Tensor,
+              slots: torch.Tensor, step: int) -> None:
         """Store pulled rows: refreshed in their slots where held, else in free slots."""
         known = torch.nonzero(slots >= 0).reshape(-1)
         new = torch.nonzero(slots < 0).reshape(-1)
@@ -135,6 +196,8 @@ class RowCache:
         kept = torch.cat([known, new])
         where = slots[kept]
         self.rows[where] = rows[kept]
+        self.version[where] = versions[kept]
+        self.own[where] = 0
         self.pulled[where] = step
         self.used[where] = step
 
@@ -145,9 +208,7 @@ class RowCache:
             old = torch.nonzero((self.used < step) & (self.owner >= 0)).reshape(-1)
             drop = min(old.numel(), max(count - self.free.numel(), self.capacity // 8))
             if drop:
-                old = old[torch.topk(self.used[old], drop, largest=False).indices]
-                self.owner[old] = -1
-                self.free = torch.cat([old, self.free])
+                self._drop(old[torch.topk(self.used[old], drop, largest=False).indices])
         take = min(count, self.free.numel())
         taken = self.free[self.free.numel() - take:]
         self.free = self.free[:self.free.numel() - take]

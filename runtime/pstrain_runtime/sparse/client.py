@@ -5,14 +5,14 @@ owner (`ids.owner_of`) and makes one call per parameter server, all servers at o
 from __future__ import annotations
 
 import concurrent.futures as cf
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from ..ps.store import PSError
-from .cache import RowCache
-from .ids import split_by_owner
+from .cache import Lookup, RowCache
+from .ids import owner_of, split_by_owner
 from .protocol import encode, header_of, tensor_of
 from .spec import TableSpec
 from .table import RowBlock
@@ -20,6 +20,7 @@ from .tiered import StorageSettings
 
 MAX_CALL_BYTES = 32 * 1024 * 1024  # rows per call stay well under the frame limit
 EXPORT_ROWS = 65536  # rows per page when a shard is streamed out
+GENERATION_TRIES = 3  # lookups through the caches while generations change under them
 
 
 class SparseClient:
@@ -71,51 +72,77 @@ class SparseClient:
                   ) -> list[torch.Tensor]:
         """`pull` for several tables at once: one call per server carrying every
         table's ids (more only above the call size limit), all servers at once."""
+        return self.pull_versioned(specs, ids, versions=False)[0]
+
+    def pull_versioned(self, specs: Sequence[TableSpec], ids: Sequence[torch.Tensor],
+                       versions: bool = True, also: Collection[int] = ()
+                       ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """`pull_many`, and with `versions` each row's version (int32 [n] per table,
+        see `protocol`; else empty). The servers in `also` are called even when they
+        own none of the ids (a call of no ids: it tells their `generations`)."""
         outs = [torch.empty((i.numel(), s.embedding_dim), dtype=torch.float32)
                 for s, i in zip(specs, ids, strict=True)]
+        counts = [torch.zeros(i.numel() if versions else 0, dtype=torch.int32) for i in ids]
         positions = [split_by_owner(i, self.num_ps) for i in ids]
 
         def one(ps: int) -> None:
-            calls: list[list[tuple[int, torch.Tensor]]] = [[]]
-            size = 0
-            for k, spec in enumerate(specs):
-                for chunk in torch.split(positions[k][ps],
-                                         self._rows_per_call(spec.embedding_dim)):
-                    if not chunk.numel():
-                        continue
-                    nbytes = chunk.numel() * (4 * spec.embedding_dim + 8)
-                    if calls[-1] and size + nbytes > self.max_call_bytes:
-                        calls.append([])
-                        size = 0
-                    calls[-1].append((k, chunk))
-                    size += nbytes
-            for call in calls:
+            for call in self._pull_calls(specs, [p[ps] for p in positions]):
                 reply, frames = self._call(ps, {"op": "pull", "tables": [
-                    {"name": specs[k].name, "count": int(c.numel())} for k, c in call]},
+                    {"name": specs[k].name, "count": int(c.numel())} for k, c in call],
+                    **({"versions": True} if versions else {})},
                     [ids[k][c] for k, c in call])
                 self.generations[ps] = int(reply.get("generation", 0))
-                if len(frames) != len(call):
+                if len(frames) != len(call) * (2 if versions else 1):
                     raise PSError("INTERNAL", f"parameter server {ps} answered a pull of "
                                   f"{len(call)} tables with {len(frames)} frames")
-                for (k, chunk), frame in zip(call, frames, strict=True):
-                    rows = tensor_of(frame, torch.float32, specs[k].embedding_dim,
-                                     "pulled rows")
-                    if rows.shape[0] != chunk.numel():
-                        raise PSError("INTERNAL", f"parameter server {ps} sent "
-                                      f"{rows.shape[0]} rows of {specs[k].name!r} for "
-                                      f"{chunk.numel()} ids")
-                    outs[k][chunk] = rows
+                for n, (k, chunk) in enumerate(call):
+                    outs[k][chunk] = self._checked(ps, frames[n], torch.float32, specs[k],
+                                                   chunk, "rows")
+                    if versions:
+                        counts[k][chunk] = self._checked(ps, frames[len(call) + n],
+                                                         torch.int32, specs[k], chunk,
+                                                         "versions")
 
         self._each(one, [ps for ps in range(self.num_ps)
-                         if any(p[ps].numel() for p in positions)])
-        return outs
+                         if ps in also or any(p[ps].numel() for p in positions)])
+        return outs, counts
+
+    def _pull_calls(self, specs: Sequence[TableSpec], positions: Sequence[torch.Tensor]
+                    ) -> list[list[tuple[int, torch.Tensor]]]:
+        """One server's pull calls: (table, positions of its ids) each, the rows of a
+        call within the size limit (one call of no ids when there are none)."""
+        calls: list[list[tuple[int, torch.Tensor]]] = [[]]
+        size = 0
+        for k, spec in enumerate(specs):
+            for chunk in torch.split(positions[k], self._rows_per_call(spec.embedding_dim)):
+                if not chunk.numel():
+                    continue
+                nbytes = chunk.numel() * (4 * spec.embedding_dim + 8)
+                if calls[-1] and size + nbytes > self.max_call_bytes:
+                    calls.append([])
+                    size = 0
+                calls[-1].append((k, chunk))
+                size += nbytes
+        return calls
+
+    @staticmethod
+    def _checked(ps: int, frame: bytes, dtype: torch.dtype, spec: TableSpec,
+                 chunk: torch.Tensor, what: str) -> torch.Tensor:
+        width = spec.embedding_dim if dtype == torch.float32 else 0
+        values = tensor_of(frame, dtype, width, f"pulled {what}")
+        if values.shape[0] != chunk.numel():
+            raise PSError("INTERNAL", f"parameter server {ps} sent {values.shape[0]} {what} "
+                          f"of {spec.name!r} for {chunk.numel()} ids")
+        return values
 
     def push(self, grads: Mapping[str, tuple[torch.Tensor, torch.Tensor]], worker: int,
-             steps: Sequence[int]) -> list[dict[str, Any]]:
+             steps: Sequence[int], versions: bool = False) -> list[dict[str, Any]]:
         """Push each table's (unique ids, gradient rows) to their owners: per server, the
         rows of every table in as few calls as the size limit allows (numbered parts
         of one step), all servers at once, each with the generation of the rows last
-        pulled from it. Returns the replies of the servers called."""
+        pulled from it. Returns the replies of the servers called (the last part's),
+        each with its server as `ps`; with `versions`, also the pushed rows' versions
+        after the update as `versions`: [(table, ids, int32 versions)] over the parts."""
         per_ps: list[list[tuple[str, torch.Tensor, torch.Tensor]]] = [
             [] for _ in range(self.num_ps)]
         for name, (ids, rows) in sorted(grads.items()):
@@ -136,13 +163,17 @@ class SparseClient:
                 calls[-1].append(entry)
                 size += nbytes
             reply: dict[str, Any] = {}
+            pushed: list[tuple[str, torch.Tensor, torch.Tensor]] = []
             for part, entries in enumerate(calls):
-                reply, _ = self._call(ps, {
+                reply, frames = self._call(ps, {
                     "op": "push", "worker": worker, "step": int(steps[ps]), "part": part,
                     "generation": self.generations[ps],
-                    "tables": [{"name": n, "count": int(i.numel())} for n, i, _ in entries]},
+                    "tables": [{"name": n, "count": int(i.numel())} for n, i, _ in entries],
+                    **({"versions": True} if versions else {})},
                     [t for _, ids, rows in entries for t in (ids, rows)])
-            return reply
+                if versions:
+                    pushed.extend(_pushed_versions(ps, entries, frames))
+            return {**reply, "ps": ps, **({"versions": pushed} if versions else {})}
 
         return self._each(one, [ps for ps in range(self.num_ps) if per_ps[ps]])
 
@@ -253,10 +284,33 @@ class SparseClient:
         self._each(one, [ps for ps in range(self.num_ps) if positions[ps].numel()])
 
 
+def _pushed_versions(ps: int, entries: Sequence[tuple[str, torch.Tensor, torch.Tensor]],
+                     frames: Sequence[bytes]) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """A push reply's versions of the ids pushed (one int32 frame per table)."""
+    if len(frames) != len(entries):
+        raise PSError("INTERNAL", f"parameter server {ps} answered a push of {len(entries)} "
+                      f"tables asking for versions with {len(frames)} frames")
+    out = []
+    for (name, ids, _), frame in zip(entries, frames, strict=True):
+        versions = tensor_of(frame, torch.int32, 0, "pushed rows' versions")
+        if versions.numel() != ids.numel():
+            raise PSError("INTERNAL", f"parameter server {ps} sent {versions.numel()} "
+                          f"versions of {name!r} for {ids.numel()} ids pushed")
+        out.append((name, ids, versions))
+    return out
+
+
 class RemoteSource:
     """A bound layer's rows: pulled from the parameter servers, through a worker-side
     cache (`cache.RowCache`) for the tables that have one. `step` is the worker's step
-    count (the session advances it), the cache's clock."""
+    count (the session advances it), the cache's clock.
+
+    With caches, pulls ask for the rows' versions (kept with the rows), and each
+    server whose rows a lookup serves from a cache is called too (with no ids when
+    none of its ids are pulled), so that its generation is known first: a server whose
+    generation is not the one the kept rows came from (it was reset or restored) has
+    its rows dropped from every cache, and the lookup is made again. `note_pushed`
+    takes the versions a push's replies carry (`SparseSession.push`)."""
 
     def __init__(self, client: SparseClient,
                  caches: Mapping[str, RowCache] | None = None) -> None:
@@ -265,6 +319,7 @@ class RemoteSource:
         self.step = 0
         self.looked_up = 0  # rows asked for, over every pull
         self.pulled = 0  # rows of them pulled from the servers (the rest: the caches)
+        self.generations = [0] * client.num_ps  # of the rows kept, per server (0: none)
 
     def pull(self, spec: TableSpec, ids: torch.Tensor) -> torch.Tensor:
         return self.pull_many([spec], [ids])[0]
@@ -273,13 +328,72 @@ class RemoteSource:
                   ) -> list[torch.Tensor]:
         asked = sum(int(i.numel()) for i in ids)
         self.looked_up += asked
-        if not self.caches:
-            self.pulled += asked
-            return self.client.pull_many(specs, ids)
+        if self.caches:
+            for _ in range(GENERATION_TRIES):
+                rows = self._through_caches(specs, ids)
+                if rows is not None:
+                    return rows
+        # No cache, or generations changing under every try: the servers' rows as they
+        # are now, none kept.
+        self.pulled += asked
+        rows = self.client.pull_many(specs, ids)
+        if self.caches:
+            self._check_generations()
+        return rows
+
+    def _through_caches(self, specs: Sequence[TableSpec], ids: Sequence[torch.Tensor]
+                        ) -> list[torch.Tensor] | None:
+        """A lookup through the caches; None when a server's generation changed (its
+        rows are dropped then, and nothing is kept or served)."""
         plans = [self.caches[spec.name].plan(i, self.step) if spec.name in self.caches
                  else None for spec, i in zip(specs, ids, strict=True)]
-        wanted = [i if plan is None else plan.missing for i, plan in zip(ids, plans, strict=True)]
+        wanted = [i if plan is None else plan.missing
+                  for i, plan in zip(ids, plans, strict=True)]
         self.pulled += sum(int(i.numel()) for i in wanted)
-        pulled = self.client.pull_many(specs, wanted)
-        return [rows if plan is None else self.caches[spec.name].finish(plan, rows)
-                for spec, plan, rows in zip(specs, plans, pulled, strict=True)]
+        pulled, versions = self.client.pull_versioned(specs, wanted,
+                                                      also=self._serving(plans))
+        if self._check_generations():
+            return None
+        return [rows if plan is None else self.caches[spec.name].finish(plan, rows, version)
+                for spec, plan, rows, version in zip(specs, plans, pulled, versions,
+                                                     strict=True)]
+
+    def _serving(self, plans: Sequence[Lookup | None]) -> set[int]:
+        """The servers owning rows the caches serve in this lookup."""
+        served = [plan.served for plan in plans if plan is not None]
+        found = torch.cat(served) if served else torch.empty(0, dtype=torch.int64)
+        if not found.numel():
+            return set()
+        if self.client.num_ps == 1:
+            return {0}
+        return set(torch.unique(owner_of(found, self.client.num_ps)).tolist())
+
+    def _check_generations(self) -> bool:
+        """Take the generations the client's pulls saw; True when any changed."""
+        changed = [self._see(ps, g) for ps, g in enumerate(self.client.generations)]
+        return any(changed)
+
+    def _see(self, ps: int, generation: int) -> bool:
+        """Server `ps` answered with `generation`: when it is not the one of the rows
+        kept (a reset or restore since), drop its rows from every cache (True)."""
+        known = self.generations[ps]
+        if not generation or generation == known:
+            return False
+        self.generations[ps] = generation
+        if not known:
+            return False
+        for cache in self.caches.values():
+            cache.drop_owned_by(ps, self.client.num_ps)
+        return True
+
+    def note_pushed(self, replies: Sequence[Mapping[str, Any]]) -> None:
+        """The replies of a push with versions (`SparseClient.push`): each cache counts
+        this worker's push of its rows and drops those that miss too many updates
+        (`RowCache.note_pushed`); a server of another generation drops its rows."""
+        for reply in replies:
+            if "ps" in reply and reply.get("generation"):
+                self._see(int(reply["ps"]), int(reply["generation"]))
+            for name, ids, versions in reply.get("versions", ()):
+                cache = self.caches.get(name)
+                if cache is not None:
+                    cache.note_pushed(ids, versions)

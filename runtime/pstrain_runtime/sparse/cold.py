@@ -113,8 +113,9 @@ class RecentRecords:
 
 class ColdStore:
     """Rows by id on disk. `width`: float32 values per row (row + slots); `memory`:
-    the memory of the store: RocksDB's block cache (a quarter) and two memtables (a
-    quarter each), and the records recent reads fetched (`RecentRecords`, a quarter).
+    the memory of the store: RocksDB's block cache (a quarter) and two memtables (an
+    eighth each), and the records recent reads fetched (`RecentRecords`, a quarter); a
+    quarter is left for what RocksDB holds beside them (iterators, compaction).
     Not thread-safe: the owning table holds its lock around every call."""
 
     def __init__(self, path: Path, width: int, memory: int, num_ids: int | None = None
@@ -136,8 +137,12 @@ class ColdStore:
         table.set_block_cache(rd.Cache(memory // 4))
         table.set_cache_index_and_filter_blocks(True)  # charged to the cache, bounded
         table.set_bloom_filter(10, False)  # an id that is not on disk costs no read
+        if num_ids is not None:
+            # Every id asked for is on disk (the bitmap says so): no filters on the
+            # last level, which holds most rows (they would only confirm a hit).
+            opts.set_optimize_filters_for_hits(True)
         opts.set_block_based_table_factory(table)
-        opts.set_write_buffer_size(memory // 4)
+        opts.set_write_buffer_size(memory // 8)
         opts.set_max_write_buffer_number(2)
         opts.set_compression_type(rd.DBCompressionType.none())  # float rows hardly shrink
         opts.set_max_background_jobs(2)

@@ -120,8 +120,15 @@ class IdIndex:
         keep = mask_fn(keys, vals)
         self._rebuild(keys[keep], vals[keep])
 
-    def clear(self) -> None:
-        self.__init__()  # type: ignore[misc]
+    def drop(self, keys: np.ndarray) -> None:
+        """Remove `keys` (those absent are skipped). Linear probing has no cheap
+        deletion: the map is built again without them."""
+        pos = self.find(keys)
+        pos = pos[pos >= 0]
+        if len(pos):
+            live = self.keys != EMPTY
+            live[pos] = False
+            self._rebuild(self.keys[live], self.vals[live])
 
 
 class DirectIndex:
@@ -164,9 +171,11 @@ class DirectIndex:
         self.slots[gone] = 0
         self.size -= len(gone)
 
-    def clear(self) -> None:
-        self.slots = np.zeros(self.num_ids, dtype=np.int32)
-        self.size = 0
+    def drop(self, keys: np.ndarray) -> None:
+        """Remove `keys` (those absent are skipped): no scan of the id space."""
+        keys = np.unique(keys)
+        self.size -= int(np.count_nonzero(self.slots[keys]))
+        self.slots[keys] = 0
 
 
 def index_for(spec: TableSpec, num_ps: int) -> DirectIndex | IdIndex:

@@ -1,19 +1,31 @@
 """The sparse calls on the wire: one request, one reply, each a list of frames.
 
 Frame 0 is a small JSON header (the op and its arguments); the frames after it are
-raw little-endian tensor bytes (ids as int64, rows as float32), never pickled. The same
-frames go over the TCP data plane (op `OP_SPARSE`), gRPC (method `Sparse`) and the
-in-process transport.
+raw little-endian tensor bytes (ids as int64, rows as float32, versions as int32),
+never pickled. The same frames go over the TCP data plane (op `OP_SPARSE`), gRPC
+(method `Sparse`) and the in-process transport.
 
 A push's `generation` is the one named by its server's reply to the worker's last
 pull (0 or absent: unknown, not checked), so that a server initialised since refuses
 it (ABORTED), as it refuses a dense push of another generation.
 
-    pull:      {op, namespace, tables: [{name, count}]}   + ids per table
+A row's version is the number of updates applied to it since the server created,
+loaded or upserted it (`table.RowTable`; 0 for an id without a row, and for a row in
+a disk tier). A pull or push with `versions: true` gets them back (a worker's row
+cache bounds with them the updates its copies miss, `cache.RowCache`); without it (or
+false) the frames are as they always were.
+
+    pull:      {op, namespace, tables: [{name, count}], versions?}  + ids per table
        reply:  {global_step, generation}                  + rows per table
-    push:      {op, namespace, worker, step, part, generation, tables: [{name, count}]}
-                                                          + (ids, grad rows) per table
+               (versions: + then the rows' versions, int32, per table; read before
+               the rows, so a version never counts an update its row lacks)
+    push:      {op, namespace, worker, step, part, generation, tables: [{name, count}],
+                versions?}                                + (ids, grad rows) per table
        reply:  {applied, note, global_step}
+               (versions: also `generation`, + the pushed ids' versions after the
+               update, int32, one frame per table in the order of the ids pushed;
+               the versions as they stand when the push was not applied or is queued
+               for its step, sync mode)
     configure: {op, namespace, reset, num_ps, tables: [TableSpec json]}
     export:    {op, namespace, table, start, limit, since?}  (rows updated at >= since)
        reply:  {next, count}                              + ids, rows, slots..., last
@@ -38,6 +50,7 @@ import torch
 from ..ps.store import PSError
 
 Frame = bytes | bytearray | memoryview
+_NUMPY = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float32}
 
 
 def encode(header: dict[str, Any], tensors: Sequence[torch.Tensor] = ()) -> list[bytes]:
@@ -67,8 +80,7 @@ def tensor_of(frame: Frame, dtype: torch.dtype, width: int, what: str) -> torch.
         shape = "values" if width == 0 else f"rows of {width} values"
         raise PSError("INVALID_ARGUMENT", f"sparse call: {what} has {size} bytes, not a "
                       f"whole number of {shape}")
-    array = np.frombuffer(bytearray(frame), dtype=np.int64 if dtype == torch.int64
-                          else np.float32)
+    array = np.frombuffer(bytearray(frame), dtype=_NUMPY[dtype])
     tensor = torch.from_numpy(array)
     return tensor.reshape(-1, width) if width else tensor
 

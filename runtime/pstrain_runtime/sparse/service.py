@@ -159,14 +159,18 @@ def _pull(store: ParameterStore, namespace: str, header: dict[str, Any],
     if len(body) != len(wanted):
         raise PSError("INVALID_ARGUMENT", f"sparse pull: {len(wanted)} tables but "
                       f"{len(body)} id frames")
-    rows = []
+    with_versions = header.get("versions") is True
+    rows, versions = [], []
     for item, frame in zip(wanted, body, strict=True):
         table = _table(tables, item.get("name") if isinstance(item, dict) else None, ns,
                        store, "pull")
         ids = tensor_of(frame, torch.int64, 0, f"ids of {table.spec.name!r}")
         check_ids(table.spec, ids, "sparse pull")
+        if with_versions:  # before the rows: a version never counts an update they lack
+            versions.append(table.versions(ids))
         rows.append(table.read(ids))
-    return encode({"global_step": ns.global_step, "generation": ns.generation}, rows)
+    return encode({"global_step": ns.global_step, "generation": ns.generation},
+                  rows + versions)
 
 
 def _push(store: ParameterStore, namespace: str, header: dict[str, Any],
@@ -182,6 +186,19 @@ def _push(store: ParameterStore, namespace: str, header: dict[str, Any],
                       f"{generation!r}; it must be a non-negative integer")
     items = field(header, "tables", list, "push")
     membership.check_member(ns, worker, "sparse push")
+    entries = _push_entries(ns, store, tables, items, body)
+    with ns.cond:
+        reply = _apply_push(ns, store, tables, worker, step, part, generation, entries)
+        if header.get("versions") is not True:
+            return encode(reply)
+        # The pushed ids' versions after the update (applies hold ns.cond: exact).
+        return encode({**reply, "generation": ns.generation},
+                      [tables.tables[name].versions(ids) for name, ids, _ in entries])
+
+
+def _push_entries(ns: Namespace, store: ParameterStore, tables: NamespaceTables,
+                  items: list[Any], body: list[Frame]) -> list[Entry]:
+    """A push's (table, ids, grad rows), every table checked before any is applied."""
     if len(body) != 2 * len(items):
         raise PSError("INVALID_ARGUMENT", f"sparse push: {len(items)} tables need "
                       f"{2 * len(items)} frames (ids, rows), got {len(body)}")
@@ -199,32 +216,35 @@ def _push(store: ParameterStore, namespace: str, header: dict[str, Any],
         grads = grads.reshape(-1, dim)
         check_grads(table.spec, ids, grads, "sparse push")
         entries.append((table.spec.name, ids, grads))
-    with ns.cond:
-        if ns.done:
-            return encode({"applied": False, "note": "the job is done",
-                           "global_step": ns.global_step})
-        # Fenced out, as a dense push is: rows computed on another generation's
-        # parameters, or of a worker removed while the push was in flight.
-        membership.check_generation(ns, worker, generation, store.ps_index, "sparse push")
-        if worker not in ns.members:
-            return encode({"applied": False, "note": membership.removed_note(worker),
-                           "global_step": ns.global_step})
-        # (async: the worker pushes rows after its dense push was applied, which
-        # checked the target; sync: the step itself must be below it)
-        if ns.mode == "sync" and ns.target_steps and step >= ns.target_steps:
-            return encode({"applied": False, "note": "the target step is reached",
-                           "global_step": ns.global_step})
-        if ns.mode == "sync":
-            if step < ns.global_step:
-                return encode({"applied": False, "global_step": ns.global_step,
-                               "note": f"step {step} was already applied"})
-            tables.pending.setdefault(step, {})[(worker, int(part))] = (ns.epoch, entries)
-            return encode({"applied": True, "note": "queued for its step",
-                           "global_step": ns.global_step})
-        for name, ids, grads in entries:
-            tables.tables[name].apply(ids, grads, t=ns.global_step + 1,
-                                      now=ns.global_step + 1)
-        return encode({"applied": True, "note": "", "global_step": ns.global_step})
+    return entries
+
+
+def _apply_push(ns: Namespace, store: ParameterStore, tables: NamespaceTables, worker: int,
+                step: int, part: Any, generation: int, entries: list[Entry]
+                ) -> dict[str, Any]:
+    """Apply (async) or queue (sync) a checked push, under ns.cond; its reply header."""
+    if ns.done:
+        return {"applied": False, "note": "the job is done", "global_step": ns.global_step}
+    # Fenced out, as a dense push is: rows computed on another generation's
+    # parameters, or of a worker removed while the push was in flight.
+    membership.check_generation(ns, worker, generation, store.ps_index, "sparse push")
+    if worker not in ns.members:
+        return {"applied": False, "note": membership.removed_note(worker),
+                "global_step": ns.global_step}
+    # (async: the worker pushes rows after its dense push was applied, which
+    # checked the target; sync: the step itself must be below it)
+    if ns.mode == "sync" and ns.target_steps and step >= ns.target_steps:
+        return {"applied": False, "note": "the target step is reached",
+                "global_step": ns.global_step}
+    if ns.mode == "sync":
+        if step < ns.global_step:
+            return {"applied": False, "global_step": ns.global_step,
+                    "note": f"step {step} was already applied"}
+        tables.pending.setdefault(step, {})[(worker, int(part))] = (ns.epoch, entries)
+        return {"applied": True, "note": "queued for its step", "global_step": ns.global_step}
+    for name, ids, grads in entries:
+        tables.tables[name].apply(ids, grads, t=ns.global_step + 1, now=ns.global_step + 1)
+    return {"applied": True, "note": "", "global_step": ns.global_step}
 
 
 def _configure(store: ParameterStore, namespace: str, header: dict[str, Any],

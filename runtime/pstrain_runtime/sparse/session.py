@@ -106,7 +106,7 @@ class SparseSession:
 
     def push(self, worker: int, steps: Sequence[int]) -> None:
         """Push this step's gradient rows of every table (tables shared by several
-        layers: rows summed)."""
+        layers: rows summed); with row caches, the replies' versions go to them."""
         grads: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         for layer in self.layers:
             taken = layer.take_gradients()
@@ -119,8 +119,12 @@ class SparseSession:
             else:
                 merged[name] = coalesce(torch.cat([p[0] for p in parts]),
                                         torch.cat([p[1] for p in parts]))
-        if merged:
-            self.client.push(merged, worker, steps)
+        if not merged:
+            return
+        cached = self.source is not None and bool(self.source.caches)
+        replies = self.client.push(merged, worker, steps, versions=cached)
+        if cached:
+            self.source.note_pushed(replies)  # type: ignore[union-attr]
 
     # ------------------------------------------------------------------ chief
     def install(self, manifest: dict[str, Any] | None, directory: Path | None,

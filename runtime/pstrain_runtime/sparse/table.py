@@ -11,10 +11,14 @@ Invariants:
   runs every max(1, K // 4) steps; an evicted id reads as its initial value again
   and starts with fresh optimizer state.
 - Every method takes the table's lock; `apply` validates nothing (the caller has).
+- A row's version counts the updates applied to it (int32, wrapping at 2^31): 0 when
+  the row is created, loaded or upserted (a restore, a row back from disk), +1 per
+  `apply` that updates it. An id without a row has no version (`versions` says 0).
+  Workers' row caches use it to bound the updates a kept copy misses (`cache`).
 
 Storage is a row block [capacity, dim] per tensor (rows and each optimizer slot),
 grown by half when full (or reserved up front for the expected shard of a fixed-size
-table), 16 bytes of bookkeeping per row (its id, its last update),
+table), 20 bytes of bookkeeping per row (its id, its last update, its update count),
 plus the id -> row map (`index`: a direct array for a fixed-size table, 4 bytes per id
 of the id space; else a hash map of 32 to 64 bytes per row), vectorised over a batch's
 ids.
@@ -48,6 +52,19 @@ class RowBlock:
     last: torch.Tensor  # int64 [n]
 
 
+def protection(last: torch.Tensor, version: torch.Tensor, protect: int) -> torch.Tensor:
+    """What `RowTable.take_oldest` adds to rows' last updates to order them: the span
+    of `last` (so they go after every other row) for the `protect` most recently
+    updated rows of version >= 2, 0 for the rest."""
+    bonus = torch.zeros_like(last)
+    chosen = torch.nonzero(version >= 2).reshape(-1)
+    if chosen.numel() > protect:
+        chosen = chosen[torch.topk(last[chosen], protect).indices]
+    if chosen.numel():
+        bonus[chosen] = int(last.max() - last.min()) + 1
+    return bonus
+
+
 class RowTable:
     """One shard of one table; `spec.optimizer` must be set (the row optimizer)."""
 
@@ -69,6 +86,7 @@ class RowTable:
         self.rows = torch.empty((0, self.dim))
         self.slots = {name: torch.empty((0, self.dim)) for name in self.slot_names}
         self.last = torch.empty(0, dtype=torch.int64)
+        self.version = torch.empty(0, dtype=torch.int32)  # updates of each row
         self.owner = torch.empty(0, dtype=torch.int64)  # id held by each row, -1 free
         self.used = 0  # rows ever handed out (high-water mark)
         self.free: list[int] = []
@@ -95,6 +113,7 @@ class RowTable:
         self.rows = grown(self.rows)
         self.slots = {name: grown(t) for name, t in self.slots.items()}
         self.last = grown(self.last)
+        self.version = grown(self.version)
         self.owner = grown(self.owner)
         self.capacity = capacity
 
@@ -118,6 +137,7 @@ class RowTable:
         for name, tensor in self.slots.items():
             tensor.index_fill_(0, where, fill if name == "sum" else 0.0)
         self.last.index_fill_(0, where, now)
+        self.version.index_fill_(0, where, 0)
         self.owner.index_copy_(0, where, ids)
         self.index.add(ids.numpy(), where.numpy())
         return where
@@ -141,6 +161,14 @@ class RowTable:
         out[absent] = self.initial.read(ids[absent])
         return out
 
+    def versions(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rows' versions (see the module doc), int32 [n]; 0 for ids without a row."""
+        with self.lock:
+            where = self._where(ids.reshape(-1).to(torch.int64).contiguous())
+            out = torch.zeros(where.numel(), dtype=torch.int32)
+            out[where >= 0] = self.version[where[where >= 0]]
+            return out
+
     # ------------------------------------------------------------------ updates
     def apply(self, ids: torch.Tensor, grads: torch.Tensor, t: int, now: int) -> int:
         """Apply gradient rows (repeats summed) at update step `t` (>= 1) and clock
@@ -162,6 +190,7 @@ class RowTable:
                 for name, value in slots.items():
                     self.slots[name].index_copy_(0, where, value)
                 self.last.index_fill_(0, where, now)
+                self.version[where] += 1  # (ids coalesced: each row once)
             self._maybe_sweep(now)
             return int(where.numel())
 
@@ -195,19 +224,16 @@ class RowTable:
         if self.removals is not None:  # a checkpoint chain needs the ids dropped
             self.removals.add(now, self.owner[gone],
                               max(REMOVAL_LOG_MIN, 2 * self.index.size))
+        self.index.drop(self.owner[gone].numpy())
         self.owner[gone] = EMPTY
         self.free.extend(gone.tolist())
-        alive = torch.nonzero(self.owner[:self.used] >= 0).reshape(-1)
-        self.index.clear()
-        if alive.numel():
-            self.index.put(self.owner[alive].numpy(), alive.numpy())
 
     # ------------------------------------------------------------------ whole table
     def stats(self) -> TableStats:
         with self.lock:
             # Rows past `used` were never written (see `_grow`): they hold no memory.
-            per_row = (self.dim * 4 * (1 + len(self.slots))
-                       + self.last.element_size() + self.owner.element_size())
+            per_row = (self.dim * 4 * (1 + len(self.slots)) + self.last.element_size()
+                       + self.version.element_size() + self.owner.element_size())
             held = self.used * per_row + self.index.nbytes
             if self.seen is not None:
                 held += self.seen.nbytes
@@ -253,6 +279,7 @@ class RowTable:
         for name in self.slot_names:
             self.slots[name][where] = block.slots[name]
         self.last[where] = block.last
+        self.version[where] = 0  # a row replaced: its count starts again
 
     def upsert(self, block: RowBlock) -> None:
         """Install a delta's rows (ids unique): an id present gets the block's row,
@@ -276,10 +303,9 @@ class RowTable:
             gone = torch.unique(where[where >= 0])  # an id may be named twice
             if not gone.numel():
                 return 0
+            self.index.drop(self.owner[gone].numpy())
             self.owner[gone] = EMPTY
             self.free.extend(gone.tolist())
-            owner = self.owner.numpy()
-            self.index.keep(lambda _keys, vals: owner[vals] >= 0)
             return int(gone.numel())
 
     def track_removals(self, since: int | None, watermark: int) -> bool:
@@ -309,10 +335,14 @@ class RowTable:
         with self.lock:
             return self._where(ids.reshape(-1).to(torch.int64).contiguous()) >= 0
 
-    def take_oldest(self, count: int, keep: torch.Tensor | None = None) -> RowBlock:
-        """Remove and return the `count` rows updated least recently (fewer when fewer
-        are live), leaving those of the ids in `keep`. Unlike an eviction this records
-        no removal: the rows live on elsewhere."""
+    def take_oldest(self, count: int, keep: torch.Tensor | None = None,
+                    protect: int = 0) -> RowBlock:
+        """Remove and return `count` rows (fewer when fewer are live), leaving those of
+        the ids in `keep`: the rows updated least recently, except that up to `protect`
+        rows updated at least twice since they came here (version >= 2; the most
+        recently updated of them) go only after all others, a segmented LRU: an id
+        seen once does not push out one that keeps coming back. Unlike an eviction
+        this records no removal: the rows live on elsewhere."""
         with self.lock:
             live = self.owner[:self.used] >= 0
             if keep is not None and keep.numel():
@@ -320,7 +350,10 @@ class RowTable:
                 live[held[held >= 0]] = False
             candidates = torch.nonzero(live).reshape(-1)
             if count < candidates.numel():
-                oldest = torch.topk(self.last[candidates], count, largest=False).indices
+                score = self.last[candidates]
+                if protect:
+                    score = score + protection(score, self.version[candidates], protect)
+                oldest = torch.topk(score, count, largest=False).indices
                 candidates = candidates[oldest]
             block = RowBlock(ids=self.owner.index_select(0, candidates),
                              rows=self.rows.index_select(0, candidates),
@@ -328,10 +361,9 @@ class RowTable:
                                     for n, t in self.slots.items()},
                              last=self.last.index_select(0, candidates))
             if candidates.numel():
+                self.index.drop(block.ids.numpy())
                 self.owner[candidates] = EMPTY
                 self.free.extend(candidates.tolist())
-                owner = self.owner.numpy()
-                self.index.keep(lambda _keys, vals: owner[vals] >= 0)
             return block
 
 

@@ -12,6 +12,7 @@ import yaml
 from .convert import ConversionError, convert_tfjob
 from .crd import render_crd_yaml
 from .entrypoint import EntrypointError, resolve_entrypoint
+from .kube_rules import kubernetes_problems
 from .model import TrainingJob
 from .manifest_yaml import UnreadableManifest, read_manifest_text
 from .validate import Problem, load_jobs, parse_documents
@@ -28,12 +29,19 @@ def validate_main(argv: Sequence[str]) -> int:
                         help="also import each job's spec.training.entrypoint and check "
                         "that it names a function (nothing is called); the module must be "
                         "importable here as in the replicas")
+    parser.add_argument("--kubernetes", action="store_true",
+                        help="also apply the rules the operator applies on Kubernetes only "
+                        "(what `pstrain run` fills in itself, such as a mounted volume for "
+                        "spec.training.sparseStorage.directory)")
     args = parser.parse_args(list(argv))
     failed = False
     for path in args.files:
         jobs, problems = load_jobs(path)
         if args.check_entrypoint:
             problems += entrypoint_problems(jobs, str(path))
+        if args.kubernetes:
+            problems += [Problem(str(path), field, f"{message}.")
+                         for j in jobs for field, message in kubernetes_problems(j)]
         for problem in problems:
             print(problem, file=sys.stderr)
         if problems:

@@ -37,6 +37,17 @@ def test_invalid_manifest_exits_1_with_messages_and_no_traceback(tmp_path, capsy
     assert f"{good}: valid (default/ok)" in captured.out
 
 
+def test_validate_for_kubernetes_applies_the_operators_own_rules(tmp_path, capsys):
+    path = tmp_path / "disk.yaml"
+    path.write_text(yaml.safe_dump(job("d").training(sparseStorage={"serverMemory": "1Gi"})
+                                   .build()))
+    assert main(["validate", str(path)]) == 0  # `pstrain run` makes a temporary folder
+    assert main(["validate", "--kubernetes", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"{path}: spec.training.sparseStorage.directory is missing;" in err
+    assert "Traceback" not in err
+
+
 def test_multi_document_file_names_the_document(tmp_path, capsys):
     path = tmp_path / "two.yaml"
     path.write_text(yaml.safe_dump_all([job("a").build(), job("b").workers(0).build()]))

@@ -266,6 +266,11 @@ def test_a_cached_row_misses_at_most_s_updates_of_other_workers() -> None:
     assert session.source.pulled < 0.8 * session.source.looked_up  # the cache served rows
 
 
+def serves(cache: RowCache, ids: torch.Tensor) -> list[int]:
+    """The ids of `ids` a lookup at step 0 serves from `cache` (not pulled)."""
+    return sorted(cache.plan(ids, 0).served.tolist())
+
+
 def test_a_copy_is_dropped_once_it_misses_more_than_s_updates_or_its_row_was_replaced(
         ) -> None:
     cache = RowCache(dim=2, rows=10, staleness=2)
@@ -274,11 +279,11 @@ def test_a_copy_is_dropped_once_it_misses_more_than_s_updates_or_its_row_was_rep
                  torch.tensor([5, 5, 5, 5], dtype=torch.int32))
     # After this worker's push: no other update, 2 (= S), 3 (> S), row replaced.
     assert cache.note_pushed(ids, torch.tensor([6, 8, 9, 1], dtype=torch.int32)) == 2
-    assert sorted(cache.owner[cache.owner >= 0].tolist()) == [0, 1]
+    assert serves(cache, ids) == [0, 1]
     # This worker's pushes are its own: row 0 misses nothing, row 1 still 2, then 3.
     assert cache.note_pushed(ids[:2], torch.tensor([7, 9], dtype=torch.int32)) == 0
     assert cache.note_pushed(ids[:2], torch.tensor([8, 11], dtype=torch.int32)) == 1
-    assert cache.owner[cache.owner >= 0].tolist() == [0]
+    assert serves(cache, ids) == [0]
     # Rows pulled without versions are bounded by their age only.
     cache.finish(cache.plan(torch.tensor([7]), 1), torch.zeros(1, 2))
     assert cache.note_pushed(torch.tensor([7, 8]), torch.tensor([50, 1], dtype=torch.int32)) == 0
@@ -290,7 +295,7 @@ def test_a_servers_rows_are_dropped_from_the_cache_and_only_those() -> None:
     cache.lookup(ids, 0, server.pull)
     theirs = owner_of(ids, 3) == 1
     assert cache.drop_owned_by(1, 3) == int(theirs.sum()) > 0
-    assert sorted(cache.owner[cache.owner >= 0].tolist()) == ids[~theirs].tolist()
+    assert serves(cache, ids) == ids[~theirs].tolist()
     before = server.pulled_rows
     cache.lookup(ids, 1, server.pull)
     assert server.pulled_rows - before == int(theirs.sum())

@@ -52,6 +52,7 @@ class Lookup:
     miss: torch.Tensor  # positions in `ids` to pull
     slots: torch.Tensor  # their slots where held (stale), else -1
     keep: bool = True  # False: the cache stands aside (see `RowCache`)
+    found: torch.Tensor | None = None  # the slot of each of `ids` where held, else -1
 
     @property
     def missing(self) -> torch.Tensor:
@@ -81,6 +82,9 @@ class RowCache:
         # pushes of it since (see `note_pushed`).
         self.version = torch.full((rows,), -1, dtype=torch.int32)
         self.own = torch.zeros(rows, dtype=torch.int32)
+        # The ids of the last lookup and their slots (`note_pushed` of the same ids,
+        # the usual case, needs no second search of the id map).
+        self.recent: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
         self.free = torch.arange(rows - 1, -1, -1)  # slots to fill, taken from the end
         self.hits = 0
         self.misses = 0
@@ -103,20 +107,28 @@ class RowCache:
             everything = torch.arange(ids.numel())
             return Lookup(ids, step, torch.empty(0), everything,
                           torch.full((ids.numel(),), -1), keep=False)
-        slots = torch.from_numpy(self.index.get(ids.numpy()))
-        safe = slots.clamp(min=0)
-        held = (slots >= 0) & (self.owner[safe] == ids)
-        fresh = held & (self.pulled[safe] >= step - self.staleness)
+        found = self._held(ids)
+        fresh = self.pulled.index_select(0, found.clamp(min=0)) >= step - self.staleness
+        fresh &= found >= 0
         hit = torch.nonzero(fresh).reshape(-1)
         miss = torch.nonzero(~fresh).reshape(-1)
         out = torch.empty((ids.numel(), self.rows.shape[1]), dtype=torch.float32)
         if hit.numel():
-            out[hit] = self.rows[slots[hit]]
-            self.used[slots[hit]] = step
+            at = found.index_select(0, hit)
+            out.index_copy_(0, hit, self.rows.index_select(0, at))
+            self.used.index_fill_(0, at, step)
         self.hits += int(hit.numel())
         self.misses += int(miss.numel())
         self._judge(int(hit.numel()), int(ids.numel()))
-        return Lookup(ids, step, out, miss, torch.where(held[miss], slots[miss], -1))
+        return Lookup(ids, step, out, miss, found.index_select(0, miss), found=found)
+
+    def _held(self, ids: torch.Tensor, slots: torch.Tensor | None = None) -> torch.Tensor:
+        """The slot holding each of `ids`, else -1 (`slots`: where the id map said they
+        were, when known)."""
+        if slots is None:
+            slots = torch.from_numpy(self.index.get(ids.numpy()))
+        held = self.owner.index_select(0, slots.clamp(min=0)) == ids
+        return torch.where(held & (slots >= 0), slots, -1)
 
     def _judge(self, hits: int, lookups: int) -> None:
         """Every JUDGE_EVERY lookups: below MIN_HIT_RATE (ids that do not repeat within
@@ -138,11 +150,15 @@ class RowCache:
         updates missed). Nothing may be dropped between `plan` and `finish`."""
         if not plan.keep:
             return pulled
+        found = plan.found
         if plan.miss.numel():
-            plan.out[plan.miss] = pulled
+            plan.out.index_copy_(0, plan.miss, pulled)
             if versions is None:
                 versions = torch.full((plan.miss.numel(),), -1, dtype=torch.int32)
-            self._keep(plan.ids[plan.miss], pulled, versions, plan.slots, plan.step)
+            kept = self._keep(plan.missing, pulled, versions, plan.slots, plan.step)
+            if found is not None:
+                found = found.index_copy(0, plan.miss, kept)
+        self.recent = (plan.ids, found)
         return plan.out
 
     def note_pushed(self, ids: torch.Tensor, versions: torch.Tensor) -> int:
@@ -152,15 +168,18 @@ class RowCache:
         on the server (see the module doc). Returns the rows dropped."""
         if not ids.numel():
             return 0
-        slots = torch.from_numpy(self.index.get(ids.numpy()))
-        safe = slots.clamp(min=0)
-        held = (slots >= 0) & (self.owner[safe] == ids)
+        looked, slots = self.recent
+        if looked is None or slots is None or not (
+                looked is ids or looked.shape == ids.shape and torch.equal(looked, ids)):
+            slots = None  # not the ids of the last lookup: ask the id map
+        slots = self._held(ids, slots)
+        held = slots >= 0
         at = slots[held]
         self.own[at] += 1  # (an id named twice: one update on the server, one count)
         pulled = self.version[at].to(torch.int64)
         missed = versions[held].to(torch.int64) - pulled - self.own[at]
         stale = torch.unique(at[(pulled >= 0) & ((missed > self.staleness) | (missed < 0))])
-        self._drop(stale)
+        self._expire(stale)
         return int(stale.numel())
 
     def drop_owned_by(self, ps: int, num_ps: int) -> int:
@@ -170,8 +189,13 @@ class RowCache:
         if not held.numel():
             return 0
         gone = held[owner_of(self.owner[held], num_ps) == ps]
-        self._drop(gone)
+        self._expire(gone)
         return int(gone.numel())
+
+    def _expire(self, slots: torch.Tensor) -> None:
+        """Never serve these slots' rows again: the next lookup of their ids pulls them
+        and refreshes them in place (the slots stay theirs, the id map unchanged)."""
+        self.pulled[slots] = NEVER
 
     def _drop(self, slots: torch.Tensor) -> None:
         """Free the slots (distinct, held): their ids are pulled at their next use."""
@@ -180,26 +204,27 @@ class RowCache:
             self.free = torch.cat([slots, self.free])
 
     def _keep(self, ids: torch.Tensor, rows: torch.Tensor, versions: torch.Tensor,
-              slots: torch.Tensor, step: int) -> None:
-        """Store pulled rows: refreshed in their slots where held, else in free slots."""
+              slots: torch.Tensor, step: int) -> torch.Tensor:
+        """Store pulled rows: refreshed in their slots where held, else in free slots.
+        Returns the slot of each (-1: not kept, the cache being full of this step's)."""
         known = torch.nonzero(slots >= 0).reshape(-1)
         new = torch.nonzero(slots < 0).reshape(-1)
         if new.numel():
             where = self._take(int(new.numel()), step)
             new = new[:where.numel()]
-            slots = slots.clone()
-            slots[new] = where
-            self.owner[where] = ids[new]
+            slots = slots.index_copy(0, new, where)
+            self.owner.index_copy_(0, where, ids.index_select(0, new))
             self.index.put(ids[new].numpy(), where.numpy())
             if self.index.size > 2 * self.capacity + 1024:
                 self._reindex()
         kept = torch.cat([known, new])
-        where = slots[kept]
-        self.rows[where] = rows[kept]
-        self.version[where] = versions[kept]
-        self.own[where] = 0
-        self.pulled[where] = step
-        self.used[where] = step
+        where = slots.index_select(0, kept)
+        self.rows.index_copy_(0, where, rows.index_select(0, kept))
+        self.version.index_copy_(0, where, versions.index_select(0, kept))
+        self.own.index_fill_(0, where, 0)
+        self.pulled.index_fill_(0, where, step)
+        self.used.index_fill_(0, where, step)
+        return slots
 
     def _take(self, count: int, step: int) -> torch.Tensor:
         """Up to `count` free slots; when short, the rows used least recently (before

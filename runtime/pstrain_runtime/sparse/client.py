@@ -12,7 +12,7 @@ import torch
 
 from ..ps.store import PSError
 from .cache import Lookup, RowCache
-from .ids import owner_of, split_by_owner
+from .ids import split_by_owner
 from .protocol import encode, header_of, tensor_of
 from .spec import TableSpec
 from .table import RowBlock
@@ -305,9 +305,9 @@ class RemoteSource:
     cache (`cache.RowCache`) for the tables that have one. `step` is the worker's step
     count (the session advances it), the cache's clock.
 
-    With caches, pulls ask for the rows' versions (kept with the rows), and each
-    server whose rows a lookup serves from a cache is called too (with no ids when
-    none of its ids are pulled), so that its generation is known first: a server whose
+    With caches, pulls ask for the rows' versions (kept with the rows), and when a
+    lookup serves rows from a cache every server is called (with no ids when none of
+    its ids are pulled), so that its generation is known first: a server whose
     generation is not the one the kept rows came from (it was reset or restored) has
     its rows dropped from every cache, and the lookup is made again. `note_pushed`
     takes the versions a push's replies carry (`SparseSession.push`)."""
@@ -358,15 +358,14 @@ class RemoteSource:
                 for spec, plan, rows, version in zip(specs, plans, pulled, versions,
                                                      strict=True)]
 
-    def _serving(self, plans: Sequence[Lookup | None]) -> set[int]:
-        """The servers owning rows the caches serve in this lookup."""
-        served = [plan.served for plan in plans if plan is not None]
-        found = torch.cat(served) if served else torch.empty(0, dtype=torch.int64)
-        if not found.numel():
-            return set()
-        if self.client.num_ps == 1:
-            return {0}
-        return set(torch.unique(owner_of(found, self.client.num_ps)).tolist())
+    def _serving(self, plans: Sequence[Lookup | None]) -> range:
+        """The servers to call even without ids to pull from them: every one when the
+        caches serve any row in this lookup (cheaper than finding the servers owning
+        the rows served; a server with no row to pull is rare with the ids a cache
+        helps with), else none."""
+        if any(plan is not None and plan.miss.numel() < plan.ids.numel() for plan in plans):
+            return range(self.client.num_ps)
+        return range(0)
 
     def _check_generations(self) -> bool:
         """Take the generations the client's pulls saw; True when any changed."""
@@ -390,10 +389,16 @@ class RemoteSource:
         """The replies of a push with versions (`SparseClient.push`): each cache counts
         this worker's push of its rows and drops those that miss too many updates
         (`RowCache.note_pushed`); a server of another generation drops its rows."""
+        pushed: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         for reply in replies:
             if "ps" in reply and reply.get("generation"):
                 self._see(int(reply["ps"]), int(reply["generation"]))
             for name, ids, versions in reply.get("versions", ()):
-                cache = self.caches.get(name)
-                if cache is not None:
-                    cache.note_pushed(ids, versions)
+                if name in self.caches:
+                    pushed.setdefault(name, []).append((ids, versions))
+        for name, parts in pushed.items():
+            # All servers' ids at once, in id order: usually the ids the lookup had
+            # (unique, sorted), whose slots the cache still knows.
+            ids = torch.cat([i for i, _ in parts])
+            order = torch.argsort(ids)
+            self.caches[name].note_pushed(ids[order], torch.cat([v for _, v in parts])[order])

@@ -160,6 +160,17 @@ def test_with_ids_that_never_repeat_the_cache_stands_aside_and_keeps_nothing() -
     rows = cache.lookup(torch.arange(5), step, server.pull)  # kept rows: pulled anyway
     assert torch.equal(rows[:, 0], torch.arange(5, dtype=torch.float32))
     assert float(rows[0, 1]) == 0.0 and int((cache.owner >= 0).sum()) == held
+    # Aside, the cache wants no versions and counts no pushes; the rows kept before
+    # are never served after (they expired when it stood aside).
+    assert not cache.active
+    assert cache.note_pushed(torch.arange(5), torch.full((5,), 99, dtype=torch.int32)) == 0
+    server.step = 7
+    for _ in range(cache_module.STAND_ASIDE - 1):
+        cache.lookup(torch.arange(5000, 5001), step, server.pull)
+    assert cache.active
+    last = torch.arange(step * 50 - 50, step * 50 - 45)  # kept at step - 1, within S
+    again = cache.lookup(last, step, server.pull)
+    assert torch.equal(again[:, 1], torch.full((5,), 7.0))  # pulled, not the old copies
 
 
 # ---------------------------------------------------------------------- versions, generations

@@ -141,7 +141,13 @@ class RowCache:
             return
         if self.window[0] < MIN_HIT_RATE * self.window[1]:
             self.aside = STAND_ASIDE
+            self.pulled.fill_(NEVER)  # nothing kept is served after the time aside
         self.window, self.judged = [0, 0], 0
+
+    @property
+    def active(self) -> bool:
+        """Not standing aside: lookups go through the cache (and versions are wanted)."""
+        return not self.aside
 
     def finish(self, plan: Lookup, pulled: torch.Tensor,
                versions: torch.Tensor | None = None) -> torch.Tensor:
@@ -153,6 +159,8 @@ class RowCache:
         found = plan.found
         if plan.miss.numel():
             plan.out.index_copy_(0, plan.miss, pulled)
+            if self.aside:  # it stood aside at this lookup: nothing more is kept
+                return plan.out
             if versions is None:
                 versions = torch.full((plan.miss.numel(),), -1, dtype=torch.int32)
             kept = self._keep(plan.missing, pulled, versions, plan.slots, plan.step)
@@ -166,7 +174,7 @@ class RowCache:
         their server after the push: count the push for each kept row, and drop those
         that now miss more than S updates of other workers, or whose row was replaced
         on the server (see the module doc). Returns the rows dropped."""
-        if not ids.numel():
+        if not ids.numel() or self.aside:  # aside: nothing kept will be served
             return 0
         looked, slots = self.recent
         if looked is None or slots is None or not (

@@ -350,13 +350,19 @@ class RemoteSource:
         wanted = [i if plan is None else plan.missing
                   for i, plan in zip(ids, plans, strict=True)]
         self.pulled += sum(int(i.numel()) for i in wanted)
-        pulled, versions = self.client.pull_versioned(specs, wanted,
+        keeping = any(plan is not None and plan.keep for plan in plans)
+        pulled, versions = self.client.pull_versioned(specs, wanted, versions=keeping,
                                                       also=self._serving(plans))
         if self._check_generations():
             return None
         return [rows if plan is None else self.caches[spec.name].finish(plan, rows, version)
                 for spec, plan, rows, version in zip(specs, plans, pulled, versions,
                                                      strict=True)]
+
+    def wants_versions(self) -> bool:
+        """Whether a push should ask for its rows' versions: some cache is in use (not
+        standing aside)."""
+        return any(cache.active for cache in self.caches.values())
 
     def _serving(self, plans: Sequence[Lookup | None]) -> range:
         """The servers to call even without ids to pull from them: every one when the

@@ -122,7 +122,8 @@ class SparseSession:
         if not merged:
             return
         cached = self.source is not None and bool(self.source.caches)
-        replies = self.client.push(merged, worker, steps, versions=cached)
+        replies = self.client.push(merged, worker, steps,
+                                   versions=cached and self.source.wants_versions())  # type: ignore[union-attr]
         if cached:
             self.source.note_pushed(replies)  # type: ignore[union-attr]
 

@@ -53,7 +53,7 @@ class RowBlock:
 
 
 def protection(last: torch.Tensor, version: torch.Tensor, protect: int) -> torch.Tensor:
-    """What `RowTable.take_oldest` adds to rows' last updates to order them: the span
+    """What `RowTable.oldest` adds to rows' last updates to order them: the span
     of `last` (so they go after every other row) for the `protect` most recently
     updated rows of version >= 2, 0 for the rest."""
     bonus = torch.zeros_like(last)
@@ -335,14 +335,13 @@ class RowTable:
         with self.lock:
             return self._where(ids.reshape(-1).to(torch.int64).contiguous()) >= 0
 
-    def take_oldest(self, count: int, keep: torch.Tensor | None = None,
-                    protect: int = 0) -> RowBlock:
-        """Remove and return `count` rows (fewer when fewer are live), leaving those of
-        the ids in `keep`: the rows updated least recently, except that up to `protect`
-        rows updated at least twice since they came here (version >= 2; the most
-        recently updated of them) go only after all others, a segmented LRU: an id
-        seen once does not push out one that keeps coming back. Unlike an eviction
-        this records no removal: the rows live on elsewhere."""
+    def oldest(self, count: int, keep: torch.Tensor | None = None, protect: int = 0
+               ) -> torch.Tensor:
+        """The rows (indices) to move elsewhere first, `count` of them (fewer when fewer
+        are live), leaving those of the ids in `keep`: the rows updated least recently,
+        except that up to `protect` rows updated at least twice since they came here
+        (version >= 2; the most recently updated of them) go only after all others, a
+        segmented LRU: an id seen once does not push out one that keeps coming back."""
         with self.lock:
             live = self.owner[:self.used] >= 0
             if keep is not None and keep.numel():
@@ -353,17 +352,22 @@ class RowTable:
                 score = self.last[candidates]
                 if protect:
                     score = score + protection(score, self.version[candidates], protect)
-                oldest = torch.topk(score, count, largest=False).indices
-                candidates = candidates[oldest]
-            block = RowBlock(ids=self.owner.index_select(0, candidates),
-                             rows=self.rows.index_select(0, candidates),
-                             slots={n: t.index_select(0, candidates)
+                candidates = candidates[torch.topk(score, count, largest=False).indices]
+            return candidates
+
+    def take(self, where: torch.Tensor) -> RowBlock:
+        """Remove and return the rows at `where` (live row indices, from `oldest`).
+        Unlike an eviction this records no removal: the rows live on elsewhere."""
+        with self.lock:
+            block = RowBlock(ids=self.owner.index_select(0, where),
+                             rows=self.rows.index_select(0, where),
+                             slots={n: t.index_select(0, where)
                                     for n, t in self.slots.items()},
-                             last=self.last.index_select(0, candidates))
-            if candidates.numel():
+                             last=self.last.index_select(0, where))
+            if where.numel():
                 self.index.drop(block.ids.numpy())
-                self.owner[candidates] = EMPTY
-                self.free.extend(candidates.tolist())
+                self.owner[where] = EMPTY
+                self.free.extend(where.tolist())
             return block
 
 

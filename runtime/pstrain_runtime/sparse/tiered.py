@@ -12,7 +12,7 @@ Invariants (each id has its row in at most one tier):
   batch that leaves 1/16 of the budget free, so batches are few; the rows of the
   update itself stay. Which rows: those updated least recently (`RowTable.last`),
   but the rows updated at least twice since they came to RAM (up to 3/4 of the RAM
-  rows, the most recent of them) only after all others (`RowTable.take_oldest`, a
+  rows, the most recent of them) only after all others (`RowTable.oldest`, a
   segmented LRU): with Zipf ids most ids of a batch are seen once and never again,
   and under plain LRU they pushed out rows that keep coming back (29 % fewer disk
   reads in the CTR bench).
@@ -63,7 +63,6 @@ MIN_HOT_ROWS = 1024  # a table's share of the budget must hold this many rows at
 ROW_BOOKKEEPING = 20  # bytes per RAM row besides its values: id, last update, version
 HASH_BYTES_PER_ROW = 48  # the hash map's worst case per row (`index.IdIndex`)
 PROTECTED = 3  # quarters of the RAM rows that may be kept for being updated twice
-TRIM_EVERY = 8  # reads or updates touching the disk between two heap trims
 DISK_FIRST = -1  # export's start of the disk pass (then -(2 + next id))
 _cleaned: set[Path] = set()  # server directories emptied by this process
 _cleaned_lock = threading.Lock()
@@ -175,13 +174,17 @@ class TieredTable:
         self.dim = spec.embedding_dim
         self.slot_names = ROW_SLOTS[spec.optimizer.name]  # type: ignore[union-attr]
         self.hot_rows = hot_row_budget(spec, num_ps, budget)
+        # Rows between the tiers since the heap was last trimmed, and how many make a
+        # trim worth it (see `_trim`): their copies (about three of each) would be an
+        # eighth of the working memory.
+        self.moved = 0
+        self.trim_rows = max(1, working_memory(budget) // (8 * 3 * (spec.row_bytes() + 8)))
         self.hot = RowTable(spec, reserve=self.hot_rows + MIN_HOT_ROWS, num_ps=num_ps)
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", spec.name)[:40]
         path = Path(tempfile.mkdtemp(prefix=f"rows-{safe}-", dir=directory))
         self.cold = ColdStore(path, self.dim * (1 + len(self.slot_names)),
                               cold_memory(budget), spec.num_embeddings)
         allocator.tune("budget")  # freed blocks go back to the OS, not kept for reuse
-        self.calls = 0  # reads and updates that touched the disk (see `_trim`)
         self.lock = threading.RLock()
         self.swept = 0  # the clock of the RAM table's last sweep (the same rule)
         self.disk_min_last = math.inf  # at most the least last update on disk
@@ -218,13 +221,15 @@ class TieredTable:
         return there, RowBlock(ids=ids[there], rows=rows[:, :self.dim], slots=slots,
                                last=torch.from_numpy(last))
 
-    def _trim(self) -> None:
-        """Every TRIM_EVERY reads or updates that touched the disk, give the heap's
-        free pages back to the OS: rows moving between the tiers leave holes among
-        blocks still in use, which glibc keeps (a trim walks the whole heap: after
-        every call it cost a sixth of the server's CPU)."""
-        self.calls += 1
-        if self.calls % TRIM_EVERY == 0:
+    def _trim(self, rows: int) -> None:
+        """`rows` moved between the tiers: once enough did (`trim_rows`), give the
+        heap's free pages back to the OS. Their copies leave holes among blocks still
+        in use, which glibc keeps; a trim walks the whole heap (after every call it
+        cost a sixth of the server's CPU with Zipf ids, where a call moves a few
+        hundred rows; with uniform ids a call moves thousands, and each trims)."""
+        self.moved += rows
+        if self.moved >= self.trim_rows:
+            self.moved = 0
             release_free_memory()
 
     def _make_room(self, incoming: int, keep: torch.Tensor | None) -> None:
@@ -234,9 +239,10 @@ class TieredTable:
         if live + incoming <= self.hot_rows:
             return
         count = live + incoming - self.hot_rows + self.hot_rows // 16
-        self._to_disk(self.hot.take_oldest(count, keep, self.hot_rows * PROTECTED // 4),
-                      new=True)
+        going = self.hot.oldest(count, keep, self.hot_rows * PROTECTED // 4)
+        self._to_disk(self.hot.take(going), new=True)
         release_free_memory()  # the batch's copies left holes in the heap
+        self.moved = 0
 
     def _check(self) -> None:
         if self.closed:
@@ -262,7 +268,7 @@ class TieredTable:
             rest_at = torch.nonzero(rest).reshape(-1)
             out[rest_at] = self.hot.read(ids[rest_at])
             out[on_disk] = block.rows
-            self._trim()
+            self._trim(int(on_disk.numel()))
             return out
 
     # ------------------------------------------------------------------ updates
@@ -288,7 +294,7 @@ class TieredTable:
             if self.hot.stats().rows > self.hot_rows:  # one update above the budget
                 self._make_room(0, None)
             if self.cold.count:
-                self._trim()
+                self._trim(int(others.numel()))
             return updated
 
     def _sweep_disk(self, now: int, after: int) -> None:

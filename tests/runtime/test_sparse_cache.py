@@ -173,6 +173,24 @@ def test_with_ids_that_never_repeat_the_cache_stands_aside_and_keeps_nothing() -
     assert torch.equal(again[:, 1], torch.full((5,), 7.0))  # pulled, not the old copies
 
 
+def test_standing_aside_lasts_twice_as_long_each_time_in_a_row_until_it_hits_again() -> None:
+    from pstrain_runtime.sparse import cache as cache_module
+
+    server, cache = Server(), RowCache(dim=2, rows=100_000, staleness=8)
+    fresh = iter(range(0, 10**9, 50))
+    periods = []
+    for _ in range(4):  # ids that never repeat: each judgment sends it aside again
+        for step in range(cache_module.JUDGE_EVERY):
+            cache.lookup(torch.arange(next(fresh), next(fresh)), step, server.pull)
+        periods.append(cache.aside)
+        while cache.aside:
+            cache.lookup(torch.arange(3), 0, server.pull)
+    assert periods == [cache_module.STAND_ASIDE * 2**k for k in range(4)]
+    for step in range(cache_module.JUDGE_EVERY):  # ids that repeat: it stays in use
+        cache.lookup(torch.arange(10), 100 + step, server.pull)
+    assert cache.active and cache.aside_for == cache_module.STAND_ASIDE
+
+
 # ---------------------------------------------------------------------- versions, generations
 # A kept row also misses at most S updates by other workers (as of this worker's last
 # push of it), and rows of a server reset or restored since are never served.

@@ -40,6 +40,7 @@ NEVER = -(1 << 62)
 JUDGE_EVERY = 16  # lookups between checks of the hit rate
 MIN_HIT_RATE = 0.05  # below it (uniform ids: nothing repeats) the cache stands aside
 STAND_ASIDE = 256  # lookups, then it tries again
+MAX_STAND_ASIDE = 16384  # (twice as long after each try that finds nothing, up to this)
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ class RowCache:
         self.window = [0, 0]  # hits, lookups since the last check of the hit rate
         self.judged = 0  # lookups since that check
         self.aside = 0  # lookups left standing aside
+        self.aside_for = STAND_ASIDE  # how long the next time aside lasts
 
     def lookup(self, ids: torch.Tensor, step: int,
                pull: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
@@ -132,16 +134,22 @@ class RowCache:
 
     def _judge(self, hits: int, lookups: int) -> None:
         """Every JUDGE_EVERY lookups: below MIN_HIT_RATE (ids that do not repeat within
-        S steps, such as uniform ones), stand aside for STAND_ASIDE lookups: no row is
-        looked up or kept, so the cache costs nothing where it cannot help."""
+        S steps, such as uniform ones), stand aside for STAND_ASIDE lookups, twice as
+        long each time in a row: no row is looked up or kept, so the cache costs
+        nothing where it cannot help."""
         self.window[0] += hits
         self.window[1] += lookups
         self.judged += 1
         if self.judged < JUDGE_EVERY:
             return
         if self.window[0] < MIN_HIT_RATE * self.window[1]:
-            self.aside = STAND_ASIDE
+            self.aside = self.aside_for
+            # Each time in a row it finds nothing worth it, it stands aside twice as
+            # long: a table that never repeats stops paying for the checks.
+            self.aside_for = min(2 * self.aside_for, MAX_STAND_ASIDE)
             self.pulled.fill_(NEVER)  # nothing kept is served after the time aside
+        else:
+            self.aside_for = STAND_ASIDE
         self.window, self.judged = [0, 0], 0
 
     @property

@@ -250,12 +250,14 @@ class RowTable:
             if since is not None:
                 keep &= self.last[start:max(start, end)] >= since
             live = torch.nonzero(keep).reshape(-1) + start
-            # index_select copies: the block owns its tensors, the lock can go
-            block = RowBlock(ids=self.owner.index_select(0, live),
-                             rows=self.rows.index_select(0, live),
-                             slots={n: t.index_select(0, live) for n, t in self.slots.items()},
-                             last=self.last.index_select(0, live))
-            return block, (end if end < self.used else 0)
+            return self._block(live), (end if end < self.used else 0)
+
+    def _block(self, where: torch.Tensor) -> RowBlock:
+        """Copies of the rows at `where` (the block owns its tensors: the lock can go)."""
+        return RowBlock(ids=self.owner.index_select(0, where),
+                        rows=self.rows.index_select(0, where),
+                        slots={n: t.index_select(0, where) for n, t in self.slots.items()},
+                        last=self.last.index_select(0, where))
 
     def load(self, block: RowBlock) -> None:
         """Install exported rows (ids unique and not yet present)."""
@@ -337,11 +339,9 @@ class RowTable:
 
     def oldest(self, count: int, keep: torch.Tensor | None = None, protect: int = 0
                ) -> torch.Tensor:
-        """The rows (indices) to move elsewhere first, `count` of them (fewer when fewer
-        are live), leaving those of the ids in `keep`: the rows updated least recently,
-        except that up to `protect` rows updated at least twice since they came here
-        (version >= 2; the most recently updated of them) go only after all others, a
-        segmented LRU: an id seen once does not push out one that keeps coming back."""
+        """The `count` rows (indices; fewer if fewer are live) to move elsewhere first,
+        not those of the ids in `keep`: a segmented LRU, the rows updated least recently
+        but `protect` rows updated twice since they came here after all (`protection`)."""
         with self.lock:
             live = self.owner[:self.used] >= 0
             if keep is not None and keep.numel():
@@ -359,11 +359,7 @@ class RowTable:
         """Remove and return the rows at `where` (live row indices, from `oldest`).
         Unlike an eviction this records no removal: the rows live on elsewhere."""
         with self.lock:
-            block = RowBlock(ids=self.owner.index_select(0, where),
-                             rows=self.rows.index_select(0, where),
-                             slots={n: t.index_select(0, where)
-                                    for n, t in self.slots.items()},
-                             last=self.last.index_select(0, where))
+            block = self._block(where)
             if where.numel():
                 self.index.drop(block.ids.numpy())
                 self.owner[where] = EMPTY

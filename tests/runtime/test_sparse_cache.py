@@ -297,7 +297,10 @@ def test_a_cached_row_misses_at_most_s_updates_of_other_workers() -> None:
 
 def serves(cache: RowCache, ids: torch.Tensor) -> list[int]:
     """The ids of `ids` a lookup at step 0 serves from `cache` (not pulled)."""
-    return sorted(cache.plan(ids, 0).served.tolist())
+    plan = cache.plan(ids, 0)
+    served = torch.ones(ids.numel(), dtype=torch.bool)
+    served[plan.miss] = False
+    return sorted(ids[served].tolist())
 
 
 def test_a_copy_is_dropped_once_it_misses_more_than_s_updates_or_its_row_was_replaced(

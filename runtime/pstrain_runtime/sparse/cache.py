@@ -59,13 +59,6 @@ class Lookup:
     def missing(self) -> torch.Tensor:
         return self.ids[self.miss]
 
-    @property
-    def served(self) -> torch.Tensor:
-        """The ids found in the cache."""
-        found = torch.ones(self.ids.numel(), dtype=torch.bool)
-        found[self.miss] = False
-        return self.ids[found]
-
 
 class RowCache:
     def __init__(self, dim: int, rows: int, staleness: int) -> None:

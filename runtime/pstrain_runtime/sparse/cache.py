@@ -51,13 +51,17 @@ class Lookup:
     step: int
     out: torch.Tensor  # rows of `ids`; those at `miss` still to fill
     miss: torch.Tensor  # positions in `ids` to pull
-    slots: torch.Tensor  # their slots where held (stale), else -1
+    found: torch.Tensor  # the slot of each of `ids` where held (fresh or not), else -1
     keep: bool = True  # False: the cache stands aside (see `RowCache`)
-    found: torch.Tensor | None = None  # the slot of each of `ids` where held, else -1
 
     @property
     def missing(self) -> torch.Tensor:
         return self.ids[self.miss]
+
+    @property
+    def slots(self) -> torch.Tensor:
+        """The slots of the ids to pull where held (stale), else -1."""
+        return self.found.index_select(0, self.miss)
 
 
 class RowCache:
@@ -78,7 +82,7 @@ class RowCache:
         self.own = torch.zeros(rows, dtype=torch.int32)
         # The ids of the last lookup and their slots (`note_pushed` of the same ids,
         # the usual case, needs no second search of the id map).
-        self.recent: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+        self.recent: tuple[torch.Tensor, torch.Tensor] | None = None
         self.free = torch.arange(rows - 1, -1, -1)  # slots to fill, taken from the end
         self.hits = 0
         self.misses = 0
@@ -115,7 +119,7 @@ class RowCache:
         self.hits += int(hit.numel())
         self.misses += int(miss.numel())
         self._judge(int(hit.numel()), int(ids.numel()))
-        return Lookup(ids, step, out, miss, found.index_select(0, miss), found=found)
+        return Lookup(ids, step, out, miss, found)
 
     def _held(self, ids: torch.Tensor, slots: torch.Tensor | None = None) -> torch.Tensor:
         """The slot holding each of `ids`, else -1 (`slots`: where the id map said they
@@ -165,20 +169,19 @@ class RowCache:
             if versions is None:
                 versions = torch.full((plan.miss.numel(),), -1, dtype=torch.int32)
             kept = self._keep(plan.missing, pulled, versions, plan.slots, plan.step)
-            if found is not None:
-                found = found.index_copy(0, plan.miss, kept)
+            found = found.index_copy(0, plan.miss, kept)
         self.recent = (plan.ids, found)
         return plan.out
 
     def note_pushed(self, ids: torch.Tensor, versions: torch.Tensor) -> int:
         """This worker pushed gradients of `ids`, whose rows stand at `versions` on
-        their server after the push: count the push for each kept row, and drop those
+        their server after the push: count the push for each kept row, and expire those
         that now miss more than S updates of other workers, or whose row was replaced
-        on the server (see the module doc). Returns the rows dropped."""
+        on the server (see the module doc). Returns the rows expired."""
         if not ids.numel() or self.aside:  # aside: nothing kept will be served
             return 0
-        looked, slots = self.recent
-        if looked is None or slots is None or not (
+        looked, slots = self.recent or (None, None)
+        if looked is None or not (
                 looked is ids or looked.shape == ids.shape and torch.equal(looked, ids)):
             slots = None  # not the ids of the last lookup: ask the id map
         slots = self._held(ids, slots)
@@ -192,8 +195,8 @@ class RowCache:
         return int(stale.numel())
 
     def drop_owned_by(self, ps: int, num_ps: int) -> int:
-        """Drop every kept row that server `ps` (of `num_ps`) owns (`ids.owner_of`): its
-        rows were replaced (a new generation). Returns the rows dropped."""
+        """Expire every kept row that server `ps` (of `num_ps`) owns (`ids.owner_of`):
+        its rows were replaced (a new generation). Returns the rows expired."""
         held = torch.nonzero(self.owner >= 0).reshape(-1)
         if not held.numel():
             return 0

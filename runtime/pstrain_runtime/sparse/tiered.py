@@ -233,8 +233,9 @@ class TieredTable:
             release_free_memory()
 
     def _make_room(self, incoming: int, keep: torch.Tensor | None) -> None:
-        """Move the rows updated least recently to disk, so that `incoming` more rows
-        fit in RAM (down to 15/16 of the budget: one batch now and then)."""
+        """Move rows to disk (`RowTable.oldest`: least recently updated first, rows
+        updated twice in RAM last), so that `incoming` more rows fit in RAM (down to
+        15/16 of the budget: one batch now and then)."""
         live = self.hot.stats().rows
         if live + incoming <= self.hot_rows:
             return

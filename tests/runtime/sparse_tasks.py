@@ -74,7 +74,8 @@ def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def make_task(table_options: dict | None = None) -> Task:
     def evaluate(model: nn.Module) -> dict[str, float]:
-        x, y = next(batches(99, 1, 64, 0))
+        device = next(model.parameters()).device  # the trainer's: CPU or CUDA
+        x, y = (t.to(device) for t in next(batches(99, 1, 64, 0)))
         with torch.no_grad():
             return {"loss": float(loss(model(x), y))}
 

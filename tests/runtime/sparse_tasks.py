@@ -8,13 +8,15 @@ import torch
 from torch import nn
 
 from pstrain_runtime.sparse import SparseEmbedding, SparseEmbeddingBag, initial_rows, stream_of
+from pstrain_runtime.sparse.client import SparseClient
 from pstrain_runtime.task import Task
 from pstrain_runtime.worker.context import WorkerRole
 from pstrain_runtime.worker.trainer import Trainer
 
 from .builders import Events, run_trainers
 
-__all__ = ["Events", "Net", "all_tag_ids", "batches", "loss", "make_task", "run_job"]
+__all__ = ["Events", "Net", "all_tag_ids", "batches", "loss", "make_task", "run_job",
+           "table_rows"]
 
 ITEMS, ITEM_DIM, TAG_DIM, TAG_SPACE = 40, 8, 4, 1 << 40
 
@@ -96,3 +98,12 @@ def run_job(job, transports, num_workers: int = 1,
     for trainer in trainers:
         trainer.close()
     return trainers
+
+
+def table_rows(trainer: Trainer, name: str, ids: torch.Tensor) -> torch.Tensor:
+    """A finished trainer's table rows, read from its servers (its own client is closed)."""
+    client = SparseClient(trainer.sparse.client.transports, "ns")
+    try:
+        return client.pull(trainer.sparse.specs[name], ids)
+    finally:
+        client.close()

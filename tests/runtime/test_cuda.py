@@ -66,15 +66,6 @@ def test_a_sparse_job_on_cuda_ends_where_the_cpu_job_ends(mode: str) -> None:
         torch.testing.assert_close(on_gpu.mirror[name], value, **TOLERANCE)
     ids = {"items": torch.arange(sparse_tasks.ITEMS), "tags": sparse_tasks.all_tag_ids()}
     for table, rows in ids.items():
-        torch.testing.assert_close(sparse_rows(on_gpu, table, rows),
-                                   sparse_rows(on_cpu, table, rows), **TOLERANCE)
+        torch.testing.assert_close(sparse_tasks.table_rows(on_gpu, table, rows),
+                                   sparse_tasks.table_rows(on_cpu, table, rows), **TOLERANCE)
 
-
-def sparse_rows(trainer: Trainer, table: str, ids: torch.Tensor) -> torch.Tensor:
-    from pstrain_runtime.sparse.client import SparseClient
-
-    client = SparseClient(trainer.sparse.client.transports, "ns")  # the trainer's is closed
-    try:
-        return client.pull(trainer.sparse.specs[table], ids)
-    finally:
-        client.close()

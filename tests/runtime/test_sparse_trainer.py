@@ -55,14 +55,6 @@ def reference(config: OptimizerConfig, steps: int, seed: int,
     return model
 
 
-def table_rows(trainer: Trainer, name: str, ids: torch.Tensor) -> torch.Tensor:
-    client = SparseClient(trainer.sparse.client.transports, "ns")  # the trainer's is closed
-    try:
-        return client.pull(trainer.sparse.specs[name], ids)
-    finally:
-        client.close()
-
-
 @pytest.mark.parametrize("optimizer", [{"name": "sgd", "learningRate": 0.1},
                                        {"name": "adagrad", "learningRate": 0.1}],
                          ids=lambda o: o["name"])
@@ -74,9 +66,9 @@ def test_one_worker_equals_plain_pytorch_with_sparse_embeddings(optimizer, mode,
     for name, value in ref.head.named_parameters():
         torch.testing.assert_close(chief.mirror[f"head.{name}"], value.detach(),
                                    rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(table_rows(chief, "items", torch.arange(sparse_tasks.ITEMS)),
+    torch.testing.assert_close(sparse_tasks.table_rows(chief, "items", torch.arange(sparse_tasks.ITEMS)),
                                ref.items.weight.detach(), rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(table_rows(chief, "tags", sparse_tasks.all_tag_ids()),
+    torch.testing.assert_close(sparse_tasks.table_rows(chief, "tags", sparse_tasks.all_tag_ids()),
                                ref.tags.weight.detach(), rtol=1e-6, atol=1e-6)
 
 
@@ -85,9 +77,9 @@ def test_sync_mode_applies_the_mean_of_the_workers_rows() -> None:
                    optimizer={"name": "sgd", "learningRate": 0.1})
     chief = run(job, [LocalTransport(ParameterStore(i)) for i in range(2)], num_workers=2)[0]
     ref = reference(OptimizerConfig.from_model(job.optimizer), STEPS, seed=3, num_workers=2)
-    torch.testing.assert_close(table_rows(chief, "items", torch.arange(sparse_tasks.ITEMS)),
+    torch.testing.assert_close(sparse_tasks.table_rows(chief, "items", torch.arange(sparse_tasks.ITEMS)),
                                ref.items.weight.detach(), rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(table_rows(chief, "tags", sparse_tasks.all_tag_ids()),
+    torch.testing.assert_close(sparse_tasks.table_rows(chief, "tags", sparse_tasks.all_tag_ids()),
                                ref.tags.weight.detach(), rtol=1e-6, atol=1e-6)
 
 

@@ -55,6 +55,30 @@ def test_owner_rule_is_deterministic_and_balanced_for_skewed_ids() -> None:
     assert abs(int(counts[0]) - 5000) < 200
 
 
+def test_splitmix64_is_the_published_mix_bit_for_bit() -> None:
+    """Owners and initial rows (so every checkpoint's unwritten rows) rest on it: the
+    reference generator's first outputs from state 0, and Python's exact integers."""
+    from pstrain_runtime.sparse.ids import splitmix64
+
+    mask, golden = (1 << 64) - 1, 0x9E3779B97F4A7C15
+
+    def plain(x: int) -> int:
+        z = (x + golden) & mask
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        return z ^ (z >> 31)
+
+    states = np.array([0, golden, 2 * golden & mask], dtype=np.uint64)
+    assert [int(v) for v in splitmix64(states)] == [
+        0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F]
+    values = np.random.default_rng(3).integers(0, 1 << 63, 1000, dtype=np.int64)
+    values = np.concatenate([values.view(np.uint64), np.array([0, mask], dtype=np.uint64)])
+    before = values.copy()
+    assert [int(v) for v in splitmix64(values.reshape(-1, 2)).reshape(-1)] == [
+        plain(int(v)) for v in values]
+    assert np.array_equal(values, before)  # the input is left as it was
+
+
 def test_initial_rows_depend_only_on_seed_table_and_id() -> None:
     stream = stream_of(7, "t")
     a = initial_rows(torch.tensor([5, 9, 1 << 50]), 9, 0.1, stream)

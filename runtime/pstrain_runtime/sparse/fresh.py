@@ -34,12 +34,18 @@ class RecentReads:
         return rows
 
     def create(self, ids: torch.Tensor) -> torch.Tensor:
-        """The initial rows of `ids` (unique), taken from the kept reads where there."""
+        """The initial rows of `ids` (unique), taken from the kept reads where there
+        (a kept block itself when `ids` are its ids: the caller copies, never writes)."""
         if not self.blocks or not ids.numel():
             return self.initial(ids)
+        blocks = tuple(self.blocks)  # appended to unlocked
+        for block_ids, block_rows in reversed(blocks):
+            # The usual case: the push creates exactly the rows its pull read.
+            if block_ids.numel() == ids.numel() and torch.equal(block_ids, ids):
+                return block_rows
         missing = torch.ones(ids.numel(), dtype=torch.bool)
         out: torch.Tensor | None = None
-        for block_ids, block_rows in reversed(tuple(self.blocks)):  # appended to unlocked
+        for block_ids, block_rows in reversed(blocks):
             pos = torch.searchsorted(block_ids, ids).clamp_(max=block_ids.numel() - 1)
             hit = missing & (block_ids[pos] == ids)
             if bool(hit.any()):

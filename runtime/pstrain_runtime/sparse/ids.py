@@ -30,10 +30,14 @@ _INDEX_SALT = np.uint64(0x632BE59BD9B4E019)
 def splitmix64(x: np.ndarray) -> np.ndarray:
     """The splitmix64 finaliser of every element of a uint64 array (wrapping)."""
     with np.errstate(over="ignore"):
-        z = x + _GOLDEN
-        z = (z ^ (z >> np.uint64(30))) * _M1
-        z = (z ^ (z >> np.uint64(27))) * _M2
-        return z ^ (z >> np.uint64(31))
+        z = x + _GOLDEN  # then in place: two arrays however long `x` is
+        shifted = z >> np.uint64(30)
+        z ^= shifted
+        z *= _M1
+        z ^= np.right_shift(z, np.uint64(27), out=shifted)
+        z *= _M2
+        z ^= np.right_shift(z, np.uint64(31), out=shifted)
+        return z
 
 
 def as_uint64(ids: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -95,5 +99,5 @@ def initial_rows(ids: torch.Tensor, dim: int, std: float,
     u2 = torch.from_numpy(((bits >> 8) & 0xFFFFFF).astype(np.float32)).mul_(scale)
     radius = u1.log_().mul_(-2.0).sqrt_().mul_(std)
     angle = u2.mul_(2.0 * math.pi)
-    normals = torch.cat([radius * torch.cos(angle), radius * torch.sin(angle)], dim=1)
+    normals = torch.cat([torch.cos(angle).mul_(radius), torch.sin(angle).mul_(radius)], dim=1)
     return normals[:, :dim].contiguous() if dim % 2 else normals

@@ -32,7 +32,8 @@ def apply_rows(config: OptimizerConfig, rows: torch.Tensor, grads: torch.Tensor,
     elif config.name == "adagrad":
         acc = slots["sum"]
         acc.addcmul_(grads, grads, value=1)
-        rows.add_(grads / acc.sqrt().add_(config.eps), alpha=-lr)
+        denom = acc.sqrt().add_(config.eps)
+        rows.add_(torch.div(grads, denom, out=denom), alpha=-lr)
     elif config.name == "adam":
         exp_avg, exp_avg_sq = slots["exp_avg"], slots["exp_avg_sq"]
         # The operations of torch.optim.SparseAdam, in its order.

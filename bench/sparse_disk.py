@@ -7,10 +7,13 @@ The CTR model of item `ctr` (`pstrain_runtime.examples.ctr`, 26 tables fused int
 the same run: `ram` (every row in memory, as before) and `disk` (each server's budget
 `BUDGET_MIB`: the table, `TOTAL_ROWS / 2` rows x (row + Adagrad state) per server, is
 about 8 times that). For Zipf 1.2 ids (the example's default) and uniform ids (no hot
-rows: nearly every update goes to disk and back). Reported:
+rows: nearly every update goes to disk and back). With Zipf ids the two sides run in
+turn `ROUNDS` times, each round in the other order (this machine's speed drifts by a
+third within minutes). Reported:
 
-- samples/s of each side (the chief's progress events, warm-up window dropped) and
-  disk / ram;
+- samples/s of each side (the chief's progress events, warm-up window dropped; the
+  windows of every round) and disk / ram: per round (the medians of that round's
+  windows), the median over the rounds;
 - Zipf: the held-out AUC of each side after the same `AUC_SAMPLES` samples (a job of
   its own right after the measured one, same processes, a fresh model; the chief's
   end-of-job evaluation), and their difference;
@@ -27,9 +30,11 @@ rows: nearly every update goes to disk and back). Reported:
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import shutil
+import statistics
 import tempfile
 from typing import Any
 
@@ -45,6 +50,7 @@ BATCH, QUICK_BATCH = 512, 64
 AUC_SAMPLES, QUICK_AUC_SAMPLES = 1 << 18, 1 << 14
 IDS = {"zipf": 1.2, "uniform": 0.0}
 SIDES = ("ram", "disk")
+ROUNDS, QUICK_ROUNDS = 3, 1  # Zipf ids: ram and disk in turn (uniform ids: one round)
 ENTRYPOINT = "pstrain_runtime.examples.ctr:make_task"
 EVAL_SIZE = 16_384
 
@@ -66,12 +72,12 @@ def _spec(cfg: Config, ids: str) -> Any:
                      ENTRYPOINT, args, batch, dict(ADAGRAD))
 
 
-def side_jobs(cfg: Config, ids: str, side: str, directory: str | None
+def side_jobs(cfg: Config, ids: str, side: str, directory: str | None, auc: bool = True
               ) -> list[dict[str, Any]]:
-    """The measured job of one side and, for Zipf ids, its AUC job."""
+    """The measured job of one side and, for Zipf ids (`auc`), its AUC job."""
     from .training import _throughput_job
 
-    total, budget, batch, auc = sizes(cfg)
+    total, budget, batch, auc_samples = sizes(cfg)
     spec = _spec(cfg, ids)
     what = f"CTR {total / 1e6:g} M rows x {DIM}, {ids} ids"
     where = ("every row in memory" if side == "ram" else
@@ -81,9 +87,9 @@ def side_jobs(cfg: Config, ids: str, side: str, directory: str | None
                           f"{what}: pstrain async, {where}", f"bench/disk-{ids}-{side}")
     job["sample_memory"] = True
     jobs = [job]
-    if ids == "zipf":
+    if ids == "zipf" and auc:
         jobs.append({"kind": "fixed", "namespace": f"bench/disk-{ids}-{side}-auc",
-                     "training": spec.training("async", math.ceil(auc / batch)),
+                     "training": spec.training("async", math.ceil(auc_samples / batch)),
                      "progress_s": 1.0})
     if side == "disk":
         for each in jobs:
@@ -142,47 +148,92 @@ def memory_figures(cfg: Config, ids: str, side: str, got: dict[str, Any],
     return figs
 
 
-def run_side(cfg: Config, ids: str, side: str, baseline: tuple[int, int]) -> list[Figure]:
-    from .training import _run_ps_jobs, _throughput_figures
+Round = tuple[list[dict[str, Any]], list[dict[str, Any]]]  # (jobs, their results)
+
+
+def measure_side(cfg: Config, ids: str, side: str, auc: bool) -> Round:
+    """One round of one side: its jobs, run in a process group of their own."""
+    from .training import _run_ps_jobs
 
     directory = tempfile.mkdtemp(prefix="pstrain-bench-rows-") if side == "disk" else None
     try:
-        jobs = side_jobs(cfg, ids, side, directory)
-        got = _run_ps_jobs(cfg, jobs, PS)
+        jobs = side_jobs(cfg, ids, side, directory, auc)
+        return jobs, _run_ps_jobs(cfg, jobs, PS)
     finally:
         if directory:
             shutil.rmtree(directory, ignore_errors=True)
-    figs = _throughput_figures(cfg, jobs[:1], got[:1], PS)
-    progress = [f for _, k, f in got[0]["events"] if k == "progress" and "threads" in f]
+
+
+def side_figures(cfg: Config, ids: str, side: str, baseline: tuple[int, int],
+                 rounds: list[Round]) -> list[Figure]:
+    """samples/s over every round's windows, CPU and memory (the peak over every
+    round), the AUC (the round that ran its job)."""
+    from .training import _throughput_figures
+
+    jobs = rounds[0][0]
+    per_round = [_throughput_figures(cfg, r_jobs[:1], got[:1], PS) for r_jobs, got in rounds]
+    figs = []
+    rates = [v for round_figs in per_round for f in round_figs[:1] for v in f.samples]
+    first = per_round[0]
+    if first and rates:
+        head = first[0]
+        figs.append(Figure.of(head.key, head.label, head.unit, rates,
+                              note=f"{head.note}; {len(rounds)} round(s)"))
+        figs += first[1:]  # CPU: the first round's
+    else:
+        figs += first
+    progress = [f for _, k, f in rounds[-1][1][0]["events"] if k == "progress" and "threads" in f]
     if progress and figs:
         threads = progress[-1]["threads"]
         figs[0].note += "; " + process_note([("PS", t) for t in threads[:PS]]
                                             + [("workers", t) for t in threads[PS:]])
-    figs += memory_figures(cfg, ids, side, got[0], baseline)
-    if len(got) > 1:
-        evals = [(f["step"], f) for _, k, f in got[1]["events"] if k == "eval"]
-        step, metrics = evals[-1] if evals else (0, None)
-        figs.append(auc_figure(f"sparse_disk.{ids}.{side}.auc", f"{ids} ids, {side}: "
-                               "held-out AUC", metrics, step * jobs[0]["batch"],
-                               "a job of its own after the measured one"))
+    events = [e for _, got in rounds for e in got[0]["events"]]
+    figs += memory_figures(cfg, ids, side, {"events": events}, baseline)
+    for r_jobs, got in rounds:
+        if len(got) > 1:
+            evals = [(f["step"], f) for _, k, f in got[1]["events"] if k == "eval"]
+            step, metrics = evals[-1] if evals else (0, None)
+            figs.append(auc_figure(f"sparse_disk.{ids}.{side}.auc", f"{ids} ids, {side}: "
+                                   "held-out AUC", metrics, step * r_jobs[0]["batch"],
+                                   "a job of its own after the measured one"))
     return figs
 
 
-def compare(figs: list[Figure]) -> list[Figure]:
-    """disk / ram samples/s per id law, the AUC gap, the larger server's RSS growth
-    against the budget."""
+def round_ratio(cfg: Config, ids: str, disk: list[Round | None], ram: list[Round | None]
+                ) -> Figure:
+    """disk / ram samples/s: per round, the medians of that round's windows; the
+    median over the rounds where both sides ran."""
+    from .training import window_rates
+
+    def median_rate(r: Round | None) -> float | None:
+        if r is None:
+            return None
+        jobs, got = r
+        points = [(t, f["step"]) for t, k, f in got[0]["events"] if k == "progress"]
+        rates = window_rates(points, jobs[0]["per_step"], cfg.train_seconds_per_rep,
+                             cfg.warmup, cfg.repeats)
+        return statistics.median(rates) if rates else None
+
+    key = f"sparse_disk.{ids}.vs_ram"
+    label = f"{ids} ids: samples/s with the disk tier / every row in memory"
+    pairs = [(median_rate(d), median_rate(r)) for d, r in zip(disk, ram)]
+    ratios = [d / r for d, r in pairs if d and r]
+    if not ratios:
+        return Figure.missing(key, label, "x", "no round with both sides measured")
+    return Figure.of(key, label, "x", ratios, note=f"per round ({len(ratios)}), the "
+                     "medians of that round's windows: "
+                     + ", ".join(f"{x:.2f}" for x in ratios))
+
+
+def auc_gap(figs: list[Figure]) -> list[Figure]:
+    """|AUC disk - AUC ram| after the same samples, Zipf ids."""
     by = {f.key: f for f in figs}
-    out = []
-    for ids in IDS:
-        out.append(ratio(f"sparse_disk.{ids}.vs_ram", f"{ids} ids: samples/s with the disk "
-                         "tier / every row in memory", by.get(f"sparse_disk.{ids}.disk"),
-                         by.get(f"sparse_disk.{ids}.ram")))
     disk, ram = by.get("sparse_disk.zipf.disk.auc"), by.get("sparse_disk.zipf.ram.auc")
     if disk and ram and disk.median is not None and ram.median is not None:
-        out.append(Figure("sparse_disk.zipf.auc_gap", "Zipf ids: |AUC disk - AUC ram| after "
-                          "the same samples", "AUC", abs(disk.median - ram.median),
-                          note=f"disk {disk.median:.4f}, ram {ram.median:.4f}"))
-    return out
+        return [Figure("sparse_disk.zipf.auc_gap", "Zipf ids: |AUC disk - AUC ram| after "
+                       "the same samples", "AUC", abs(disk.median - ram.median),
+                       note=f"disk {disk.median:.4f}, ram {ram.median:.4f}")]
+    return []
 
 
 def run(cfg: Config) -> list[Figure]:
@@ -200,7 +251,21 @@ def run(cfg: Config) -> list[Figure]:
                        total / PS * ROW_BYTES / (budget << 20),
                        note=f"{total:,} rows x {ROW_BYTES} B over {PS} servers; "
                        f"{budget} MiB each"))
-    parts = [(f"{side} {ids}", lambda side=side, ids=ids: run_side(cfg, ids, side, baseline))
-             for ids in IDS for side in SIDES]
+    rounds = {ids: QUICK_ROUNDS if cfg.quick or ids != "zipf" else ROUNDS for ids in IDS}
+    got: dict[tuple[str, str], list[Round | None]] = {
+        (ids, side): [None] * rounds[ids] for ids in IDS for side in SIDES}
+
+    def part(ids: str, side: str, k: int) -> list[Figure]:
+        got[ids, side][k] = measure_side(cfg, ids, side, auc=k == 0)
+        return []
+
+    parts = [(f"{side} {ids}", functools.partial(part, ids, side, k))
+             for ids in IDS for k in range(rounds[ids])
+             for side in (SIDES if k % 2 == 0 else SIDES[::-1])]
     figs += run_parts("sparse_disk", parts)
-    return figs + compare(figs)
+    for (ids, side), results in got.items():
+        done = [r for r in results if r is not None]
+        if done:
+            figs += side_figures(cfg, ids, side, baseline, done)
+    figs += [round_ratio(cfg, ids, got[ids, "disk"], got[ids, "ram"]) for ids in IDS]
+    return figs + auc_gap(figs)

@@ -1,5 +1,5 @@
 """Item `sparse_disk`'s pure parts: its jobs (the disk side carries the budget and the
-directory, the Zipf sides an AUC job), the comparisons and the targets."""
+directory, the Zipf sides an AUC job), the ratio over rounds, and the targets."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ def test_each_side_runs_its_jobs_with_the_budget_on_disk_only(ids: str, side: st
     assert storage == [want] * jobs
     assert got[0]["key"] == f"sparse_disk.{ids}.{side}"
     assert got[0]["training"]["args"]["zipf"] == sparse_disk.IDS[ids]
+    # Rounds after the first measure speed alone.
+    assert len(sparse_disk.side_jobs(cfg, ids, side, "/rows", auc=False)) == 1
 
 
 def test_the_table_is_many_times_a_servers_budget() -> None:
@@ -35,16 +37,41 @@ def test_the_table_is_many_times_a_servers_budget() -> None:
         assert total / 2 * sparse_disk.ROW_BYTES >= 4 * (budget << 20)
 
 
+def a_round(cfg: Config, ids: str, side: str, steps_per_s: float) -> sparse_disk.Round:
+    """A round whose measured job steps at `steps_per_s` (progress every 0.1 s)."""
+    jobs = sparse_disk.side_jobs(cfg, ids, side, "/rows" if side == "disk" else None)
+    events = [(0.1 * i, "progress", {"step": round(0.1 * i * steps_per_s)})
+              for i in range(200)]
+    return jobs, [{"events": events}]
+
+
+def test_the_ratio_is_the_median_over_rounds_of_each_rounds_ratio() -> None:
+    cfg = Config.build(quick=True)
+    disk = [a_round(cfg, "zipf", "disk", r) for r in (50.0, 80.0, 30.0)]
+    ram = [a_round(cfg, "zipf", "ram", r) for r in (100.0, 100.0, 100.0)]
+    got = sparse_disk.round_ratio(cfg, "zipf", [*disk[:2], None, disk[2]],
+                                  [*ram, None])
+    assert got.samples == pytest.approx([0.5, 0.8])  # rounds missing a side are left out
+    assert got.median == pytest.approx(0.65)
+    figs = sparse_disk.side_figures(cfg, "zipf", "disk", (0, 0), disk)
+    rates = next(f for f in figs if f.key == "sparse_disk.zipf.disk")
+    batch = disk[0][0][0]["per_step"]
+    assert len(rates.samples) == 3 * cfg.repeats  # every round's windows
+    assert sorted({round(v / batch) for v in rates.samples}) == [30, 50, 80]
+    missing = sparse_disk.round_ratio(cfg, "zipf", [None], [ram[0]])
+    assert missing.median is None
+
+
 @pytest.mark.parametrize("disk, auc_gap, growth, met", [
-    (600.0, 0.002, 40.0, ["met", "met", "met"]),
-    (300.0, 0.010, 90.0, ["missed", "missed", "missed"]),
+    (0.6, 0.002, 40.0, ["met", "met", "met"]),
+    (0.3, 0.010, 90.0, ["missed", "missed", "missed"]),
 ])
 def test_targets(disk: float, auc_gap: float, growth: float, met: list[str]) -> None:
-    figs = [fig("sparse_disk.zipf.disk", disk), fig("sparse_disk.zipf.ram", 1000.0),
+    figs = [fig("sparse_disk.zipf.vs_ram", disk, "x"),
             fig("sparse_disk.zipf.disk.auc", 0.8 - auc_gap),
             fig("sparse_disk.zipf.ram.auc", 0.8), fig("sparse_disk.budget", 67.1, "MB"),
             fig("sparse_disk.zipf.disk.ps0_rss_growth", growth, "MB"),
             fig("sparse_disk.zipf.disk.ps1_rss_growth", growth / 2, "MB")]
-    figs += sparse_disk.compare(figs)
+    figs += sparse_disk.auc_gap(figs)
     targets = [t for t in evaluate_targets(figs) if t.name.startswith("sparse disk tier")]
     assert [t.status for t in targets] == met

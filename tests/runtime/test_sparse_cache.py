@@ -90,13 +90,21 @@ def test_a_full_cache_keeps_the_rows_of_the_current_step() -> None:
     assert server.pulled_rows == before
 
 
-def test_the_id_map_is_rebuilt_when_stale_entries_pile_up() -> None:
+def test_the_id_map_is_rebuilt_when_stale_entries_pile_up(monkeypatch) -> None:
+    from pstrain_runtime.sparse.index import IdIndex
+
+    grown = []
+    rebuild = IdIndex._rebuild
+    monkeypatch.setattr(IdIndex, "_rebuild", lambda self, *a: (grown.append(1),
+                                                               rebuild(self, *a)))
     server, cache = Server(), RowCache(dim=2, rows=16, staleness=100)
-    for step in range(400):  # every step new ids: constant eviction
-        ids = torch.arange(step * 16, step * 16 + 16)
+    for step in range(400):  # every step 8 new ids beside 8 hot ones: constant eviction
+        ids = torch.cat([torch.arange(8), torch.arange(8 + step * 8, 16 + step * 8)])
         server.step = step
         assert torch.equal(cache.lookup(ids, step, server.pull)[:, 0], ids.to(torch.float32))
-    assert cache.index.size <= 2 * 16 + 1024 + 16
+    assert cache.hits >= 8 * 390  # the hot ids were served: the cache stayed active
+    assert cache.index.size <= 2 * 16 + 1024  # rebuilt before a put would pass that
+    assert not grown  # sized once for that many entries: it never grew (and rebuilt)
 
 
 def test_bad_settings_are_refused() -> None:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from .ids import owner_of
-from .index import IdIndex
+from .index import MAX_LOAD, IdIndex
 
 NEVER = -(1 << 62)
 JUDGE_EVERY = 16  # lookups between checks of the hit rate
@@ -71,7 +71,10 @@ class RowCache:
                              f"and {staleness}")
         self.capacity = rows
         self.staleness = staleness
-        self.index = IdIndex()  # id -> slot; a slot given to another id is checked below
+        # id -> slot; a slot given to another id is checked below (`_held`). Entries of
+        # dropped ids stay until `_reindex`: sized for that many at once, the map never
+        # grows (a growth rebuilds it whole: most of its cost when it grew as it filled).
+        self.index = self._new_index()
         self.rows = torch.empty((rows, dim))  # pages mapped only as slots fill
         self.owner = torch.full((rows,), -1, dtype=torch.int64)  # id in each slot
         self.pulled = torch.full((rows,), NEVER, dtype=torch.int64)  # step pulled
@@ -226,9 +229,10 @@ class RowCache:
             new = new[:where.numel()]
             slots = slots.index_copy(0, new, where)
             self.owner.index_copy_(0, where, ids.index_select(0, new))
-            self.index.put(ids[new].numpy(), where.numpy())
-            if self.index.size > 2 * self.capacity + 1024:
-                self._reindex()
+            if self.index.size + new.numel() > self._most_entries():
+                self._reindex()  # from `owner`: the new ids are in it
+            else:
+                self.index.put(ids[new].numpy(), where.numpy())
         kept = torch.cat([known, new])
         where = slots.index_select(0, kept)
         self.rows.index_copy_(0, where, rows.index_select(0, kept))
@@ -251,8 +255,15 @@ class RowCache:
         self.free = self.free[:self.free.numel() - take]
         return taken
 
+    def _most_entries(self) -> int:
+        """Entries of the id map (held ids and dropped ones) before `_reindex`."""
+        return 2 * self.capacity + 1024
+
+    def _new_index(self) -> IdIndex:
+        return IdIndex(int(self._most_entries() / MAX_LOAD) + 1)
+
     def _reindex(self) -> None:
         """Drop the map's entries of ids no longer held."""
         live = torch.nonzero(self.owner >= 0).reshape(-1)
-        self.index = IdIndex()
-        self.index.put(self.owner[live].numpy(), live.numpy())
+        self.index = self._new_index()
+        self.index.add(self.owner[live].numpy(), live.numpy())

@@ -93,11 +93,13 @@ class IdIndex:
         pos = self._home(keys)
         while len(pending):
             free = np.flatnonzero(self.keys[pos] == EMPTY)
-            # Several keys may want the same free place: the first of each wins.
-            _, first = np.unique(pos[free], return_index=True)
-            winners = free[first]
-            self.keys[pos[winners]] = keys[pending[winners]]
-            self.vals[pos[winners]] = vals[pending[winners]]
+            # Several keys may want the same free place: each writes its key there and
+            # one write stays (the keys being unique, reading them back says which).
+            at, mine = pos[free], keys[pending[free]]
+            self.keys[at] = mine
+            won = self.keys[at] == mine
+            winners = free[won]
+            self.vals[at[won]] = vals[pending[winners]]
             rest = np.ones(len(pending), dtype=bool)
             rest[winners] = False
             # Every other key now sees its place taken: probe the next one.

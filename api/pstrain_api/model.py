@@ -275,7 +275,8 @@ class SparseCache(ApiModel):
     rows: int = Field(
         default=262_144, ge=1, le=2**31 - 1,
         description="Rows kept per table per worker at most (the rows used least "
-        "recently make room); worker memory: rows x embedding_dim x 4 bytes per table.",
+        "recently make room); worker memory per table: about rows x (embedding_dim x 4 "
+        "+ 136) bytes (the rows, their bookkeeping and the id map).",
     )
 
 

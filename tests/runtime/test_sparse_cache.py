@@ -455,3 +455,14 @@ def test_a_row_that_went_to_disk_and_came_back_is_pulled_again(tmp_path: Path) -
 
     step(model, session, row, the_servers_row)
     assert session.source.pulled == pulled + 1
+
+
+@pytest.mark.parametrize("rows", [4096, 100_000, 262_144])
+def test_a_cache_takes_the_memory_the_spec_says(rows: int) -> None:
+    """spec.training.sparseCache.rows: about rows x (embedding_dim x 4 + 136) bytes a
+    table (the rows, their bookkeeping and the id map, sized for its most entries)."""
+    cache = RowCache(dim=8, rows=rows, staleness=4)
+    tensors = (cache.rows, cache.owner, cache.pulled, cache.used, cache.version, cache.own,
+               cache.free)
+    held = sum(t.numel() * t.element_size() for t in tensors) + cache.index.nbytes
+    assert rows * (8 * 4 + 100) <= held <= rows * (8 * 4 + 136)

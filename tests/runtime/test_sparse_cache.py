@@ -18,6 +18,7 @@ from pstrain_runtime.sparse import SparseEmbedding
 from pstrain_runtime.sparse.cache import RowCache
 from pstrain_runtime.sparse.client import SparseClient
 from pstrain_runtime.sparse.ids import owner_of
+from pstrain_runtime.sparse.index import DirectIndex
 from pstrain_runtime.sparse.protocol import encode, header_of, tensor_of
 from pstrain_runtime.sparse.session import SparseSession
 from pstrain_runtime.sparse.spec import TableSpec
@@ -50,10 +51,15 @@ def zipf_batches(steps: int, ids_per_step: int, space: int, seed: int = 0):
                                              generator=g))
 
 
+@pytest.mark.parametrize("num_ids", [None, 2000], ids=["hash-map", "direct-map"])
 @pytest.mark.parametrize(("staleness", "capacity"), [(1, 50), (3, 200), (8, 5000), (2, 7)])
 def test_no_row_is_older_than_s_steps_and_every_row_is_its_ids(staleness: int,
-                                                                capacity: int) -> None:
-    server, cache = Server(), RowCache(dim=2, rows=capacity, staleness=staleness)
+                                                                capacity: int,
+                                                                num_ids: int | None) -> None:
+    server = Server()
+    cache = RowCache(dim=2, rows=capacity, staleness=staleness, num_ids=num_ids)
+    # A fixed-size table small enough for a direct map gets one (a hash map's bytes).
+    assert isinstance(cache.index, DirectIndex) is (num_ids is not None and capacity >= 200)
     for step, ids in enumerate(zipf_batches(300, 64, 2000)):
         server.step = step
         rows = cache.lookup(ids, step, server.pull)
@@ -457,12 +463,27 @@ def test_a_row_that_went_to_disk_and_came_back_is_pulled_again(tmp_path: Path) -
     assert session.source.pulled == pulled + 1
 
 
+@pytest.mark.parametrize("fixed", [False, True], ids=["hash-map", "direct-map"])
 @pytest.mark.parametrize("rows", [4096, 100_000, 262_144])
-def test_a_cache_takes_the_memory_the_spec_says(rows: int) -> None:
+def test_a_cache_takes_the_memory_the_spec_says(rows: int, fixed: bool) -> None:
     """spec.training.sparseCache.rows: about rows x (embedding_dim x 4 + 136) bytes a
-    table (the rows, their bookkeeping and the id map, sized for its most entries)."""
-    cache = RowCache(dim=8, rows=rows, staleness=4)
+    table (the rows, their bookkeeping and the id map, sized for its most entries; a
+    fixed-size table's direct map only where it is no larger)."""
+    cache = RowCache(dim=8, rows=rows, staleness=4, num_ids=24 * rows if fixed else None)
+    assert isinstance(cache.index, DirectIndex) is fixed
     tensors = (cache.rows, cache.owner, cache.pulled, cache.used, cache.version, cache.own,
                cache.free)
     held = sum(t.numel() * t.element_size() for t in tensors) + cache.index.nbytes
     assert rows * (8 * 4 + 100) <= held <= rows * (8 * 4 + 136)
+
+
+def test_a_direct_map_leaves_ids_outside_the_table_to_the_server() -> None:
+    """An id past a fixed-size table is not held: it goes to the server, which refuses
+    it with its own message (the cache never indexes past its map)."""
+    server, cache = Server(), RowCache(dim=2, rows=64, staleness=4, num_ids=100)
+    assert isinstance(cache.index, DirectIndex)
+    cache.lookup(torch.arange(10), 0, server.pull)
+    pulled = server.pulled_rows
+    rows = cache.lookup(torch.tensor([-5, 3, 100, 10**6]), 1, server.pull)
+    assert rows[:, 0].tolist() == [-5.0, 3.0, 100.0, 1e6]
+    assert server.pulled_rows - pulled == 3  # id 3 was held; the others were pulled

@@ -22,6 +22,12 @@ recently make room, an eighth of the cache at a time; rows used in the current s
 are never dropped (a batch with more new rows than that keeps what fits). Where
 lookups hardly ever hit (uniform ids), it stands aside for a while (`_judge`).
 
+The id -> slot map: for a table of a fixed size whose id space takes no more memory
+as a direct array (4 bytes an id) than the hash map would at most (`HASH_BYTES` a kept
+row), that array (a lookup is one gather); else the hash map, sized once for the
+entries it holds between rebuilds. Either way its memory is bounded by `rows`, whatever
+the table's size.
+
 Sync mode never uses a cache: a sync step reads exactly the parameters of the step
 before.
 """
@@ -34,9 +40,10 @@ from dataclasses import dataclass
 import torch
 
 from .ids import owner_of
-from .index import MAX_LOAD, IdIndex
+from .index import MAX_LOAD, DirectIndex, IdIndex
 
 NEVER = -(1 << 62)
+HASH_BYTES = 96  # the hash map's bytes per kept row at most (12 a slot, up to 8 a row)
 JUDGE_EVERY = 16  # lookups between checks of the hit rate
 MIN_HIT_RATE = 0.05  # below it (uniform ids: nothing repeats) the cache stands aside
 STAND_ASIDE = 256  # lookups, then it tries again
@@ -65,16 +72,21 @@ class Lookup:
 
 
 class RowCache:
-    def __init__(self, dim: int, rows: int, staleness: int) -> None:
+    def __init__(self, dim: int, rows: int, staleness: int, num_ids: int | None = None
+                 ) -> None:
+        """`num_ids`: the table's fixed size (None: any int64 id), for the id map."""
         if rows < 1 or staleness < 1:
             raise ValueError(f"a row cache needs rows >= 1 and staleness >= 1, got {rows} "
                              f"and {staleness}")
         self.capacity = rows
         self.staleness = staleness
-        # id -> slot; a slot given to another id is checked below (`_held`). Entries of
-        # dropped ids stay until `_reindex`: sized for that many at once, the map never
-        # grows (a growth rebuilds it whole: most of its cost when it grew as it filled).
-        self.index = self._new_index()
+        # id -> slot (see the module doc); a slot given to another id is checked by
+        # `_held`. A hash map keeps the entries of dropped ids until `_reindex`: sized
+        # for that many, it never grows (a growth rebuilds it whole).
+        direct = num_ids is not None and 4 * num_ids <= rows * HASH_BYTES
+        self.num_ids = num_ids if direct else None
+        self.index: DirectIndex | IdIndex = (DirectIndex(num_ids) if direct  # type: ignore[arg-type]
+                                             else self._new_index())
         self.rows = torch.empty((rows, dim))  # pages mapped only as slots fill
         self.owner = torch.full((rows,), -1, dtype=torch.int64)  # id in each slot
         self.pulled = torch.full((rows,), NEVER, dtype=torch.int64)  # step pulled
@@ -128,9 +140,21 @@ class RowCache:
         """The slot holding each of `ids`, else -1 (`slots`: where the id map said they
         were, when known)."""
         if slots is None:
-            slots = torch.from_numpy(self.index.get(ids.numpy()))
+            slots = self._find(ids)
         held = self.owner.index_select(0, slots.clamp(min=0)) == ids
         return torch.where(held & (slots >= 0), slots, -1)
+
+    def _find(self, ids: torch.Tensor) -> torch.Tensor:
+        """The id map's slot of each of `ids`, else -1 (an id outside a direct map's
+        range is not held: it is pulled, and its server refuses it)."""
+        if self.num_ids is None:
+            return torch.from_numpy(self.index.get(ids.numpy()))
+        inside = (ids >= 0) & (ids < self.num_ids)
+        if bool(inside.all()):
+            return torch.from_numpy(self.index.get(ids.numpy()))
+        slots = torch.full(ids.shape, -1, dtype=torch.int64)
+        slots[inside] = torch.from_numpy(self.index.get(ids[inside].numpy()))
+        return slots
 
     def _judge(self, hits: int, lookups: int) -> None:
         """Every JUDGE_EVERY lookups: below MIN_HIT_RATE (ids that do not repeat within
@@ -223,13 +247,16 @@ class RowCache:
         """Store pulled rows: refreshed in their slots where held, else in free slots.
         Returns the slot of each (-1: not kept, the cache being full of this step's)."""
         known = torch.nonzero(slots >= 0).reshape(-1)
-        new = torch.nonzero(slots < 0).reshape(-1)
+        absent = slots < 0
+        if self.num_ids is not None:  # a direct map holds only the table's ids
+            absent &= (ids >= 0) & (ids < self.num_ids)
+        new = torch.nonzero(absent).reshape(-1)
         if new.numel():
             where = self._take(int(new.numel()), step)
             new = new[:where.numel()]
             slots = slots.index_copy(0, new, where)
             self.owner.index_copy_(0, where, ids.index_select(0, new))
-            if self.index.size + new.numel() > self._most_entries():
+            if self.num_ids is None and self.index.size + new.numel() > self._most_entries():
                 self._reindex()  # from `owner`: the new ids are in it
             else:
                 self.index.put(ids[new].numpy(), where.numpy())

@@ -80,7 +80,7 @@ class SparseSession:
         client = SparseClient(transports, namespace)
         rows, staleness = cache or (0, 0)
         source = RemoteSource(client, {
-            name: RowCache(spec.embedding_dim, rows, staleness)
+            name: RowCache(spec.embedding_dim, rows, staleness, spec.num_embeddings)
             for name, spec in specs.items()} if staleness > 0 else None)
         for _, layer in found:
             layer.source = source

@@ -36,7 +36,8 @@ from . import rt
 from .core import Config, Figure
 from .ctr import ADAGRAD, BATCH, DIM, PS, QUICK_BATCH, WORKERS, size_name, task_args
 from .procs import cpu_seconds, find_free_ports, run_group
-from .training import MAX_STEPS, ModelSpec, enough_windows, measured_span, window_rates
+from .training import (MAX_STEPS, ModelSpec, enough_windows, measured_span, median_rate,
+                       window_rates)
 
 TOTAL_ROWS, QUICK_TOTAL_ROWS = 1_000_000, 26_000
 # (name, checkpoint interval or None, every row on the training thread as before chains)
@@ -175,10 +176,9 @@ def _round_ratios(cfg: Config, got: dict[str, list[dict[str, Any]]], per_step: i
     (the load drifts between rounds more than within one): samples/s (the medians of
     the round's windows), and samples per CPU-second of all processes (what the
     checkpoints cost where the CPUs are saturated, whatever else the machine runs)."""
-    def median_rate(one: dict[str, Any]) -> float | None:
-        rates = window_rates(one["points"], per_step, cfg.train_seconds_per_rep,
-                             cfg.warmup, cfg.repeats)
-        return statistics.median(rates) if rates else None
+    def rate(one: dict[str, Any]) -> float | None:
+        return median_rate(one["points"], per_step, cfg.train_seconds_per_rep,
+                           cfg.warmup, cfg.repeats)
 
     def cpu(one: dict[str, Any]) -> float | None:
         per = cpu_per_sample(cfg, one, per_step)
@@ -187,7 +187,7 @@ def _round_ratios(cfg: Config, got: dict[str, list[dict[str, Any]]], per_step: i
     figs = []
     for name, interval, full in VARIANTS[1:]:
         how = " (every row, on the training thread)" if full else ""
-        for suffix, measure, what in (("vs_none", median_rate, "samples/s"),
+        for suffix, measure, what in (("vs_none", rate, "samples/s"),
                                       ("cpu_vs_none", cpu, "samples per CPU-second")):
             key = f"sparse_ckpt.{name}.{suffix}"
             label = f"{what} with a checkpoint every {interval} steps{how} / without"

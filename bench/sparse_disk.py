@@ -34,11 +34,10 @@ import functools
 import math
 import os
 import shutil
-import statistics
 import tempfile
 from typing import Any
 
-from .core import Config, Figure, ratio, run_parts
+from .core import Config, Figure, run_parts
 from .ctr import ADAGRAD, PS, WORKERS, auc_figure, process_note
 from .usage import rss_bytes, status_field
 
@@ -170,7 +169,6 @@ def side_figures(cfg: Config, ids: str, side: str, baseline: tuple[int, int],
     round), the AUC (the round that ran its job)."""
     from .training import _throughput_figures
 
-    jobs = rounds[0][0]
     per_round = [_throughput_figures(cfg, r_jobs[:1], got[:1], PS) for r_jobs, got in rounds]
     figs = []
     rates = [v for round_figs in per_round for f in round_figs[:1] for v in f.samples]
@@ -203,20 +201,19 @@ def round_ratio(cfg: Config, ids: str, disk: list[Round | None], ram: list[Round
                 ) -> Figure:
     """disk / ram samples/s: per round, the medians of that round's windows; the
     median over the rounds where both sides ran."""
-    from .training import window_rates
+    from .training import median_rate
 
-    def median_rate(r: Round | None) -> float | None:
+    def rate(r: Round | None) -> float | None:
         if r is None:
             return None
         jobs, got = r
         points = [(t, f["step"]) for t, k, f in got[0]["events"] if k == "progress"]
-        rates = window_rates(points, jobs[0]["per_step"], cfg.train_seconds_per_rep,
-                             cfg.warmup, cfg.repeats)
-        return statistics.median(rates) if rates else None
+        return median_rate(points, jobs[0]["per_step"], cfg.train_seconds_per_rep,
+                           cfg.warmup, cfg.repeats)
 
     key = f"sparse_disk.{ids}.vs_ram"
     label = f"{ids} ids: samples/s with the disk tier / every row in memory"
-    pairs = [(median_rate(d), median_rate(r)) for d, r in zip(disk, ram)]
+    pairs = [(rate(d), rate(r)) for d, r in zip(disk, ram)]
     ratios = [d / r for d, r in pairs if d and r]
     if not ratios:
         return Figure.missing(key, label, "x", "no round with both sides measured")

@@ -25,6 +25,7 @@ wire, 5 runs each (async runs differ run to run by arrival order).
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -122,6 +123,13 @@ def window_rates(points: Sequence[tuple[float, int]], per_unit: float, window_s:
     rates = [(points[j][1] - points[i][1]) * per_unit / (points[j][0] - points[i][0])
              for i, j in zip(b, b[1:], strict=False)]
     return rates[skip:skip + count]
+
+
+def median_rate(points: Sequence[tuple[float, int]], per_unit: float, window_s: float,
+                skip: int, count: int) -> float | None:
+    """The median of `window_rates` (None without a complete window)."""
+    rates = window_rates(points, per_unit, window_s, skip, count)
+    return statistics.median(rates) if rates else None
 
 
 def measured_span(points: Sequence[tuple[float, int]], window_s: float, skip: int,

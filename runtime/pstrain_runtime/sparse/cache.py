@@ -83,10 +83,9 @@ class RowCache:
         # id -> slot (see the module doc); a slot given to another id is checked by
         # `_held`. A hash map keeps the entries of dropped ids until `_reindex`: sized
         # for that many, it never grows (a growth rebuilds it whole).
-        direct = num_ids is not None and 4 * num_ids <= rows * HASH_BYTES
-        self.num_ids = num_ids if direct else None
-        self.index: DirectIndex | IdIndex = (DirectIndex(num_ids) if direct  # type: ignore[arg-type]
-                                             else self._new_index())
+        self.index: DirectIndex | IdIndex = (
+            DirectIndex(num_ids) if num_ids is not None and 4 * num_ids <= rows * HASH_BYTES
+            else self._new_index())
         self.rows = torch.empty((rows, dim))  # pages mapped only as slots fill
         self.owner = torch.full((rows,), -1, dtype=torch.int64)  # id in each slot
         self.pulled = torch.full((rows,), NEVER, dtype=torch.int64)  # step pulled
@@ -147,14 +146,19 @@ class RowCache:
     def _find(self, ids: torch.Tensor) -> torch.Tensor:
         """The id map's slot of each of `ids`, else -1 (an id outside a direct map's
         range is not held: it is pulled, and its server refuses it)."""
-        if self.num_ids is None:
-            return torch.from_numpy(self.index.get(ids.numpy()))
-        inside = (ids >= 0) & (ids < self.num_ids)
-        if bool(inside.all()):
+        inside = self._mappable(ids)
+        if inside is None or bool(inside.all()):
             return torch.from_numpy(self.index.get(ids.numpy()))
         slots = torch.full(ids.shape, -1, dtype=torch.int64)
         slots[inside] = torch.from_numpy(self.index.get(ids[inside].numpy()))
         return slots
+
+    def _mappable(self, ids: torch.Tensor) -> torch.Tensor | None:
+        """Which of `ids` a direct map can hold (its table's range); None for the hash
+        map, which holds any id."""
+        if not isinstance(self.index, DirectIndex):
+            return None
+        return (ids >= 0) & (ids < self.index.num_ids)
 
     def _judge(self, hits: int, lookups: int) -> None:
         """Every JUDGE_EVERY lookups: below MIN_HIT_RATE (ids that do not repeat within
@@ -248,15 +252,17 @@ class RowCache:
         Returns the slot of each (-1: not kept, the cache being full of this step's)."""
         known = torch.nonzero(slots >= 0).reshape(-1)
         absent = slots < 0
-        if self.num_ids is not None:  # a direct map holds only the table's ids
-            absent &= (ids >= 0) & (ids < self.num_ids)
+        inside = self._mappable(ids)
+        if inside is not None:  # a direct map holds only the table's ids
+            absent &= inside
         new = torch.nonzero(absent).reshape(-1)
         if new.numel():
             where = self._take(int(new.numel()), step)
             new = new[:where.numel()]
             slots = slots.index_copy(0, new, where)
             self.owner.index_copy_(0, where, ids.index_select(0, new))
-            if self.num_ids is None and self.index.size + new.numel() > self._most_entries():
+            if (isinstance(self.index, IdIndex)
+                    and self.index.size + new.numel() > self._most_entries()):
                 self._reindex()  # from `owner`: the new ids are in it
             else:
                 self.index.put(ids[new].numpy(), where.numpy())

@@ -148,7 +148,7 @@ class ParameterServerService:
         with aborting(context):
             role = auth.role_of_call(context.invocation_metadata())
             frames = sparse_service.handle(self.store, list(request_iterator), role)
-        yield from frames
+        yield from (bytes(frame) for frame in frames)  # gRPC carries bytes only
 
     def get_job_status(self, request: pb.NamespaceRequest,
                        context: grpc.ServicerContext) -> pb.JobStatus:

@@ -13,7 +13,7 @@ import torch
 from ..ps.store import PSError
 from .cache import Lookup, RowCache
 from .ids import split_by_owner
-from .protocol import encode, header_of, tensor_of
+from .protocol import Frame, encode, header_of, tensor_of
 from .spec import TableSpec
 from .table import RowBlock
 from .tiered import StorageSettings
@@ -52,7 +52,7 @@ class SparseClient:
         return [future.result() for future in futures]
 
     def _call(self, ps: int, header: dict[str, Any], tensors: Sequence[torch.Tensor] = ()
-              ) -> tuple[dict[str, Any], list[bytes]]:
+              ) -> tuple[dict[str, Any], list[Frame]]:
         reply = self.transports[ps].sparse(encode({**header, "namespace": self.namespace},
                                                   tensors))
         if not reply:

@@ -49,13 +49,20 @@ import torch
 
 from ..ps.store import PSError
 
-Frame = bytes | bytearray | memoryview
+# A frame received: bytes, a view, or (the data plane's sparse calls) a uint8 array of
+# its own, which `tensor_of` reads without a copy.
+Frame = bytes | bytearray | memoryview | np.ndarray
+Encoded = list[bytes | memoryview]  # the frames `encode` gives
 _NUMPY = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float32}
 
 
-def encode(header: dict[str, Any], tensors: Sequence[torch.Tensor] = ()) -> list[bytes]:
-    frames = [json.dumps(header, separators=(",", ":")).encode()]
-    frames.extend(t.detach().contiguous().numpy().tobytes() for t in tensors)
+def encode(header: dict[str, Any], tensors: Sequence[torch.Tensor] = ()) -> Encoded:
+    """The frames of a call: the header's JSON, then each tensor's bytes as a view of
+    its memory, not a copy (the views keep the tensors alive): the tensors must not
+    change until the frames are sent."""
+    frames: Encoded = [json.dumps(header, separators=(",", ":")).encode()]
+    frames.extend(memoryview(t.detach().contiguous().reshape(-1).numpy()).cast("B")
+                  for t in tensors)
     return frames
 
 
@@ -80,7 +87,10 @@ def tensor_of(frame: Frame, dtype: torch.dtype, width: int, what: str) -> torch.
         shape = "values" if width == 0 else f"rows of {width} values"
         raise PSError("INVALID_ARGUMENT", f"sparse call: {what} has {size} bytes, not a "
                       f"whole number of {shape}")
-    array = np.frombuffer(bytearray(frame), dtype=_NUMPY[dtype])
+    if isinstance(frame, np.ndarray):  # received into a buffer of its own: no copy
+        array = frame.view(_NUMPY[dtype])
+    else:  # a copy: `frame` may be read-only or a view of a buffer used again
+        array = np.frombuffer(bytearray(frame), dtype=_NUMPY[dtype])
     tensor = torch.from_numpy(array)
     return tensor.reshape(-1, width) if width else tensor
 

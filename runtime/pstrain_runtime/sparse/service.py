@@ -32,7 +32,7 @@ from ..ps import membership
 from ..ps.store import Namespace, ParameterStore, PSError
 from ..transport import auth
 from .checks import check_grads, check_ids
-from .protocol import Frame, encode, field, header_of, tensor_of
+from .protocol import Encoded, Frame, encode, field, header_of, tensor_of
 from .spec import TableSpec
 from .table import RowBlock, RowTable
 from .tiered import FIELD as STORAGE_FIELD
@@ -135,7 +135,7 @@ def _table(tables: NamespaceTables, name: object, ns: Namespace,
 
 
 def handle(store: ParameterStore, frames: Sequence[Frame],
-           role: str | None = None) -> list[bytes]:
+           role: str | None = None) -> Encoded:
     """Answer one sparse call (see `protocol`) from a caller holding `role`'s key (None:
     no authentication); PSError for a refused one. Defining tables and installing rows
     (a restore) are the chief's, as Init is."""
@@ -152,7 +152,7 @@ def handle(store: ParameterStore, frames: Sequence[Frame],
 
 
 def _pull(store: ParameterStore, namespace: str, header: dict[str, Any],
-          body: list[Frame]) -> list[bytes]:
+          body: list[Frame]) -> Encoded:
     ns = store._ready(namespace)
     tables = _tables(ns, store)
     wanted = field(header, "tables", list, "pull")
@@ -174,7 +174,7 @@ def _pull(store: ParameterStore, namespace: str, header: dict[str, Any],
 
 
 def _push(store: ParameterStore, namespace: str, header: dict[str, Any],
-          body: list[Frame]) -> list[bytes]:
+          body: list[Frame]) -> Encoded:
     ns = store._ready(namespace)
     tables = _tables(ns, store)
     worker = field(header, "worker", int, "push")
@@ -248,7 +248,7 @@ def _apply_push(ns: Namespace, store: ParameterStore, tables: NamespaceTables, w
 
 
 def _configure(store: ParameterStore, namespace: str, header: dict[str, Any],
-               body: list[Frame]) -> list[bytes]:
+               body: list[Frame]) -> Encoded:
     try:
         specs = [TableSpec.from_json(item) for item in field(header, "tables", list,
                                                               "configure")]
@@ -274,7 +274,7 @@ SLOTS_FIRST = ("ids", "rows")
 
 
 def _export(store: ParameterStore, namespace: str, header: dict[str, Any],
-            body: list[Frame]) -> list[bytes]:
+            body: list[Frame]) -> Encoded:
     """A page of a table's rows (`what` "rows", the default; with `since`, only rows
     updated at clock >= since), a checkpoint export's start (`what` "mark"), or a page
     of the ids sweeps dropped at clock >= `since` (`what` "removed")."""
@@ -308,7 +308,7 @@ def _export(store: ParameterStore, namespace: str, header: dict[str, Any],
 
 
 def _import(store: ParameterStore, namespace: str, header: dict[str, Any],
-            body: list[Frame]) -> list[bytes]:
+            body: list[Frame]) -> Encoded:
     """Restored rows: `mode` "insert" (the default; ids must be absent), "upsert" (a
     delta's rows replace those present) or "remove" (a delta's removed ids, one frame)."""
     ns = store.namespace(namespace)
@@ -347,7 +347,7 @@ def _import(store: ParameterStore, namespace: str, header: dict[str, Any],
 
 
 def _stats(store: ParameterStore, namespace: str, header: dict[str, Any],
-           body: list[Frame]) -> list[bytes]:
+           body: list[Frame]) -> Encoded:
     ns = store.namespace(namespace)
     tables = ns.sparse.tables if ns.sparse is not None else {}
     out = {}

@@ -35,6 +35,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
+import numpy as np
+
 from ..proto import ps_pb2 as pb
 from ..ps.store import ParameterStore, PSError
 from ..sparse import service as sparse_service
@@ -155,6 +157,14 @@ class Link:
         self._recv_exact(view[have:])
         return view
 
+    def _recv_owned(self, size: int) -> np.ndarray:
+        """A frame of `size` bytes in a buffer of its own (uint8), not the link's: the
+        caller keeps it, and tensors can be views of it."""
+        _check_size(size)
+        frame = np.empty(size, dtype=np.uint8)
+        self._recv_exact(memoryview(frame))
+        return frame
+
     def _discard(self, size: int) -> None:
         view = memoryview(self._buf)
         while size:
@@ -162,9 +172,10 @@ class Link:
             self._recv_exact(view[:take])
             size -= take
 
-    def frames(self) -> LinkFrames:
-        """The frames up to END; ERROR raises `RemoteError` once it is fully read."""
-        return LinkFrames(self)
+    def frames(self, owned: bool = False) -> LinkFrames:
+        """The frames up to END; ERROR raises `RemoteError` once it is fully read. With
+        `owned`, each frame comes in a buffer of its own (see `LinkFrames`)."""
+        return LinkFrames(self, owned)
 
     # ------------------------------------------------------------------ sending
     def _send_parts(self, parts: list[bytes | memoryview]) -> None:
@@ -235,10 +246,13 @@ class LinkFrames:
     bytes are copied once (kernel to tensor), not twice (kernel to buffer to tensor).
     Other frames take the buffered path. A chunk the reader refuses (out of order, too
     long) has the rest of its frame read and dropped before the error is raised, so the
-    link stays in step for draining."""
+    link stays in step for draining. With `owned`, each frame is received into a uint8
+    array of its own instead (one copy, kernel to array), which the caller may keep:
+    the sparse calls' frames, whose tensors are read straight from them."""
 
-    def __init__(self, link: Link) -> None:
+    def __init__(self, link: Link, owned: bool = False) -> None:
         self.link = link
+        self.owned = owned
         self.ended = False
 
     def __iter__(self) -> LinkFrames:
@@ -266,12 +280,12 @@ class LinkFrames:
             raise
         return size
 
-    def __next__(self) -> memoryview:
+    def __next__(self) -> memoryview | np.ndarray:
         size = self._next_size()
         if size is None:
             raise StopIteration
         try:
-            return self.link._recv_frame(size)
+            return self.link._recv_owned(size) if self.owned else self.link._recv_frame(size)
         except OSError:
             self.ended = True
             raise
@@ -408,7 +422,7 @@ class DataServer:
         call = OPS.get(op)
         if call is None:
             raise ProtocolError(f"unknown data-plane op {op}")
-        request = link.frames()
+        request = link.frames(owned=op == OP_SPARSE)  # the sparse service keeps them
         error: PSError | None = None
         try:
             if link.role is not None and not auth.may_call(link.role, call):
@@ -446,8 +460,8 @@ class DataServer:
             return [store.init(request).SerializeToString()]
         if op == OP_PUSH_PULL:
             return store.push_pull(request, gone=gone)
-        if op == OP_SPARSE:  # frames are views of the link's buffer: copy each
-            return sparse_service.handle(store, [bytes(frame) for frame in request], role)
+        if op == OP_SPARSE:  # each frame in a buffer of its own (`handle` asked so)
+            return sparse_service.handle(store, list(request), role)
         message = bytes(_only_frame(request, call))
         for _ in request:  # read up to END: a wait then sees the peer's close
             pass
@@ -544,22 +558,24 @@ class DataClient:
         with self._lock:
             self._idle.append(link)
 
-    def call(self, op: int, frames: Iterable[bytes | memoryview]) -> CallReply:
-        """Send a request; yield the response frames (views valid until the next one).
-        Refusals raise PSError with the server's code; a broken connection raises
-        UNAVAILABLE. Nothing is sent until the first frame is asked for. The reply can
-        also read chunk frames straight into a stream reader (`CallReply`)."""
+    def call(self, op: int, frames: Iterable[bytes | memoryview],
+             owned: bool = False) -> CallReply:
+        """Send a request; yield the response frames (views valid until the next one;
+        with `owned`, each in a buffer of its own, see `LinkFrames`). Refusals raise
+        PSError with the server's code; a broken connection raises UNAVAILABLE. Nothing
+        is sent until the first frame is asked for. The reply can also read chunk
+        frames straight into a stream reader (`CallReply`)."""
         reply = CallReply()
-        reply.frames = self._exchange(op, frames, reply)
+        reply.frames = self._exchange(op, frames, reply, owned)
         return reply
 
     def _exchange(self, op: int, frames: Iterable[bytes | memoryview],
-                  reply: CallReply) -> Iterator[memoryview]:
+                  reply: CallReply, owned: bool) -> Iterator[memoryview]:
         link = self._take()
         reusable = False
         try:
             link.send_frames(frames, op=op)
-            received = link.frames()
+            received = link.frames(owned)
             while reply.reader is None:
                 frame = next(received, None)
                 if frame is None:

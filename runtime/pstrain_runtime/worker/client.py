@@ -32,6 +32,7 @@ from ..proto import ps_pb2 as pb
 from ..ps.server import SERVICE
 from ..ps.store import SLOT_SEPARATOR, ParameterStore, PSError, optimizer_to_pb
 from ..sparse import service as sparse_service
+from ..sparse.protocol import Encoded, Frame
 from ..transport import auth, dataplane, wire
 from ..transport.tls import TlsFiles
 from .placement import Piece, Placement
@@ -52,7 +53,7 @@ class Transport(Protocol):
     def finish(self, namespace: str) -> pb.StepInfo: ...
     def shutdown(self, grace: float) -> None: ...
     def report(self, report: pb.StatusReport) -> None: ...
-    def sparse(self, frames: list[bytes]) -> list[bytes]: ...
+    def sparse(self, frames: Encoded) -> list[Frame]: ...
     def close(self) -> None: ...
 
 
@@ -89,7 +90,7 @@ class LocalTransport:
     def report(self, report: pb.StatusReport) -> None:
         self.store.report(report)
 
-    def sparse(self, frames: list[bytes]) -> list[bytes]:
+    def sparse(self, frames: Encoded) -> list[Frame]:
         return sparse_service.handle(self.store, frames)
 
     def close(self) -> None:
@@ -189,8 +190,9 @@ class GrpcTransport:
     def report(self, report: pb.StatusReport) -> None:
         self._call(self._report, report, timeout=10)
 
-    def sparse(self, frames: list[bytes]) -> list[bytes]:
-        return self._call(lambda: list(self._sparse(iter(frames))))  # type: ignore[return-value]
+    def sparse(self, frames: Encoded) -> list[Frame]:
+        # gRPC carries bytes only (`encode` gives tensors' frames as views)
+        return self._call(lambda: list(self._sparse(bytes(f) for f in frames)))  # type: ignore[return-value]
 
     def close(self) -> None:
         self.channel.close()
@@ -257,11 +259,11 @@ class TcpTransport(GrpcTransport):
         return data.unary(dataplane.OP_PUSH_PULL_SMALL, [message],  # type: ignore[return-value]
                           bytes)
 
-    def sparse(self, frames: list[bytes]) -> list[bytes]:
+    def sparse(self, frames: Encoded) -> list[Frame]:
         data = self._data_client()
         if data is None:
             return super().sparse(frames)
-        return [bytes(frame) for frame in data.call(dataplane.OP_SPARSE, frames)]
+        return list(data.call(dataplane.OP_SPARSE, frames, owned=True))
 
     def close(self) -> None:
         with self._data_lock:

@@ -422,12 +422,13 @@ class DataServer:
         call = OPS.get(op)
         if call is None:
             raise ProtocolError(f"unknown data-plane op {op}")
-        request = link.frames(owned=op == OP_SPARSE)  # the sparse service keeps them
+        received = link.frames(owned=op == OP_SPARSE)  # the sparse service keeps them
+        request: Iterator[memoryview | np.ndarray] = received
         error: PSError | None = None
         try:
             if link.role is not None and not auth.may_call(link.role, call):
                 raise PSError("PERMISSION_DENIED", f"{call} needs the chief's credentials")
-            request = claims.checked_frames(link.role, call, request)  # acts for itself
+            request = claims.checked_frames(link.role, call, received)  # acts for itself
             reply = self._dispatch(op, call, request, link.role, link.peer_gone)
         except PSError as exc:
             error = exc
@@ -437,6 +438,7 @@ class DataServer:
             # as gRPC does (UNKNOWN), not by closing: UNAVAILABLE would make trainers retry
             _log.exception("data plane: %s failed", call)
             error = PSError("INTERNAL", f"{call}: {type(exc).__name__}: {exc}")
+        received.owned = False  # what is left is dropped: into the link's buffer
         for _ in request:  # read the rest of the request: the link stays in step
             pass
         if error is not None:
@@ -449,7 +451,7 @@ class DataServer:
         except Exception:  # noqa: BLE001 - answered with INTERNAL, the link is in step
             _log.exception("data plane: %s failed while answering", call)
 
-    def _dispatch(self, op: int, call: str, request: Iterator[memoryview],
+    def _dispatch(self, op: int, call: str, request: Iterator[memoryview | np.ndarray],
                   role: str | None, gone: Callable[[], bool]) -> Iterable[bytes | memoryview]:
         """The answer to one call from a peer holding `role`'s key (None: no
         authentication). A wait in the store ends when the peer is `gone`."""

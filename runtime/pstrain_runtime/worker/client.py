@@ -191,8 +191,8 @@ class GrpcTransport:
         self._call(self._report, report, timeout=10)
 
     def sparse(self, frames: Encoded) -> list[Frame]:
-        # gRPC carries bytes only (`encode` gives tensors' frames as views)
-        return self._call(lambda: list(self._sparse(bytes(f) for f in frames)))  # type: ignore[return-value]
+        as_bytes = [bytes(f) for f in frames]  # gRPC carries bytes only (`encode` gives views)
+        return self._call(lambda: list(self._sparse(iter(as_bytes))))  # type: ignore[return-value]
 
     def close(self) -> None:
         self.channel.close()

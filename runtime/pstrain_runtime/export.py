@@ -114,6 +114,17 @@ def _rows_header(path: Path) -> dict[str, Any]:
     return header
 
 
+def _latest(ids: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of a shard file by id (ascending), the later of an id held twice: an
+    async export may read an id evicted and created again elsewhere in its shard twice,
+    and the later read is the newer row (as a restore's upserts take it)."""
+    order = torch.argsort(ids, stable=True)  # an id's rows stay in file order
+    ids = ids[order]
+    last = torch.ones(ids.numel(), dtype=torch.bool)
+    last[:-1] = ids[1:] != ids[:-1]
+    return ids[last], rows[order[last]]
+
+
 def read_table(directory: Path, name: str, entry: Mapping[str, Any]
                ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(ids ascending, rows, dim) of one table of a checkpoint's sparse manifest, over
@@ -128,9 +139,12 @@ def read_table(directory: Path, name: str, entry: Mapping[str, Any]
                                     + (f" with dim {dim}" if dim is not None else ""))
         dim = int(header["dim"])
         spec = TableSpec(name, None, dim, 0.0)
-        for block in read_rows(path, spec, tuple(header["slots"]), checks.get(filename)):
-            ids.append(block.ids)
-            rows.append(block.rows)
+        blocks = list(read_rows(path, spec, tuple(header["slots"]), checks.get(filename)))
+        if blocks:
+            file_ids, file_rows = _latest(torch.cat([b.ids for b in blocks]),
+                                          torch.cat([b.rows for b in blocks]))
+            ids.append(file_ids)
+            rows.append(file_rows)
     if dim is None:
         raise CheckpointCorrupt(f"sparse table {name!r} of the checkpoint has no rows files")
     all_ids = torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int64)

@@ -20,13 +20,17 @@ from safetensors.torch import load_file
 from torch import nn
 
 from pstrain_api.cli import main
-from pstrain_runtime.checkpoint import CheckpointStore, load_checkpoint, sparse_dirs
+from pstrain_runtime.checkpoint import (CheckpointCorrupt, CheckpointStore, load_checkpoint,
+                                        sparse_dirs)
 from pstrain_runtime.examples.digits import build_model, load_digits_split
 from pstrain_runtime.export import (ExportedTable, ExportError, export_checkpoint,
-                                    load_exported)
+                                    load_exported, read_table)
 from pstrain_runtime.ps.store import ParameterStore
+from pstrain_runtime.sparse.files import write_rows
 from pstrain_runtime.sparse.ids import owner_of
 from pstrain_runtime.sparse.layer import sparse_layers
+from pstrain_runtime.sparse.spec import TableSpec
+from pstrain_runtime.sparse.table import RowBlock
 from pstrain_runtime.worker.client import LocalTransport
 from pstrain_runtime.worker.context import WorkerRole
 from pstrain_runtime.worker.trainer import Trainer
@@ -390,3 +394,31 @@ def test_pstrain_run_then_pstrain_export(tmp_path: Path) -> None:
     loaded = build_model(seed=3)
     load_exported(out, loaded)
     assert torch.equal(predict(loaded, DIGITS_X), predict(restored, DIGITS_X))
+
+
+def _rows_file(path: Path, spec: TableSpec, blocks: list[tuple[list[int], float]]) -> dict:
+    """A rows file of `blocks` (ids, the value of their rows); its manifest check."""
+    written = write_rows(path, spec, ("sum",), [
+        RowBlock(ids=torch.tensor(ids), rows=torch.full((len(ids), spec.embedding_dim), v),
+                 slots={"sum": torch.zeros(len(ids), spec.embedding_dim)},
+                 last=torch.ones(len(ids), dtype=torch.int64)) for ids, v in blocks])
+    return written.check()
+
+
+def test_an_id_read_twice_by_an_async_export_exports_its_later_row(tmp_path: Path) -> None:
+    """An async export may read an id evicted and created again elsewhere in its shard
+    twice (a restore upserts the later); `pstrain export` takes the later row too. An id
+    in two shard files is still corrupt."""
+    spec = TableSpec("t", 100, 2, 0.1)
+    checks = {"table0-ps0.rows": _rows_file(tmp_path / "table0-ps0.rows", spec,
+                                            [([5, 9, 3], 1.0), ([9, 7], 2.0)]),
+              "table0-ps1.rows": _rows_file(tmp_path / "table0-ps1.rows", spec,
+                                            [([4], 3.0)])}
+    entry = {"files": ["table0-ps0.rows", "table0-ps1.rows"], "checks": checks}
+    ids, rows, dim = read_table(tmp_path, "t", entry)
+    assert ids.tolist() == [3, 4, 5, 7, 9] and dim == 2
+    assert rows[:, 0].tolist() == [1.0, 3.0, 1.0, 2.0, 2.0]  # 9: the later block's row
+    checks["table0-ps1.rows"] = _rows_file(tmp_path / "table0-ps1.rows", spec,
+                                           [([4, 9], 3.0)])
+    with pytest.raises(CheckpointCorrupt, match="holds an id in two shard files"):
+        read_table(tmp_path, "t", entry)

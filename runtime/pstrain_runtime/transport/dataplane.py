@@ -493,12 +493,12 @@ class CallReply:
 
     def __init__(self) -> None:
         self.reader: wire.StreamReader | None = None
-        self.frames: Iterator[memoryview] = iter(())
+        self.frames: Iterator[memoryview | np.ndarray] = iter(())
 
     def __iter__(self) -> CallReply:
         return self
 
-    def __next__(self) -> memoryview:
+    def __next__(self) -> memoryview | np.ndarray:
         return next(self.frames)
 
     def read_chunks_into(self, reader: wire.StreamReader) -> None:
@@ -572,7 +572,7 @@ class DataClient:
         return reply
 
     def _exchange(self, op: int, frames: Iterable[bytes | memoryview],
-                  reply: CallReply, owned: bool) -> Iterator[memoryview]:
+                  reply: CallReply, owned: bool) -> Iterator[memoryview | np.ndarray]:
         link = self._take()
         reusable = False
         try:

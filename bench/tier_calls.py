@@ -1,0 +1,120 @@
+"""One server's table calls in-process, for profiling the disk tier (not a bench item):
+`python -m bench.tier_calls {ram,disk} [--steps N] [--warmup N] [--zipf A]`.
+
+A shard of the `sparse_disk` item's table (the CTR model's 26 tables fused into one,
+`sparse_disk.TOTAL_ROWS` rows x `DIM`, Adagrad) on server 0 of 2: every step reads,
+then updates, the unique ids of one CTR batch of `BATCH` that server 0 owns (Zipf
+`--zipf`, or uniform with 0), as a worker's pull and push reach it. `ram` is a
+`RowTable` with every row in memory, `disk` a `TieredTable` with the item's budget
+(`BUDGET_MIB`, its rows beyond it in RocksDB in a temporary folder), one torch thread
+as in a server. Prints one JSON line: milliseconds per read + update over the measured
+steps (the id draws excluded), ids per call, the process's minor page faults and
+system CPU seconds over them, its peak anonymous RSS (sampled every 50 ms), and the
+tiers' rows at the end. Without the server's threads, sockets and frames: a table's
+own costs, which `pstrain run`'s servers add to (bench/RESULTS.md, session 12).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from .ctr import ADAGRAD, PS
+from .sparse_disk import BATCH, BUDGET_MIB, DIM, TOTAL_ROWS
+
+SERVER = 0  # the shard measured
+
+
+class PeakAnon:
+    """The process's peak `RssAnon` (KiB), sampled every `every_s` on a daemon thread."""
+
+    def __init__(self, every_s: float = 0.05) -> None:
+        self.peak_kib = 0
+        self.every_s = every_s
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        status = Path(f"/proc/{os.getpid()}/status")
+        while True:
+            for line in status.read_text().splitlines():
+                if line.startswith("RssAnon:"):
+                    self.peak_kib = max(self.peak_kib, int(line.split()[1]))
+            time.sleep(self.every_s)
+
+
+def make_table(side: str, rows: int, directory: str) -> Any:
+    """Server `SERVER`'s shard of a table of `rows` rows: all in RAM, or with a disk tier."""
+    from pstrain_runtime.optim import OptimizerConfig
+    from pstrain_runtime.sparse.spec import TableSpec
+    from pstrain_runtime.sparse.table import RowTable
+    from pstrain_runtime.sparse.tiered import TieredTable, shard_directory
+
+    spec = TableSpec("ctr", rows, DIM, 0.01, optimizer=OptimizerConfig(
+        "adagrad", ADAGRAD["learningRate"], eps=ADAGRAD["eps"]))
+    if side == "ram":
+        return RowTable(spec, reserve=rows // PS, num_ps=PS)
+    return TieredTable(spec, BUDGET_MIB << 20, shard_directory(directory, SERVER), num_ps=PS)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="python -m bench.tier_calls",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("side", choices=("ram", "disk"))
+    parser.add_argument("--steps", type=int, default=800, help="measured steps")
+    parser.add_argument("--warmup", type=int, default=300, help="steps before them")
+    parser.add_argument("--zipf", type=float, default=1.2, help="exponent; 0: uniform")
+    args = parser.parse_args(argv)
+    for flag, value, least in (("--steps", args.steps, 1), ("--warmup", args.warmup, 0),
+                               ("--zipf", args.zipf, 0)):
+        if not value >= least:
+            parser.error(f"{flag} is {value}; it must be at least {least}")
+
+    import torch
+    from pstrain_runtime.examples.ctr import NUM_SPARSE, scramble, zipf_ids
+    from pstrain_runtime.sparse.ids import owner_of
+
+    torch.set_num_threads(1)
+    peak = PeakAnon()
+    rows_per_table = math.ceil(TOTAL_ROWS / NUM_SPARSE)
+    offsets = torch.arange(NUM_SPARSE) * rows_per_table
+    gen = torch.Generator().manual_seed(1)
+    with tempfile.TemporaryDirectory(prefix="pstrain-tier-calls-") as directory:
+        table = make_table(args.side, rows_per_table * NUM_SPARSE, directory)
+        spent, ids_seen = 0.0, 0
+        for step in range(1, args.warmup + args.steps + 1):
+            if step == args.warmup + 1:
+                spent, ids_seen = 0.0, 0
+                before = resource.getrusage(resource.RUSAGE_SELF)
+            ids = (scramble(zipf_ids(gen, (BATCH, NUM_SPARSE), rows_per_table, args.zipf),
+                            rows_per_table) + offsets).reshape(-1)
+            ids = torch.unique(ids[owner_of(ids, PS) == SERVER])
+            grads = torch.randn(ids.numel(), DIM, generator=gen) * 0.01
+            start = time.perf_counter()
+            table.read(ids)
+            table.apply(ids, grads, step, step)
+            spent += time.perf_counter() - start
+            ids_seen += ids.numel()
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        tiers = table.tier_stats() if hasattr(table, "tier_stats") else {}
+        if hasattr(table, "close"):
+            table.close()
+    out = {"side": args.side, "zipf": args.zipf, "steps": args.steps,
+           "ms_per_call": round(spent / args.steps * 1e3, 3),
+           "ids_per_call": round(ids_seen / args.steps),
+           "minor_faults": after.ru_minflt - before.ru_minflt,
+           "system_s": round(after.ru_stime - before.ru_stime, 2),
+           "peak_anon_mib": round(peak.peak_kib / 1024, 1), **tiers}
+    print(json.dumps(out), flush=True)
+    return out
+
+
+if __name__ == "__main__":
+    main()

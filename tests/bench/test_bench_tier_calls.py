@@ -1,0 +1,30 @@
+"""`python -m bench.tier_calls`: one server's table calls in-process, each side a few
+steps (the full sizes: a shard of the `sparse_disk` item's table)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("rocksdict")
+
+from bench import tier_calls  # noqa: E402
+
+
+@pytest.mark.parametrize("side", ["ram", "disk"])
+def test_each_side_reports_its_calls(side: str, capsys: pytest.CaptureFixture[str]) -> None:
+    got = tier_calls.main([side, "--steps", "3", "--warmup", "2", "--zipf", "1.2"])
+    assert got["side"] == side and got["steps"] == 3
+    assert got["ms_per_call"] > 0 and got["ids_per_call"] > 1000  # a batch's share
+    assert got["minor_faults"] >= 0 and got["peak_anon_mib"] > 0
+    if side == "disk":
+        assert 0 < got["hot_rows"] <= got["hot_row_budget"]
+    else:
+        assert "hot_rows" not in got
+    assert capsys.readouterr().out.count("\n") == 1  # one JSON line
+
+
+def test_bad_arguments_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        tier_calls.main(["disk", "--zipf", "-1"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith("--zipf is -1.0; it must be at least 0")

@@ -19,35 +19,41 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import resource
 import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from .ctr import ADAGRAD, PS
 from .sparse_disk import BATCH, BUDGET_MIB, DIM, TOTAL_ROWS
+from .usage import status_field
 
 SERVER = 0  # the shard measured
 
 
 class PeakAnon:
-    """The process's peak `RssAnon` (KiB), sampled every `every_s` on a daemon thread."""
+    """The process's peak `RssAnon` (KiB), sampled every `every_s` on a thread until
+    `stop`."""
 
     def __init__(self, every_s: float = 0.05) -> None:
         self.peak_kib = 0
         self.every_s = every_s
-        threading.Thread(target=self._watch, daemon=True).start()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="rss-anon-peak", daemon=True)
+        self.thread.start()
 
     def _watch(self) -> None:
-        status = Path(f"/proc/{os.getpid()}/status")
         while True:
-            for line in status.read_text().splitlines():
-                if line.startswith("RssAnon:"):
-                    self.peak_kib = max(self.peak_kib, int(line.split()[1]))
-            time.sleep(self.every_s)
+            self.peak_kib = max(self.peak_kib, status_field("self", "RssAnon"))
+            if self.stopped.wait(self.every_s):
+                return
+
+    def stop(self) -> int:
+        """Stop sampling; the peak in KiB."""
+        self.stopped.set()
+        self.thread.join(timeout=5 * self.every_s + 1.0)
+        return self.peak_kib
 
 
 def make_table(side: str, rows: int, directory: str) -> Any:
@@ -64,6 +70,43 @@ def make_table(side: str, rows: int, directory: str) -> Any:
     return TieredTable(spec, BUDGET_MIB << 20, shard_directory(directory, SERVER), num_ps=PS)
 
 
+def measure(side: str, directory: str, steps: int, warmup: int, zipf: float
+            ) -> dict[str, Any]:
+    """`warmup` then `steps` read + update calls on a fresh shard (`make_table`); the
+    measured steps' figures and the tiers' rows at the end."""
+    import torch
+    from pstrain_runtime.examples.ctr import NUM_SPARSE, scramble, zipf_ids
+    from pstrain_runtime.sparse.ids import owner_of
+
+    rows_per_table = math.ceil(TOTAL_ROWS / NUM_SPARSE)
+    offsets = torch.arange(NUM_SPARSE) * rows_per_table
+    gen = torch.Generator().manual_seed(1)
+    table = make_table(side, rows_per_table * NUM_SPARSE, directory)
+    spent, ids_seen = 0.0, 0
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    for step in range(1, warmup + steps + 1):
+        if step == warmup + 1:
+            spent, ids_seen = 0.0, 0
+            before = resource.getrusage(resource.RUSAGE_SELF)
+        ids = (scramble(zipf_ids(gen, (BATCH, NUM_SPARSE), rows_per_table, zipf),
+                        rows_per_table) + offsets).reshape(-1)
+        ids = torch.unique(ids[owner_of(ids, PS) == SERVER])
+        grads = torch.randn(ids.numel(), DIM, generator=gen) * 0.01
+        start = time.perf_counter()
+        table.read(ids)
+        table.apply(ids, grads, step, step)
+        spent += time.perf_counter() - start
+        ids_seen += ids.numel()
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    tiers = table.tier_stats() if hasattr(table, "tier_stats") else {}
+    if hasattr(table, "close"):
+        table.close()
+    return {"ms_per_call": round(spent / steps * 1e3, 3),
+            "ids_per_call": round(ids_seen / steps),
+            "minor_faults": after.ru_minflt - before.ru_minflt,
+            "system_s": round(after.ru_stime - before.ru_stime, 2), **tiers}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="python -m bench.tier_calls",
                                      description=__doc__.split("\n\n")[0])
@@ -78,40 +121,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             parser.error(f"{flag} is {value}; it must be at least {least}")
 
     import torch
-    from pstrain_runtime.examples.ctr import NUM_SPARSE, scramble, zipf_ids
-    from pstrain_runtime.sparse.ids import owner_of
 
     torch.set_num_threads(1)
     peak = PeakAnon()
-    rows_per_table = math.ceil(TOTAL_ROWS / NUM_SPARSE)
-    offsets = torch.arange(NUM_SPARSE) * rows_per_table
-    gen = torch.Generator().manual_seed(1)
-    with tempfile.TemporaryDirectory(prefix="pstrain-tier-calls-") as directory:
-        table = make_table(args.side, rows_per_table * NUM_SPARSE, directory)
-        spent, ids_seen = 0.0, 0
-        for step in range(1, args.warmup + args.steps + 1):
-            if step == args.warmup + 1:
-                spent, ids_seen = 0.0, 0
-                before = resource.getrusage(resource.RUSAGE_SELF)
-            ids = (scramble(zipf_ids(gen, (BATCH, NUM_SPARSE), rows_per_table, args.zipf),
-                            rows_per_table) + offsets).reshape(-1)
-            ids = torch.unique(ids[owner_of(ids, PS) == SERVER])
-            grads = torch.randn(ids.numel(), DIM, generator=gen) * 0.01
-            start = time.perf_counter()
-            table.read(ids)
-            table.apply(ids, grads, step, step)
-            spent += time.perf_counter() - start
-            ids_seen += ids.numel()
-        after = resource.getrusage(resource.RUSAGE_SELF)
-        tiers = table.tier_stats() if hasattr(table, "tier_stats") else {}
-        if hasattr(table, "close"):
-            table.close()
-    out = {"side": args.side, "zipf": args.zipf, "steps": args.steps,
-           "ms_per_call": round(spent / args.steps * 1e3, 3),
-           "ids_per_call": round(ids_seen / args.steps),
-           "minor_faults": after.ru_minflt - before.ru_minflt,
-           "system_s": round(after.ru_stime - before.ru_stime, 2),
-           "peak_anon_mib": round(peak.peak_kib / 1024, 1), **tiers}
+    try:
+        with tempfile.TemporaryDirectory(prefix="pstrain-tier-calls-") as directory:
+            measured = measure(args.side, directory, args.steps, args.warmup, args.zipf)
+    finally:
+        peak_kib = peak.stop()
+    out = {"side": args.side, "zipf": args.zipf, "steps": args.steps, **measured,
+           "peak_anon_mib": round(peak_kib / 1024, 1)}
     print(json.dumps(out), flush=True)
     return out
 

@@ -3,6 +3,8 @@ steps (the full sizes: a shard of the `sparse_disk` item's table)."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 pytest.importorskip("rocksdict")
@@ -21,6 +23,8 @@ def test_each_side_reports_its_calls(side: str, capsys: pytest.CaptureFixture[st
     else:
         assert "hot_rows" not in got
     assert capsys.readouterr().out.count("\n") == 1  # one JSON line
+    assert "rss-anon-peak" not in [t.name for t in threading.enumerate()], \
+        "the RSS sampler outlived the run"
 
 
 def test_bad_arguments_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,7 +8,10 @@ then updates, the unique ids of one CTR batch of `BATCH` that server 0 owns (Zip
 `RowTable` with every row in memory, `disk` a `TieredTable` with the item's budget
 (`BUDGET_MIB`, its rows beyond it in RocksDB in a temporary folder), one torch thread
 as in a server. Prints one JSON line: milliseconds per read + update over the measured
-steps (the id draws excluded), ids per call, the process's minor page faults and
+steps (the id draws excluded), the process's CPU milliseconds per step (the draws
+excluded; every thread:
+RocksDB's flushes and compactions run on threads of their own, beside the calls, and
+with every core busy, as in a job, they cost what they take), ids per call, the process's minor page faults and
 system CPU seconds over them, its peak anonymous RSS (sampled every 50 ms), and the
 tiers' rows at the end. Without the server's threads, sockets and frames: a table's
 own costs, which `pstrain run`'s servers add to (bench/RESULTS.md, session 12).
@@ -82,16 +85,18 @@ def measure(side: str, directory: str, steps: int, warmup: int, zipf: float
     offsets = torch.arange(NUM_SPARSE) * rows_per_table
     gen = torch.Generator().manual_seed(1)
     table = make_table(side, rows_per_table * NUM_SPARSE, directory)
-    spent, ids_seen = 0.0, 0
+    spent, drawing, ids_seen = 0.0, 0.0, 0
     before = resource.getrusage(resource.RUSAGE_SELF)
     for step in range(1, warmup + steps + 1):
         if step == warmup + 1:
-            spent, ids_seen = 0.0, 0
+            spent, drawing, ids_seen = 0.0, 0.0, 0
             before = resource.getrusage(resource.RUSAGE_SELF)
+        drawn = time.thread_time()
         ids = (scramble(zipf_ids(gen, (BATCH, NUM_SPARSE), rows_per_table, zipf),
                         rows_per_table) + offsets).reshape(-1)
         ids = torch.unique(ids[owner_of(ids, PS) == SERVER])
         grads = torch.randn(ids.numel(), DIM, generator=gen) * 0.01
+        drawing += time.thread_time() - drawn
         start = time.perf_counter()
         table.read(ids)
         table.apply(ids, grads, step, step)
@@ -101,7 +106,9 @@ def measure(side: str, directory: str, steps: int, warmup: int, zipf: float
     tiers = table.tier_stats() if hasattr(table, "tier_stats") else {}
     if hasattr(table, "close"):
         table.close()
+    cpu_s = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime) - drawing
     return {"ms_per_call": round(spent / steps * 1e3, 3),
+            "cpu_ms_per_call": round(cpu_s / steps * 1e3, 3),
             "ids_per_call": round(ids_seen / steps),
             "minor_faults": after.ru_minflt - before.ru_minflt,
             "system_s": round(after.ru_stime - before.ru_stime, 2), **tiers}

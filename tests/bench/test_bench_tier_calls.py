@@ -17,6 +17,7 @@ def test_each_side_reports_its_calls(side: str, capsys: pytest.CaptureFixture[st
     got = tier_calls.main([side, "--steps", "3", "--warmup", "2", "--zipf", "1.2"])
     assert got["side"] == side and got["steps"] == 3
     assert got["ms_per_call"] > 0 and got["ids_per_call"] > 1000  # a batch's share
+    assert got["cpu_ms_per_call"] > 0  # every thread's, the id draws excluded
     assert got["minor_faults"] >= 0 and got["peak_anon_mib"] > 0
     if side == "disk":
         assert 0 < got["hot_rows"] <= got["hot_row_budget"]

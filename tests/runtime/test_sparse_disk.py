@@ -249,6 +249,20 @@ def test_the_disk_store_gives_what_was_written_last(tmp_path: Path,
     assert not (tmp_path / "db").exists()
 
 
+def test_the_disk_store_compacts_in_the_universal_style(tmp_path: Path) -> None:
+    """Evictions write random ids: leveled compaction rewrote the whole table every few
+    flushes (see `cold`'s module doc). RocksDB records the options it opened with."""
+    from pstrain_runtime.sparse.cold import ColdStore
+
+    store = ColdStore(tmp_path / "db", 2, MIN_MEMORY, None)
+    try:
+        options = sorted((tmp_path / "db").glob("OPTIONS-*"))[-1].read_text()
+        assert "compaction_style=kCompactionStyleUniversal" in options
+        assert "max_size_amplification_percent=100;" in options
+    finally:
+        store.close()
+
+
 # ---------------------------------------------------------------------- servers
 class Servers:
     """Two parameter servers with a disk tier for their tables, driven by hand as sync

@@ -13,6 +13,15 @@ A key is the id as 8 big-endian bytes (so keys sort as ids do, ids being >= 0); 
 is the row's last update (int64, little-endian) then the row and its optimizer slots
 (`width` float32 values). Nothing is written ahead (no WAL, no fsync): a server's disk
 rows die with the server, whose rows come back from the checkpoint, as its RAM rows do.
+
+Compaction is universal (tiered), not RocksDB's default leveled style: evictions write
+batches of random ids, so each flush overlaps the whole key range, and leveled
+compaction merged every few flushes into the one level that held the table, rewriting
+all of it (8x the bytes written; its threads took 29 % of a disk-tier server's CPU in
+the CTR bench). Universal merges runs of similar size (about 4x written); it costs
+disk space, not memory: the files peaked at 1.9x the live rows' bytes in
+`python -m bench.tier_calls disk --steps 2000` (leveled: 2.1x), with a full merge whenever the
+newer runs outgrow the oldest.
 """
 
 from __future__ import annotations
@@ -145,6 +154,10 @@ class ColdStore:
         opts.set_write_buffer_size(memory // 8)
         opts.set_max_write_buffer_number(2)
         opts.set_compression_type(rd.DBCompressionType.none())  # float rows hardly shrink
+        opts.set_compaction_style(rd.DBCompactionStyle.universal())  # see the module doc
+        universal = rd.UniversalCompactOptions()
+        universal.max_size_amplification_percent = 100  # all runs at most twice the last
+        opts.set_universal_compaction_options(universal)
         opts.set_max_background_jobs(2)
         # Compaction's own buffers (outside the cache): small, they are transient RSS.
         opts.set_compaction_readahead_size(256 << 10)

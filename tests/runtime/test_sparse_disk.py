@@ -161,6 +161,31 @@ def test_rows_move_to_disk_and_come_back_when_updated_not_when_read(tmp_path: Pa
     assert disk.stats().rows == 2 * HOT
 
 
+def test_only_a_batch_of_rows_going_to_disk_gives_the_heap_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads of disk rows and updates that bring rows back to RAM free blocks the next
+    call takes again: trimming after them only made the next calls fault their pages
+    back in. A batch of rows going to disk trims once."""
+    from pstrain_runtime.sparse import tiered as tiered_module
+
+    trims: list[int] = []
+    monkeypatch.setattr(tiered_module, "release_free_memory", lambda: trims.append(1))
+    spec = make_spec()
+    disk = tiered(spec, tmp_path)
+    first, second = torch.arange(HOT), torch.arange(HOT, HOT + HOT // 2)
+    disk.apply(first, torch.ones(HOT, 4), t=1, now=1)
+    disk.apply(second, torch.ones(len(second), 4), t=2, now=2)  # first rows to disk
+    assert len(trims) == 1 and disk.tier_stats()["disk_rows"] > HOT // 2
+    on_disk = first[~disk.hot.present(first)]
+    back = on_disk[:HOT // 32]  # within the room the batch left (1/16 of the rows)
+    disk.read(first)  # every row on disk read
+    disk.apply(back, torch.ones(len(back), 4), t=3, now=3)  # brought back to RAM
+    assert bool(disk.hot.present(back).all()) and len(trims) == 1
+    disk.apply(torch.arange(2 * HOT, 3 * HOT), torch.ones(HOT, 4), t=4, now=4)
+    assert len(trims) == 2, "another batch went to disk and trimmed"
+    disk.close()
+
+
 def test_the_ram_tier_stays_within_its_budget_under_a_burst_of_new_ids(tmp_path: Path
                                                                        ) -> None:
     spec = make_spec("adagrad")

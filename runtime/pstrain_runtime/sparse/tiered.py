@@ -174,11 +174,6 @@ class TieredTable:
         self.dim = spec.embedding_dim
         self.slot_names = ROW_SLOTS[spec.optimizer.name]  # type: ignore[union-attr]
         self.hot_rows = hot_row_budget(spec, num_ps, budget)
-        # Rows between the tiers since the heap was last trimmed, and how many make a
-        # trim worth it (see `_trim`): their copies (about three of each) would be an
-        # eighth of the working memory.
-        self.moved = 0
-        self.trim_rows = max(1, working_memory(budget) // (8 * 3 * (spec.row_bytes() + 8)))
         self.hot = RowTable(spec, reserve=self.hot_rows + MIN_HOT_ROWS, num_ps=num_ps)
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", spec.name)[:40]
         path = Path(tempfile.mkdtemp(prefix=f"rows-{safe}-", dir=directory))
@@ -221,17 +216,6 @@ class TieredTable:
         return there, RowBlock(ids=ids[there], rows=rows[:, :self.dim], slots=slots,
                                last=torch.from_numpy(last))
 
-    def _trim(self, rows: int) -> None:
-        """`rows` moved between the tiers: once enough did (`trim_rows`), give the
-        heap's free pages back to the OS. Their copies leave holes among blocks still
-        in use, which glibc keeps; a trim walks the whole heap (after every call it
-        cost a sixth of the server's CPU with Zipf ids, where a call moves a few
-        hundred rows; with uniform ids a call moves thousands, and each trims)."""
-        self.moved += rows
-        if self.moved >= self.trim_rows:
-            self.moved = 0
-            release_free_memory()
-
     def _make_room(self, incoming: int, keep: torch.Tensor | None) -> None:
         """Move rows to disk (`RowTable.oldest`: least recently updated first, rows
         updated twice in RAM last), so that `incoming` more rows fit in RAM (down to
@@ -242,8 +226,14 @@ class TieredTable:
         count = live + incoming - self.hot_rows + self.hot_rows // 16
         going = self.hot.oldest(count, keep, self.hot_rows * PROTECTED // 4)
         self._to_disk(self.hot.take(going), new=True)
-        release_free_memory()  # the batch's copies left holes in the heap
-        self.moved = 0
+        # The batch's copies (megabytes) left holes in the heap among blocks still in
+        # use, which glibc keeps: give their pages back. Only here: a read or an update
+        # frees blocks of the size it will take again (allocator role `budget` maps
+        # those of 128 KiB and more apart), and trimming after them (every ~1,300 rows
+        # they moved between the tiers) only made the next calls fault the pages back
+        # in: 8 % of a call's CPU in `python -m bench.tier_calls disk`, the servers'
+        # RSS the same without (bench/RESULTS.md, session 13).
+        release_free_memory()
 
     def _check(self) -> None:
         if self.closed:
@@ -269,7 +259,6 @@ class TieredTable:
             rest_at = torch.nonzero(rest).reshape(-1)
             out[rest_at] = self.hot.read(ids[rest_at])
             out[on_disk] = block.rows
-            self._trim(int(on_disk.numel()))
             return out
 
     # ------------------------------------------------------------------ updates
@@ -294,8 +283,6 @@ class TieredTable:
                 self._sweep_disk(now, after)
             if self.hot.stats().rows > self.hot_rows:  # one update above the budget
                 self._make_room(0, None)
-            if self.cold.count:
-                self._trim(int(others.numel()))
             return updated
 
     def _sweep_disk(self, now: int, after: int) -> None:

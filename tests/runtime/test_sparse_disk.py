@@ -274,6 +274,27 @@ def test_the_disk_store_gives_what_was_written_last(tmp_path: Path,
     assert not (tmp_path / "db").exists()
 
 
+def test_the_disk_store_gives_back_a_batch_of_many_rows_exactly(tmp_path: Path) -> None:
+    """A write of more rows than `PUT_CHUNK` (built a chunk at a time), and their ids
+    as keys (8 big-endian bytes, zero bytes included) through a delete."""
+    from pstrain_runtime.sparse.cold import PUT_CHUNK, ColdStore
+
+    store = ColdStore(tmp_path / "db", 3, MIN_MEMORY, None)
+    n = 2 * PUT_CHUNK + 5
+    ids = np.concatenate([[0, 256, 1 << 40], np.arange(1000, 1000 + n - 3) * 7919])
+    values = np.random.default_rng(0).standard_normal((n, 3)).astype(np.float32)
+    store.put(ids, values, np.arange(n))
+    store.count = n
+    order = np.random.default_rng(1).permutation(n)
+    found, got, last = store.get(ids[order])
+    assert found.all() and np.array_equal(got, values[order])
+    assert np.array_equal(last, order)
+    store.delete(ids[:2])
+    found, _, _ = store.get(ids[:4])
+    assert found.tolist() == [False, False, True, True]
+    store.close()
+
+
 def test_the_disk_store_compacts_in_the_universal_style(tmp_path: Path) -> None:
     """Evictions write random ids: leveled compaction rewrote the whole table every few
     flushes (see `cold`'s module doc). RocksDB records the options it opened with."""

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 KEY = np.dtype(">u8")
+PUT_CHUNK = 1024  # rows whose values are bytes objects at once while a batch is built
 KEEP_READS = 4  # reads whose records are kept: one pull per worker in flight (and slack)
 MIN_MEMORY = 2 << 20  # RocksDB's own memory per shard, at least
 MAX_MEMORY = 64 << 20  # and at most (block cache + two memtables)
@@ -74,8 +75,14 @@ def release_free_memory() -> None:
 
 
 def _keys(ids: np.ndarray) -> list[bytes]:
-    raw = np.ascontiguousarray(ids, dtype=np.int64).astype(KEY).tobytes()
-    return [raw[i:i + 8] for i in range(0, len(raw), 8)]
+    """The keys of `ids` (a void view's `tolist` makes the bytes objects in C)."""
+    return np.asarray(ids, dtype=np.int64).astype(KEY).view(np.dtype("V8")).tolist()
+
+
+def _each(method: Any, *columns: list[bytes]) -> None:
+    """`method(*row)` for each row of `columns`, looped in C (`map` drained by a
+    zero-length deque): a batch of thousands of puts or deletes."""
+    deque(map(method, *columns), maxlen=0)
 
 
 class RecentRecords:
@@ -211,10 +218,11 @@ class ColdStore:
         records = np.empty(len(ids), self.record)
         records["last"] = last
         records["values"] = values
-        raw, size = records.tobytes(), self.record.itemsize
         batch = self._rd.WriteBatch(raw_mode=True)
-        for k, key in enumerate(_keys(ids)):
-            batch.put(key, raw[k * size:(k + 1) * size])
+        keys, raw = _keys(ids), records.view(np.dtype(f"V{self.record.itemsize}"))
+        for start in range(0, len(ids), PUT_CHUNK):  # the values' bytes objects a chunk at a time
+            end = start + PUT_CHUNK
+            _each(batch.put, keys[start:end], raw[start:end].tolist())
         self.db.write(batch)
         self._mark(ids, True)
         self.recent.drop(ids)
@@ -223,8 +231,7 @@ class ColdStore:
         if len(ids) == 0:
             return
         batch = self._rd.WriteBatch(raw_mode=True)
-        for key in _keys(ids):
-            batch.delete(key)
+        _each(batch.delete, _keys(ids))
         self.db.write(batch)
         self._mark(ids, False)
         self.recent.drop(ids)

@@ -305,6 +305,7 @@ def test_the_disk_store_compacts_in_the_universal_style(tmp_path: Path) -> None:
         options = sorted((tmp_path / "db").glob("OPTIONS-*"))[-1].read_text()
         assert "compaction_style=kCompactionStyleUniversal" in options
         assert "max_size_amplification_percent=100;" in options
+        assert "level0_file_num_compaction_trigger=8" in options
     finally:
         store.close()
 

@@ -295,6 +295,24 @@ def test_the_disk_store_gives_back_a_batch_of_many_rows_exactly(tmp_path: Path) 
     store.close()
 
 
+def test_reads_leave_data_blocks_out_of_the_block_cache(tmp_path: Path) -> None:
+    """The cache keeps the index and filter blocks every lookup needs: random reads of
+    rows would fill it with data blocks that are seldom read again."""
+    from pstrain_runtime.sparse.cold import ColdStore
+
+    store = ColdStore(tmp_path / "db", 64, MIN_MEMORY, None)  # a cache of 512 KiB
+    n = 20_000  # 5.3 MB of rows: 10 times the cache
+    ids = np.arange(n) * 3
+    store.put(ids, np.ones((n, 64), np.float32), np.arange(n))
+    store.count = n
+    store.db.flush()  # the rows in a table file, read through the cache
+    found, _, _ = store.get(np.random.default_rng(0).permutation(ids))
+    assert found.all()
+    cached = store.db.property_int_value("rocksdb.block-cache-usage")
+    assert cached < 128 << 10, f"{cached} bytes cached after reading every row"
+    store.close()
+
+
 def test_the_disk_store_compacts_in_the_universal_style(tmp_path: Path) -> None:
     """Evictions write random ids: leveled compaction rewrote the whole table every few
     flushes (see `cold`'s module doc). RocksDB records the options it opened with."""

@@ -161,6 +161,39 @@ def test_rows_move_to_disk_and_come_back_when_updated_not_when_read(tmp_path: Pa
     assert disk.stats().rows == 2 * HOT
 
 
+@pytest.mark.parametrize("protect", [0, 40, 300], ids=["plain", "few", "all"])
+def test_the_rows_to_move_first_are_the_segmented_lrus(protect: int) -> None:
+    """`RowTable.oldest` against the rule written out: of the live rows outside `keep`,
+    those updated least recently, but the `protect` most recently updated of the rows
+    updated twice since they came (version >= 2) after every other."""
+    spec = make_spec()
+    table = RowTable(spec)
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randperm(1000, generator=gen)[:400]
+    for step, chunk in enumerate(torch.split(ids, 40), start=1):  # distinct last updates
+        table.apply(chunk, torch.ones(len(chunk), 4), t=step, now=step)
+    for step, chunk in enumerate(torch.split(ids[::3], 7), start=20):  # twice, some
+        table.apply(chunk, torch.ones(len(chunk), 4), t=step, now=step)
+    table.remove(ids[5:9])  # free row indices among the live ones
+    keep = ids[100:120]
+    # The rule, by id: (protected?, last update), each table row once.
+    live = [(i, int(table.last[table.index.get(np.array([i]))[0]]),
+             int(table.version[table.index.get(np.array([i]))[0]]))
+            for i in ids.tolist() if i not in set(ids[5:9].tolist()) | set(keep.tolist())]
+    twice = sorted((r for r in live if r[2] >= 2), key=lambda r: -r[1])[:protect]
+    protected = {r[0] for r in twice}
+    rank = {r[0]: (r[0] in protected, r[1]) for r in live}
+    ordered = sorted(rank.values())
+    for count in (1, 25, 150, len(live) - 1, len(live), len(live) + 5):
+        got = table.owner[table.oldest(count, keep, protect)].tolist()
+        assert len(set(got)) == len(got) == min(count, len(live)), count
+        # Ties in the last update may go either way: every row ranked before the
+        # count-th is there, and none ranked after it.
+        boundary = ordered[min(count, len(live)) - 1]
+        assert all(i in rank and rank[i] <= boundary for i in got), count
+        assert {i for i, key in rank.items() if key < boundary} <= set(got), count
+
+
 def test_only_a_batch_of_rows_going_to_disk_gives_the_heap_back(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Reads of disk rows and updates that bring rows back to RAM free blocks the next

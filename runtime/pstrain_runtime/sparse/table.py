@@ -52,17 +52,20 @@ class RowBlock:
     last: torch.Tensor  # int64 [n]
 
 
-def protection(last: torch.Tensor, version: torch.Tensor, protect: int) -> torch.Tensor:
-    """What `RowTable.oldest` adds to rows' last updates to order them: the span
-    of `last` (so they go after every other row) for the `protect` most recently
-    updated rows of version >= 2, 0 for the rest."""
-    bonus = torch.zeros_like(last)
-    chosen = torch.nonzero(version >= 2).reshape(-1)
-    if chosen.numel() > protect:
-        chosen = chosen[torch.topk(last[chosen], protect).indices]
-    if chosen.numel():
-        bonus[chosen] = int(last.max() - last.min()) + 1
-    return bonus
+NEVER = 1 << 62  # `RowTable.oldest`'s score of the rows it must not pick
+
+
+def protect_in_place(score: torch.Tensor, last: torch.Tensor, twice: torch.Tensor,
+                     protect: int) -> None:
+    """Add to `score` (rows' last updates) what puts the `protect` most recently
+    updated rows among `twice` (bool) after every other row: the span of `last`."""
+    span = int(last.max() - last.min()) + 1
+    if int(twice.sum()) <= protect:  # the usual case: each of them, no selection
+        score.add_(twice, alpha=span)
+        return
+    chosen = torch.nonzero(twice).reshape(-1)
+    chosen = chosen[torch.topk(last[chosen], protect).indices]
+    score[chosen] += span
 
 
 class RowTable:
@@ -341,19 +344,23 @@ class RowTable:
                ) -> torch.Tensor:
         """The `count` rows (indices; fewer if fewer are live) to move elsewhere first,
         not those of the ids in `keep`: a segmented LRU, the rows updated least recently
-        but `protect` rows updated twice since they came here after all (`protection`)."""
+        but `protect` rows updated twice since they came here after all
+        (`protect_in_place`)."""
         with self.lock:
             live = self.owner[:self.used] >= 0
             if keep is not None and keep.numel():
                 held = self._where(keep.reshape(-1).to(torch.int64).contiguous())
                 live[held[held >= 0]] = False
-            candidates = torch.nonzero(live).reshape(-1)
-            if count < candidates.numel():
-                score = self.last[candidates]
-                if protect:
-                    score = score + protection(score, self.version[candidates], protect)
-                candidates = candidates[torch.topk(score, count, largest=False).indices]
-            return candidates
+            if count >= int(live.sum()):
+                return torch.nonzero(live).reshape(-1)
+            # Over every row index at once (no gathers of the candidates): the rows
+            # not to pick score NEVER, above any last update plus its span.
+            last = self.last[:self.used]
+            score = last.masked_fill(~live, NEVER)
+            if protect:
+                protect_in_place(score, last, live & (self.version[:self.used] >= 2),
+                                 protect)
+            return torch.topk(score, count, largest=False).indices
 
     def take(self, where: torch.Tensor) -> RowBlock:
         """Remove and return the rows at `where` (live row indices, from `oldest`).

@@ -132,8 +132,12 @@ def cluster() -> Iterator[Cluster]:
     found = Cluster(kubeconfig, state)
     try:
         found.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-        found.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}",
-                      "--timeout=60s", timeout=70)
+        # Polled, not `kubectl wait --for=condition=Established`: kubectl 1.32 fails at
+        # once ("status.conditions accessor error") while a new CRD has no conditions yet.
+        wait_until("the CRD to be Established", lambda: found.kubectl(
+            "get", f"crd/{CRD_NAME}", "-o",
+            'jsonpath={.status.conditions[?(@.type=="Established")].status}',
+            check=False).stdout.strip() == "True", timeout=60)
         yield found
     finally:
         if not was_running:

@@ -8,12 +8,11 @@ then updates, the unique ids of one CTR batch of `BATCH` that server 0 owns (Zip
 `RowTable` with every row in memory, `disk` a `TieredTable` with the item's budget
 (`BUDGET_MIB`, its rows beyond it in RocksDB in a temporary folder), one torch thread
 as in a server. Prints one JSON line: milliseconds per read + update over the measured
-steps (the id draws excluded), the process's CPU milliseconds per step (the draws
-excluded; every thread:
-RocksDB's flushes and compactions run on threads of their own, beside the calls, and
-with every core busy, as in a job, they cost what they take), ids per call, the process's minor page faults and
-system CPU seconds over them, its peak anonymous RSS (sampled every 50 ms), and the
-tiers' rows at the end. Without the server's threads, sockets and frames: a table's
+steps (the id draws excluded); the process's CPU milliseconds per step, every thread's
+(the draws excluded: RocksDB's flushes and compactions run on threads of their own,
+beside the calls, and with every core busy, as in a job, they cost what they take); ids
+per call; the process's minor page faults and system CPU seconds over them; its peak
+anonymous RSS (sampled every 50 ms); and the tiers' rows at the end. Without the server's threads, sockets and frames: a table's
 own costs, which `pstrain run`'s servers add to (bench/RESULTS.md, session 12).
 """
 

@@ -177,9 +177,9 @@ def test_the_rows_to_move_first_are_the_segmented_lrus(protect: int) -> None:
     table.remove(ids[5:9])  # free row indices among the live ones
     keep = ids[100:120]
     # The rule, by id: (protected?, last update), each table row once.
-    live = [(i, int(table.last[table.index.get(np.array([i]))[0]]),
-             int(table.version[table.index.get(np.array([i]))[0]]))
-            for i in ids.tolist() if i not in set(ids[5:9].tolist()) | set(keep.tolist())]
+    skipped = set(ids[5:9].tolist()) | set(keep.tolist())
+    rows = {i: int(table.index.get(np.array([i]))[0]) for i in ids.tolist() if i not in skipped}
+    live = [(i, int(table.last[r]), int(table.version[r])) for i, r in rows.items()]
     twice = sorted((r for r in live if r[2] >= 2), key=lambda r: -r[1])[:protect]
     protected = {r[0] for r in twice}
     rank = {r[0]: (r[0] in protected, r[1]) for r in live}

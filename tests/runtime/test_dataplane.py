@@ -659,3 +659,53 @@ def test_a_frame_of_many_small_tensors_goes_out_in_several_sendmsg_calls(
     assert max(calls) > 1024
     for name in shapes:
         torch.testing.assert_close(out[name], params[name] - grads[name])
+
+
+# ---------------------------------------------------------------------- fan-out helpers
+
+
+def _fan_outs() -> list[tuple[str, Callable[[Callable[[int], object]], list]]]:
+    """The two ways a worker calls every server at once: the dense client's `_all`
+    waiting for every call, and the sparse client's `_each` (3 servers each)."""
+    from pstrain_runtime.sparse.client import SparseClient
+
+    dense = sharded([object()] * 3, {f"p{i}": (64, 64) for i in range(3)})  # type: ignore[list-item]
+    sparse = SparseClient([object()] * 3, NS)
+    return [("dense", lambda fn: dense._all(fn, wait_all=True)),
+            ("sparse", lambda fn: sparse._each(fn, [0, 1, 2]))]
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_fan_out_runs_the_first_call_here_and_answers_in_server_order(which: int) -> None:
+    import threading
+
+    name, fan_out = _fan_outs()[which]
+    threads: dict[int, int] = {}
+
+    def call(ps: int) -> int:
+        threads[ps] = threading.get_ident()
+        time.sleep(0.02 * (3 - ps))  # the last server answers first
+        return 10 * ps
+
+    assert fan_out(call) == [0, 10, 20], name
+    assert threads[0] == threading.get_ident()  # no thread hop for one of the calls
+    assert threading.get_ident() not in (threads[1], threads[2])
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_fan_out_raises_a_failure_only_once_every_call_has_ended(which: int) -> None:
+    """The first server's call fails at once while the others still run: nothing is
+    raised before they end (they write into the caller's tensors)."""
+    name, fan_out = _fan_outs()[which]
+    ended: list[int] = []
+
+    def call(ps: int) -> int:
+        if ps == 0:
+            raise PSError("UNAVAILABLE", "server 0 is gone")
+        time.sleep(0.1)
+        ended.append(ps)
+        return ps
+
+    with pytest.raises(PSError, match="server 0 is gone"):
+        fan_out(call)
+    assert sorted(ended) == [1, 2], name

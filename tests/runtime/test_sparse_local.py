@@ -55,6 +55,41 @@ def test_owner_rule_is_deterministic_and_balanced_for_skewed_ids() -> None:
     assert abs(int(counts[0]) - 5000) < 200
 
 
+@pytest.mark.parametrize("num_ps", [1, 2, 3, 7, 300])
+def test_split_by_owner_keeps_each_servers_ids_in_input_order(num_ps: int) -> None:
+    """Each server's positions: exactly the ids the owner rule gives it, in the order
+    the ids came (the replies are written back by position)."""
+    from pstrain_runtime.sparse.ids import split_by_owner
+
+    ids = torch.cat([zipf_ids(5000, 1 << 40), torch.tensor([0, 1 << 62], dtype=torch.int64)])
+    parts = split_by_owner(ids, num_ps)
+    owners = owner_of(ids, num_ps)
+    assert len(parts) == num_ps
+    assert torch.equal(torch.sort(torch.cat(parts)).values, torch.arange(ids.numel()))
+    for ps, positions in enumerate(parts):
+        assert positions.dtype == torch.int64
+        assert bool((owners[positions] == ps).all())
+        assert bool((positions[1:] > positions[:-1]).all())
+    assert [p.numel() for p in split_by_owner(torch.empty(0, dtype=torch.int64),
+                                              num_ps)] == [0] * num_ps
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 13_312])
+def test_unique_inverse_is_torch_unique(n: int) -> None:
+    """A layer's ids per step: numpy's unique, the same values and positions as
+    torch.unique(sorted, return_inverse) gives (repeats, ids at the int64 extremes)."""
+    from pstrain_runtime.sparse.ids import unique_inverse
+
+    ids = zipf_ids(n, 1000)
+    if n > 2:
+        ids[:2] = torch.tensor([-(1 << 63), (1 << 63) - 1])
+    unique, inverse = unique_inverse(ids)
+    want_unique, want_inverse = torch.unique(ids, sorted=True, return_inverse=True)
+    assert unique.dtype == inverse.dtype == torch.int64
+    assert torch.equal(unique, want_unique) and torch.equal(inverse, want_inverse)
+    assert torch.equal(unique[inverse], ids)
+
+
 def test_splitmix64_is_the_published_mix_bit_for_bit() -> None:
     """Owners and initial rows (so every checkpoint's unwritten rows) rest on it: the
     reference generator's first outputs from state 0, and Python's exact integers."""

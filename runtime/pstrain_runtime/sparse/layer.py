@@ -24,6 +24,7 @@ from torch import nn
 
 from ..optim import OptimizerConfig
 from .checks import check_grads, check_ids
+from .ids import unique_inverse
 from .rowopt import coalesce
 from .spec import TableSpec, optimizer_from_dict
 from .table import RowTable
@@ -132,7 +133,7 @@ class _SparseLayer(nn.Module):
             raise TypeError(f"sparse table {self.spec.name!r}: ids must be an integer "
                             f"tensor, got {ids.dtype}")
         flat = ids.reshape(-1).to("cpu", torch.int64)
-        unique, inverse = torch.unique(flat, return_inverse=True)
+        unique, inverse = unique_inverse(flat)
         pad_local = None
         if self.padding_idx is not None:
             keep = unique != self.padding_idx

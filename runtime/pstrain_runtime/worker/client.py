@@ -340,14 +340,20 @@ class ShardedClient:
         idx = list(range(len(self.transports)) if indices is None else indices)
         if len(idx) == 1:  # one server: call it here, no thread hop
             return [fn(idx[0])]
-        futs = {self.pool.submit(fn, i): i for i in idx}
-        done, _ = cf.wait(futs, return_when=cf.ALL_COMPLETED if wait_all
-                          else cf.FIRST_EXCEPTION)
-        for fut in done:
-            exc = fut.exception()
-            if exc is not None:
-                raise exc
-        return [f.result() for f in sorted(futs, key=lambda f: futs[f])]
+        if wait_all:  # the first server's call on this thread: one thread hop fewer
+            futs = {self.pool.submit(fn, i): i for i in idx[1:]}
+            try:
+                first = [fn(idx[0])]
+            finally:
+                cf.wait(futs)
+        else:  # all on the pool, so that a failure is raised while others still run
+            futs = {self.pool.submit(fn, i): i for i in idx}
+            first = []
+            cf.wait(futs, return_when=cf.FIRST_EXCEPTION)
+        for fut in futs:
+            if fut.done() and fut.exception() is not None:
+                raise fut.exception()  # type: ignore[misc]
+        return first + [f.result() for f in sorted(futs, key=lambda f: futs[f])]
 
     # ----------------------------------------------------------------- pull / push
     def pull(self, params: Mapping[str, torch.Tensor], worker: int = 0,

@@ -41,6 +41,7 @@ import torch
 
 from .ids import owner_of
 from .index import MAX_LOAD, DirectIndex, IdIndex
+from .scatter import fill_rows, put_rows
 
 NEVER = -(1 << 62)
 HASH_BYTES = 96  # the hash map's bytes per kept row at most (12 a slot, up to 8 a row)
@@ -128,8 +129,8 @@ class RowCache:
         out = torch.empty((ids.numel(), self.rows.shape[1]), dtype=torch.float32)
         if hit.numel():
             at = found.index_select(0, hit)
-            out.index_copy_(0, hit, self.rows.index_select(0, at))
-            self.used.index_fill_(0, at, step)
+            put_rows(out, hit, self.rows.index_select(0, at))
+            fill_rows(self.used, at, step)
         self.hits += int(hit.numel())
         self.misses += int(miss.numel())
         self._judge(int(hit.numel()), int(ids.numel()))
@@ -194,7 +195,7 @@ class RowCache:
             return pulled
         found = plan.found
         if plan.miss.numel():
-            plan.out.index_copy_(0, plan.miss, pulled)
+            put_rows(plan.out, plan.miss, pulled)
             if self.aside:  # it stood aside at this lookup: nothing more is kept
                 return plan.out
             if versions is None:
@@ -260,7 +261,7 @@ class RowCache:
             where = self._take(int(new.numel()), step)
             new = new[:where.numel()]
             slots = slots.index_copy(0, new, where)
-            self.owner.index_copy_(0, where, ids.index_select(0, new))
+            put_rows(self.owner, where, ids.index_select(0, new))
             if (isinstance(self.index, IdIndex)
                     and self.index.size + new.numel() > self._most_entries()):
                 self._reindex()  # from `owner`: the new ids are in it
@@ -268,11 +269,11 @@ class RowCache:
                 self.index.put(ids[new].numpy(), where.numpy())
         kept = torch.cat([known, new])
         where = slots.index_select(0, kept)
-        self.rows.index_copy_(0, where, rows.index_select(0, kept))
-        self.version.index_copy_(0, where, versions.index_select(0, kept))
-        self.own.index_fill_(0, where, 0)
-        self.pulled.index_fill_(0, where, step)
-        self.used.index_fill_(0, where, step)
+        put_rows(self.rows, where, rows.index_select(0, kept))
+        put_rows(self.version, where, versions.index_select(0, kept))
+        fill_rows(self.own, where, 0)
+        fill_rows(self.pulled, where, step)
+        fill_rows(self.used, where, step)
         return slots
 
     def _take(self, count: int, step: int) -> torch.Tensor:

@@ -14,6 +14,7 @@ from ..ps.store import PSError
 from .cache import Lookup, RowCache
 from .ids import split_by_owner
 from .protocol import Frame, encode, header_of, tensor_of
+from .scatter import put_rows
 from .spec import TableSpec
 from .table import RowBlock
 from .tiered import StorageSettings
@@ -100,12 +101,12 @@ class SparseClient:
                     raise PSError("INTERNAL", f"parameter server {ps} answered a pull of "
                                   f"{len(call)} tables with {len(frames)} frames")
                 for n, (k, chunk) in enumerate(call):
-                    outs[k][chunk] = self._checked(ps, frames[n], torch.float32, specs[k],
-                                                   chunk, "rows")
+                    put_rows(outs[k], chunk, self._checked(ps, frames[n], torch.float32,
+                                                           specs[k], chunk, "rows"))
                     if versions:
-                        counts[k][chunk] = self._checked(ps, frames[len(call) + n],
-                                                         torch.int32, specs[k], chunk,
-                                                         "versions")
+                        put_rows(counts[k], chunk, self._checked(
+                            ps, frames[len(call) + n], torch.int32, specs[k], chunk,
+                            "versions"))
 
         self._each(one, [ps for ps in range(self.num_ps)
                          if ps in also or any(p[ps].numel() for p in positions)])

@@ -34,6 +34,7 @@ import torch
 from .fresh import RecentReads
 from .index import EMPTY, MIN_CAPACITY, index_for
 from .rowopt import apply_rows, coalesce
+from .scatter import fill_rows, put_rows
 from .spec import ROW_SLOTS, TableSpec
 
 @dataclass(frozen=True)
@@ -135,13 +136,13 @@ class RowTable:
     def _create(self, ids: torch.Tensor, now: int) -> torch.Tensor:
         """Rows for `ids` (unique, absent), set to their initial values."""
         where = self._take_rows(int(ids.numel()))
-        self.rows.index_copy_(0, where, self.initial.create(ids))
+        put_rows(self.rows, where, self.initial.create(ids))
         fill = self.spec.optimizer.initial_accumulator_value  # type: ignore[union-attr]
         for name, tensor in self.slots.items():
-            tensor.index_fill_(0, where, fill if name == "sum" else 0.0)
-        self.last.index_fill_(0, where, now)
-        self.version.index_fill_(0, where, 0)
-        self.owner.index_copy_(0, where, ids)
+            fill_rows(tensor, where, fill if name == "sum" else 0.0)
+        fill_rows(self.last, where, now)
+        fill_rows(self.version, where, 0)
+        put_rows(self.owner, where, ids)
         self.index.add(ids.numpy(), where.numpy())
         return where
 
@@ -159,9 +160,9 @@ class RowTable:
             if bool(there.all()):
                 return torch.index_select(self.rows, 0, where, out=out)
             present = torch.nonzero(there).reshape(-1)
-            out.index_copy_(0, present, self.rows.index_select(0, where[present]))
-        absent = ~there
-        out[absent] = self.initial.read(ids[absent])
+            put_rows(out, present, self.rows.index_select(0, where.index_select(0, present)))
+        absent = torch.nonzero(~there).reshape(-1)
+        put_rows(out, absent, self.initial.read(ids.index_select(0, absent)))
         return out
 
     def versions(self, ids: torch.Tensor) -> torch.Tensor:
@@ -189,11 +190,12 @@ class RowTable:
                 rows = self.rows.index_select(0, where)
                 slots = {name: t_.index_select(0, where) for name, t_ in self.slots.items()}
                 apply_rows(self.spec.optimizer, rows, grads, slots, t)  # type: ignore[arg-type]
-                self.rows.index_copy_(0, where, rows)
+                put_rows(self.rows, where, rows)
                 for name, value in slots.items():
-                    self.slots[name].index_copy_(0, where, value)
-                self.last.index_fill_(0, where, now)
-                self.version[where] += 1  # (ids coalesced: each row once)
+                    put_rows(self.slots[name], where, value)
+                fill_rows(self.last, where, now)
+                version = self.version.numpy()
+                version[where.numpy()] += 1  # (ids coalesced: each row once)
             self._maybe_sweep(now)
             return int(where.numel())
 
@@ -280,11 +282,11 @@ class RowTable:
     removals: RemovalLog | None = None
 
     def _install_rows(self, where: torch.Tensor, block: RowBlock) -> None:
-        self.rows[where] = block.rows
+        put_rows(self.rows, where, block.rows)
         for name in self.slot_names:
-            self.slots[name][where] = block.slots[name]
-        self.last[where] = block.last
-        self.version[where] = 0  # a row replaced: its count starts again
+            put_rows(self.slots[name], where, block.slots[name])
+        put_rows(self.last, where, block.last)
+        fill_rows(self.version, where, 0)  # a row replaced: its count starts again
 
     def upsert(self, block: RowBlock) -> None:
         """Install a delta's rows (ids unique): an id present gets the block's row,

@@ -8,6 +8,7 @@ import concurrent.futures as cf
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..ps.store import PSError
@@ -36,6 +37,9 @@ class SparseClient:
         self.generations: list[int] = [0] * self.num_ps
         self.pool = cf.ThreadPoolExecutor(max_workers=max(1, self.num_ps),
                                           thread_name_prefix="sparse-client")
+        # The last pull's ids and their split by owner: a step pushes gradients for
+        # the very id tensors it pulled, whose split is then not computed again.
+        self._pulled_splits: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -65,6 +69,14 @@ class SparseClient:
                           "no frame")
         return header_of(reply), reply[1:]
 
+    def _split(self, ids: torch.Tensor) -> list[torch.Tensor]:
+        """`split_by_owner` of `ids`, taken from the last pull's when `ids` is one of
+        its tensors (the same object: ids are never changed in place)."""
+        for pulled, positions in self._pulled_splits:
+            if pulled is ids:
+                return positions
+        return split_by_owner(ids, self.num_ps)
+
     def _rows_per_call(self, dim: int) -> int:
         return max(1, self.max_call_bytes // (4 * dim + 8))
 
@@ -88,14 +100,15 @@ class SparseClient:
         outs = [torch.empty((i.numel(), s.embedding_dim), dtype=torch.float32)
                 for s, i in zip(specs, ids, strict=True)]
         counts = [torch.zeros(i.numel() if versions else 0, dtype=torch.int32) for i in ids]
-        positions = [split_by_owner(i, self.num_ps) for i in ids]
+        positions = [self._split(i) for i in ids]
+        self._pulled_splits = list(zip(ids, positions, strict=True))
 
         def one(ps: int) -> None:
             for call in self._pull_calls(specs, [p[ps] for p in positions]):
                 reply, frames = self._call(ps, {"op": "pull", "tables": [
                     {"name": specs[k].name, "count": int(c.numel())} for k, c in call],
                     **({"versions": True} if versions else {})},
-                    [ids[k][c] for k, c in call])
+                    [ids[k].index_select(0, c) for k, c in call])
                 self.generations[ps] = int(reply.get("generation", 0))
                 if len(frames) != len(call) * (2 if versions else 1):
                     raise PSError("INTERNAL", f"parameter server {ps} answered a pull of "
@@ -151,11 +164,12 @@ class SparseClient:
         per_ps: list[list[tuple[str, torch.Tensor, torch.Tensor]]] = [
             [] for _ in range(self.num_ps)]
         for name, (ids, rows) in sorted(grads.items()):
-            for ps, pos in enumerate(split_by_owner(ids, self.num_ps)):
+            for ps, pos in enumerate(self._split(ids)):
                 if pos.numel():
                     limit = self._rows_per_call(rows.shape[1])
                     for chunk in torch.split(pos, limit):
-                        per_ps[ps].append((name, ids[chunk], rows[chunk]))
+                        per_ps[ps].append((name, ids.index_select(0, chunk),
+                                           rows.index_select(0, chunk)))
 
         def one(ps: int) -> dict[str, Any]:
             calls: list[list[tuple[str, torch.Tensor, torch.Tensor]]] = [[]]
@@ -411,5 +425,5 @@ class RemoteSource:
             # All servers' ids at once, in id order: usually the ids the lookup had
             # (unique, sorted), whose slots the cache still knows.
             ids = torch.cat([i for i, _ in parts])
-            order = torch.argsort(ids)
+            order = torch.from_numpy(np.argsort(ids.numpy()))  # (unique: any sort will do)
             self.caches[name].note_pushed(ids[order], torch.cat([v for _, v in parts])[order])

@@ -176,11 +176,11 @@ class _SparseLayer(nn.Module):
         parts = [(ids, leaf.grad) for ids, leaf in pending if leaf.grad is not None]
         if not parts:
             return None
+        if len(parts) == 1:  # the usual case: the one lookup's rows, no copy
+            return parts[0][0], parts[0][1].detach().to("cpu", torch.float32)
         ids = torch.cat([p[0] for p in parts])
         grads = torch.cat([p[1].detach().to("cpu", torch.float32) for p in parts])
-        if len(parts) > 1:
-            ids, grads = coalesce(ids, grads)
-        return ids, grads
+        return coalesce(ids, grads)
 
     def clear_gradients(self) -> None:
         self._pending = []

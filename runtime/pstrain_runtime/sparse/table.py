@@ -55,6 +55,30 @@ class RowBlock:
 
 
 NEVER = 1 << 62  # `RowTable.oldest`'s score of the rows it must not pick
+SCRATCH_BYTES = 4 << 20  # an update's gathers reuse blocks of at most this size each
+
+
+class Scratch:
+    """Blocks an update gathers its rows and optimizer state into, kept from one update
+    to the next: fresh blocks of a few hundred KB per call come from new mappings
+    (glibc maps blocks above its threshold apart, 128 KiB for a budgeted server), whose
+    every page faults in again (about 600 faults per call of a disk-tier server).
+    At most `limit` bytes per block; a larger update allocates as before."""
+
+    def __init__(self, dim: int, count: int, limit: int = SCRATCH_BYTES) -> None:
+        self.dim, self.count = dim, count
+        self.max_rows = limit // max(1, 4 * dim)
+        self.blocks: list[torch.Tensor] = []
+
+    def take(self, n: int) -> list[torch.Tensor] | None:
+        """`count` float32 [n, dim] blocks (contiguous, contents undefined), or None when
+        n rows pass the limit. Valid until the next `take` (callers hold the table's lock)."""
+        if n > self.max_rows:
+            return None
+        if not self.blocks or self.blocks[0].shape[0] < n:
+            rows = min(self.max_rows, max(n, 2 * (self.blocks[0].shape[0] if self.blocks else 0)))
+            self.blocks = [torch.empty((rows, self.dim)) for _ in range(self.count)]
+        return [block[:n] for block in self.blocks]
 
 
 def protect_in_place(score: torch.Tensor, last: torch.Tensor, twice: torch.Tensor,
@@ -74,10 +98,13 @@ def protect_in_place(score: torch.Tensor, last: torch.Tensor, twice: torch.Tenso
 class RowTable:
     """One shard of one table; `spec.optimizer` must be set (the row optimizer)."""
 
-    def __init__(self, spec: TableSpec, reserve: int = 0, num_ps: int = 1) -> None:
+    def __init__(self, spec: TableSpec, reserve: int = 0, num_ps: int = 1,
+                 scratch_bytes: int = SCRATCH_BYTES) -> None:
         """`reserve`: rows to allocate up front (the expected shard of a fixed-size
         table; allocated, not touched, so it saves growing without costing memory).
-        `num_ps`: how many servers share the table (it picks the id map, `index`)."""
+        `num_ps`: how many servers share the table (it picks the id map, `index`).
+        `scratch_bytes`: the most each of an update's kept gather blocks may hold
+        (`Scratch`: rows, each slot, Adagrad's denominator)."""
         if spec.optimizer is None:
             raise ValueError(f"sparse table {spec.name!r} has no optimizer")
         self.spec = spec
@@ -97,6 +124,7 @@ class RowTable:
         self.used = 0  # rows ever handed out (high-water mark)
         self.free: list[int] = []
         self.last_sweep = 0
+        self.scratch = Scratch(self.dim, 2 + len(self.slot_names), scratch_bytes)
         if reserve:
             self._grow(reserve)
 
@@ -188,10 +216,20 @@ class RowTable:
             if bool(absent.any()):
                 where[absent] = self._create(ids[absent], now)
             if where.numel():
-                # Gather the rows and their state, update them, scatter them back.
-                rows = self.rows.index_select(0, where)
-                slots = {name: t_.index_select(0, where) for name, t_ in self.slots.items()}
-                apply_rows(self.spec.optimizer, rows, grads, slots, t)  # type: ignore[arg-type]
+                # Gather the rows and their state (into the kept blocks when they fit),
+                # update them, scatter them back.
+                blocks = self.scratch.take(int(where.numel()))
+                if blocks is None:
+                    rows = self.rows.index_select(0, where)
+                    slots = {n: t_.index_select(0, where) for n, t_ in self.slots.items()}
+                    spare = None
+                else:
+                    rows = torch.index_select(self.rows, 0, where, out=blocks[0])
+                    slots = {n: torch.index_select(t_, 0, where, out=blocks[2 + k])
+                             for k, (n, t_) in enumerate(self.slots.items())}
+                    spare = blocks[1]
+                apply_rows(self.spec.optimizer, rows, grads, slots, t,  # type: ignore[arg-type]
+                           scratch=spare)
                 put_rows(self.rows, where, rows)
                 for name, value in slots.items():
                     put_rows(self.slots[name], where, value)

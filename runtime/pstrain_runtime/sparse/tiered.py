@@ -175,7 +175,10 @@ class TieredTable:
         self.dim = spec.embedding_dim
         self.slot_names = ROW_SLOTS[spec.optimizer.name]  # type: ignore[union-attr]
         self.hot_rows = hot_row_budget(spec, num_ps, budget)
-        self.hot = RowTable(spec, reserve=self.hot_rows + MIN_HOT_ROWS, num_ps=num_ps)
+        # The update's kept gather blocks (`table.Scratch`: three for Adagrad) come
+        # out of the working memory: an eighth of it each at most.
+        self.hot = RowTable(spec, reserve=self.hot_rows + MIN_HOT_ROWS, num_ps=num_ps,
+                            scratch_bytes=working_memory(budget) // 8)
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", spec.name)[:40]
         path = Path(tempfile.mkdtemp(prefix=f"rows-{safe}-", dir=directory))
         self.cold = ColdStore(path, self.dim * (1 + len(self.slot_names)),

@@ -25,7 +25,9 @@ import torch
 from pstrain_api import security
 from pstrain_runtime.proto import ps_pb2 as pb
 from pstrain_runtime.ps.server import SERVICE, PSServer
+from pstrain_runtime.ps.store import PSError
 from pstrain_runtime.sparse import protocol as sparse_protocol
+from pstrain_runtime.sparse import riding
 from pstrain_runtime.transport import auth, wire
 from pstrain_runtime.worker.client import GrpcTransport, TcpTransport
 
@@ -243,6 +245,41 @@ def test_the_chief_acts_for_any_worker(server: PSServer,
         assert chief.push({"w": torch.ones(4)}, worker=0)[0].applied
     finally:
         chief.close()
+
+
+def ride(transport: TcpTransport, dense: int, rider: int) -> object:
+    """A sparse push of worker `rider` riding on a dense push_pull of worker `dense`."""
+    return transport.push_pull_sparse(wire.encode_batch(push_frames(worker=dense)),
+                                      sparse_push(worker=rider))
+
+
+def test_a_riding_sparse_push_acts_only_as_the_worker_itself(server: PSServer) -> None:
+    """The data plane's PushPullSparse (`sparse.riding`) checks both parts: either one
+    naming another worker is refused before anything is applied."""
+    before = state_of(server)
+    worker, shared = TcpTransport(server.address, WORKER_1), TcpTransport(server.address,
+                                                                          SHARED_A)
+    try:
+        for dense, rider in ((0, 1), (1, 0), (0, 0)):
+            refusal = _refusal(lambda dense=dense, rider=rider: ride(worker, dense, rider))  # type: ignore[misc]
+            assert refusal.code == "PERMISSION_DENIED", (dense, rider, refusal.message)
+            assert "worker 1's credentials; they cannot act for worker 0" in refusal.message
+        refusal = _refusal(lambda: ride(shared, 1, 1))
+        assert refusal.code == "PERMISSION_DENIED"
+        assert "needs a worker's own credentials" in refusal.message
+        assert state_of(server) == before
+        # As itself it trains: the dense part is applied; the sparse part is answered
+        # with the store's refusal (this namespace has no tables), raised by the client.
+        dense, sparse = riding.split_reply(ride(worker, 1, 1), "ps0")  # type: ignore[arg-type]
+        header = wire.decode_frame(wire.decode_batch(dense)[0])
+        assert header.push_reply.applied
+        with pytest.raises(PSError, match="has no sparse tables") as info:
+            riding.reply_of(sparse)
+        assert info.value.code == "NOT_FOUND"
+        assert state_of(server)[0] == before[0] + 1
+    finally:
+        worker.close()
+        shared.close()
 
 
 def test_a_worker_key_yields_neither_another_workers_key_nor_the_shared_one() -> None:

@@ -111,17 +111,21 @@ class ParameterStore:
         return self._push(header, messages, timeout, gone)
 
     def push_pull(self, messages: Iterator[bytes], timeout: float | None = None,
-                  chunk_bytes: int = wire.CHUNK_BYTES,
-                  gone: Gone | None = None) -> Iterator[bytes]:
+                  chunk_bytes: int = wire.CHUNK_BYTES, gone: Gone | None = None,
+                  after_push: Callable[[pb.PushReply], None] | None = None
+                  ) -> Iterator[bytes]:
         """A push, then a pull of the pushed tensors (one round trip for a worker).
 
         Validates and applies now (raises PSError like `push`), then returns the PULL
         frame iterator; its header carries the push's reply in `push_reply`. The pull
         reads the parameters after the push returned, exactly as a separate Pull issued
         after the Push would (in sync mode: after the push's step was applied, within
-        the staleness bound)."""
+        the staleness bound). `after_push` gets the push's reply before the pull (a
+        sparse push riding on this call, `sparse.riding`)."""
         header = read_header(messages, pb.STREAM_KIND_PUSH)
         reply = self._push(header, messages, timeout, gone)
+        if after_push is not None:
+            after_push(reply)
         names = [meta.name for meta in header.tensors]
         if not names:
             raise invalid("push_pull: the push lists no tensors; name the tensors to pull "
@@ -131,13 +135,15 @@ class ParameterStore:
         return self.pull(request, timeout, chunk_bytes, push_reply=reply, gone=gone)
 
     def push_pull_small(self, message: bytes, timeout: float | None = None,
-                        gone: Gone | None = None) -> bytes:
+                        gone: Gone | None = None,
+                        after_push: Callable[[pb.PushReply], None] | None = None) -> bytes:
         """`push_pull` with the whole stream batched in one message each way."""
         try:
             frames = wire.decode_batch(message)
         except wire.WireError as exc:
             raise invalid(f"push_pull: {exc}") from exc
-        return wire.encode_batch(self.push_pull(iter(frames), timeout, gone=gone))
+        return wire.encode_batch(self.push_pull(iter(frames), timeout, gone=gone,
+                                                after_push=after_push))
 
     def _push(self, header: pb.StreamHeader, messages: Iterator[bytes],
               timeout: float | None, gone: Gone | None) -> pb.PushReply:

@@ -14,12 +14,13 @@ import torch
 from ..ps.store import PSError
 from .cache import Lookup, RowCache
 from .ids import split_by_owner
-from .protocol import Frame, encode, header_of, tensor_of
+from .protocol import Encoded, Frame, encode, header_of, tensor_of
 from .scatter import put_rows
 from .spec import TableSpec
 from .table import RowBlock
 from .tiered import StorageSettings
 
+Entry = tuple[str, torch.Tensor, torch.Tensor]  # a push's (table, ids, gradient rows)
 MAX_CALL_BYTES = 32 * 1024 * 1024  # rows per call stay well under the frame limit
 EXPORT_ROWS = 65536  # rows per page when a shard is streamed out
 GENERATION_TRIES = 3  # lookups through the caches while generations change under them
@@ -153,16 +154,13 @@ class SparseClient:
                           f"of {spec.name!r} for {chunk.numel()} ids")
         return values
 
-    def push(self, grads: Mapping[str, tuple[torch.Tensor, torch.Tensor]], worker: int,
-             steps: Sequence[int], versions: bool = False) -> list[dict[str, Any]]:
-        """Push each table's (unique ids, gradient rows) to their owners: per server, the
-        rows of every table in as few calls as the size limit allows (numbered parts
-        of one step), all servers at once, each with the generation of the rows last
-        pulled from it. Returns the replies of the servers called (the last part's),
-        each with its server as `ps`; with `versions`, also the pushed rows' versions
-        after the update as `versions`: [(table, ids, int32 versions)] over the parts."""
-        per_ps: list[list[tuple[str, torch.Tensor, torch.Tensor]]] = [
-            [] for _ in range(self.num_ps)]
+    def _push_calls(self, grads: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+                    worker: int, steps: Sequence[int], versions: bool
+                    ) -> list[list[tuple[list[Entry], dict[str, Any]]]]:
+        """Per server, the calls of a push: (its entries, its header) each, the rows of
+        every table in as few calls as the size limit allows (numbered parts of one
+        step), each with the generation of the rows last pulled from that server."""
+        per_ps: list[list[Entry]] = [[] for _ in range(self.num_ps)]
         for name, (ids, rows) in sorted(grads.items()):
             for ps, pos in enumerate(self._split(ids)):
                 if pos.numel():
@@ -170,31 +168,57 @@ class SparseClient:
                     for chunk in torch.split(pos, limit):
                         per_ps[ps].append((name, ids.index_select(0, chunk),
                                            rows.index_select(0, chunk)))
-
-        def one(ps: int) -> dict[str, Any]:
-            calls: list[list[tuple[str, torch.Tensor, torch.Tensor]]] = [[]]
+        out: list[list[tuple[list[Entry], dict[str, Any]]]] = []
+        for ps, entries in enumerate(per_ps):
+            calls: list[list[Entry]] = [[]] if entries else []
             size = 0
-            for entry in per_ps[ps]:
+            for entry in entries:
                 nbytes = entry[2].numel() * 4 + entry[1].numel() * 8
                 if calls[-1] and size + nbytes > self.max_call_bytes:
                     calls.append([])
                     size = 0
                 calls[-1].append(entry)
                 size += nbytes
+            out.append([(call, {
+                "op": "push", "worker": worker, "step": int(steps[ps]), "part": part,
+                "generation": self.generations[ps],
+                "tables": [{"name": n, "count": int(i.numel())} for n, i, _ in call],
+                **({"versions": True} if versions else {})})
+                for part, call in enumerate(calls)])
+        return out
+
+    def push(self, grads: Mapping[str, tuple[torch.Tensor, torch.Tensor]], worker: int,
+             steps: Sequence[int], versions: bool = False) -> list[dict[str, Any]]:
+        """Push each table's (unique ids, gradient rows) to their owners (`_push_calls`),
+        all servers at once. Returns the replies of the servers called (the last
+        part's), each with its server as `ps`; with `versions`, also the pushed rows'
+        versions after the update as `versions`: [(table, ids, int32 versions)] over
+        the parts."""
+        per_ps = self._push_calls(grads, worker, steps, versions)
+
+        def one(ps: int) -> dict[str, Any]:
             reply: dict[str, Any] = {}
-            pushed: list[tuple[str, torch.Tensor, torch.Tensor]] = []
-            for part, entries in enumerate(calls):
-                reply, frames = self._call(ps, {
-                    "op": "push", "worker": worker, "step": int(steps[ps]), "part": part,
-                    "generation": self.generations[ps],
-                    "tables": [{"name": n, "count": int(i.numel())} for n, i, _ in entries],
-                    **({"versions": True} if versions else {})},
-                    [t for _, ids, rows in entries for t in (ids, rows)])
+            pushed: list[Entry] = []
+            for entries, header in per_ps[ps]:
+                reply, frames = self._call(ps, header, [
+                    t for _, ids, rows in entries for t in (ids, rows)])
                 if versions:
                     pushed.extend(_pushed_versions(ps, entries, frames))
             return {**reply, "ps": ps, **({"versions": pushed} if versions else {})}
 
         return self._each(one, [ps for ps in range(self.num_ps) if per_ps[ps]])
+
+    def riders(self, grads: Mapping[str, tuple[torch.Tensor, torch.Tensor]], worker: int,
+               steps: Sequence[int]) -> list[Encoded | None] | None:
+        """The push of `grads` as one call's frames per server, to ride on the step's
+        dense push_pull (`riding`; None for a server with no rows); None when some
+        server's rows need more than one call (then `push` them)."""
+        per_ps = self._push_calls(grads, worker, steps, versions=False)
+        if any(len(calls) > 1 for calls in per_ps):
+            return None
+        return [encode({**calls[0][1], "namespace": self.namespace},
+                       [t for _, ids, rows in calls[0][0] for t in (ids, rows)])
+                if calls else None for calls in per_ps]
 
     # ------------------------------------------------------------------ chief
     def configure(self, specs: Sequence[TableSpec], reset: bool,

@@ -22,7 +22,9 @@ from .chain import Chain, LinkPlan
 from .cache import RowCache
 from .client import RemoteSource, SparseClient
 from .files import read_ids, read_rows
+from . import riding
 from .layer import sparse_layers
+from .protocol import Encoded, Frame
 from .rowopt import coalesce
 from .saving import CAPTURE_BYTES, CapturedRows, LinkWrite, LiveRows, start_link, write_link
 from .spec import ROW_SLOTS, TableSpec, check_row_optimizer
@@ -52,6 +54,8 @@ class SparseSession:
         self.source: RemoteSource | None = None  # set by `attach`
         self.chain = Chain()  # of the last checkpoint written (see `chain`)
         self.writing: LinkWrite | None = None  # a checkpoint's link being written
+        # Gradient rows `riders` took but could not send with the push_pull: `push`'s.
+        self._held: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
 
     @classmethod
     def attach(cls, model: nn.Module, transports: Sequence[Any], namespace: str,
@@ -99,14 +103,15 @@ class SparseSession:
 
     # ------------------------------------------------------------------ each step
     def begin_step(self) -> None:
+        self._held = None
         for layer in self.layers:
             layer.clear_gradients()
         if self.source is not None:
             self.source.step += 1  # the row cache's clock
 
-    def push(self, worker: int, steps: Sequence[int]) -> None:
-        """Push this step's gradient rows of every table (tables shared by several
-        layers: rows summed); with row caches, the replies' versions go to them."""
+    def _gradients(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """This step's gradient rows of every table (tables shared by several layers:
+        rows summed), taken from the layers."""
         grads: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         for layer in self.layers:
             taken = layer.take_gradients()
@@ -119,6 +124,12 @@ class SparseSession:
             else:
                 merged[name] = coalesce(torch.cat([p[0] for p in parts]),
                                         torch.cat([p[1] for p in parts]))
+        return merged
+
+    def push(self, worker: int, steps: Sequence[int]) -> None:
+        """Push this step's gradient rows of every table (those `riders` kept back, if
+        it kept any); with row caches, the replies' versions go to them."""
+        merged, self._held = self._held or self._gradients(), None
         if not merged:
             return
         cached = self.source is not None and bool(self.source.caches)
@@ -126,6 +137,27 @@ class SparseSession:
                                    versions=cached and self.source.wants_versions())  # type: ignore[union-attr]
         if cached:
             self.source.note_pushed(replies)  # type: ignore[union-attr]
+
+    def riders(self, worker: int, steps: Sequence[int]) -> list[Encoded | None] | None:
+        """This step's push as one call's frames per server, to ride on the dense
+        push_pull (async mode, `riding`): None when it cannot (row caches, which need
+        the versions of a push's reply, or rows above one call's size: then they are
+        kept for `push`, made after the push_pull as before)."""
+        if self.source is not None and self.source.caches:
+            return None
+        merged = self._gradients()
+        riders = self.client.riders(merged, worker, steps) if merged else None
+        if merged and riders is None:
+            self._held = merged
+        return riders if merged else [None] * self.client.num_ps
+
+    @staticmethod
+    def rode(replies: Sequence[list[Frame] | None]) -> None:
+        """The sparse replies of a push that rode (`ShardedClient.rider_replies`): a
+        refusal raised (PSError), as the push's own call would raise it."""
+        for frames in replies:
+            if frames is not None:
+                riding.reply_of(frames)
 
     # ------------------------------------------------------------------ chief
     def install(self, manifest: dict[str, Any] | None, directory: Path | None,

@@ -5,8 +5,9 @@ plane alike:
 
 - `chief`: any call (the chief-only ones are `auth.may_call`'s), for any worker;
 - `worker-<i>`, worker i's own key: worker calls, each for worker i only: a push's
-  stream header (Push, PushPull, PushPullSmall), a Pull's, an Info's and a sparse
-  push's `worker` must be i;
+  stream header (Push, PushPull, PushPullSmall, PushPullSparse), a Pull's, an Info's
+  and a sparse push's `worker` must be i (PushPullSparse's riding sparse push too:
+  `sparse.riding` asks `problem` for it);
 - `worker`, the job's shared worker key (the parameter servers hold it to derive the
   workers' own keys; the operator reads status with it): status only, that is Info,
   GetJobStatus, RequestCheckpoint and sparse `stats`; it acts for no worker.
@@ -31,7 +32,8 @@ from ..ps.store import PSError
 from ..sparse import protocol as sparse_protocol
 from . import auth, wire
 
-STREAM_HEADER_CALLS = frozenset({"Push", "PushPull", "PushPullSmall"})
+STREAM_HEADER_CALLS = frozenset({"Push", "PushPull", "PushPullSmall", "PushPullSparse"})
+BATCHED_CALLS = frozenset({"PushPullSmall", "PushPullSparse"})  # the header in a batch
 NAMED_WORKER_CALLS = STREAM_HEADER_CALLS | {"Pull", "Info", "Sparse"}
 SHARED_KEY_CALLS = frozenset({"Info", "GetJobStatus", "RequestCheckpoint"})
 SHARED_KEY_SPARSE_OPS = frozenset({"stats"})
@@ -62,7 +64,7 @@ def named_worker(call: str, first: Any) -> int | None:
             return (sparse_protocol.field(header, "worker", int, "push")
                     if header.get("op") == "push" else None)
         if call in STREAM_HEADER_CALLS:
-            frame = wire.decode_batch(first)[0] if call == "PushPullSmall" else first
+            frame = wire.decode_batch(first)[0] if call in BATCHED_CALLS else first
             header = wire.decode_frame(frame)
             return int(header.worker) if isinstance(header, pb.StreamHeader) else None
     except Exception:  # noqa: BLE001 - protobuf's DecodeError, WireError, IndexError

@@ -39,13 +39,17 @@ import numpy as np
 
 from ..proto import ps_pb2 as pb
 from ..ps.store import ParameterStore, PSError
+from ..sparse import riding
 from ..sparse import service as sparse_service
 from . import auth, claims, tls, wire
 from .admission import Admission
 
 OP_INIT, OP_PUSH, OP_PULL, OP_PUSH_PULL, OP_PUSH_PULL_SMALL, OP_SPARSE = 1, 2, 3, 4, 5, 6
+OP_PUSH_PULL_SPARSE = 7  # a sparse push riding on a PushPullSmall (`sparse.riding`)
 OPS = {OP_INIT: "Init", OP_PUSH: "Push", OP_PULL: "Pull", OP_PUSH_PULL: "PushPull",
-       OP_PUSH_PULL_SMALL: "PushPullSmall", OP_SPARSE: "Sparse"}
+       OP_PUSH_PULL_SMALL: "PushPullSmall", OP_SPARSE: "Sparse",
+       OP_PUSH_PULL_SPARSE: "PushPullSparse"}
+OWNED_OPS = frozenset({OP_SPARSE, OP_PUSH_PULL_SPARSE})  # the sparse service keeps frames
 END = 0xFFFFFFFF
 ERROR = 0xFFFFFFFE
 _LEN = struct.Struct("<I")
@@ -422,7 +426,7 @@ class DataServer:
         call = OPS.get(op)
         if call is None:
             raise ProtocolError(f"unknown data-plane op {op}")
-        received = link.frames(owned=op == OP_SPARSE)  # the sparse service keeps them
+        received = link.frames(owned=op in OWNED_OPS)
         request: Iterator[memoryview | np.ndarray] = received
         error: PSError | None = None
         try:
@@ -464,6 +468,8 @@ class DataServer:
             return store.push_pull(request, gone=gone)
         if op == OP_SPARSE:  # each frame in a buffer of its own (`handle` asked so)
             return sparse_service.handle(store, list(request), role)
+        if op == OP_PUSH_PULL_SPARSE:  # the same, and the dense message first
+            return riding.serve(store, list(request), role, gone)
         message = bytes(_only_frame(request, call))
         for _ in request:  # read up to END: a wait then sees the peer's close
             pass

@@ -31,6 +31,7 @@ from ..optim import SLOT_NAMES, OptimizerConfig, OptimizerState
 from ..proto import ps_pb2 as pb
 from ..ps.server import SERVICE
 from ..ps.store import SLOT_SEPARATOR, ParameterStore, PSError, optimizer_to_pb
+from ..sparse import riding
 from ..sparse import service as sparse_service
 from ..sparse.protocol import Encoded, Frame
 from ..transport import auth, dataplane, wire
@@ -54,6 +55,7 @@ class Transport(Protocol):
     def shutdown(self, grace: float) -> None: ...
     def report(self, report: pb.StatusReport) -> None: ...
     def sparse(self, frames: Encoded) -> list[Frame]: ...
+    def push_pull_sparse(self, message: bytes, rider: Encoded) -> list[Frame] | None: ...
     def close(self) -> None: ...
 
 
@@ -92,6 +94,9 @@ class LocalTransport:
 
     def sparse(self, frames: Encoded) -> list[Frame]:
         return sparse_service.handle(self.store, frames)
+
+    def push_pull_sparse(self, message: bytes, rider: Encoded) -> list[Frame] | None:
+        return riding.serve(self.store, [message, *rider])
 
     def close(self) -> None:
         pass
@@ -194,6 +199,10 @@ class GrpcTransport:
         as_bytes = [bytes(f) for f in frames]  # gRPC carries bytes only (`encode` gives views)
         return self._call(lambda: list(self._sparse(iter(as_bytes))))  # type: ignore[return-value]
 
+    def push_pull_sparse(self, message: bytes, rider: Encoded) -> list[Frame] | None:
+        """None: gRPC has no riding call (`sparse.riding`); the caller makes two."""
+        return None
+
     def close(self) -> None:
         self.channel.close()
 
@@ -265,6 +274,12 @@ class TcpTransport(GrpcTransport):
             return super().sparse(frames)
         return list(data.call(dataplane.OP_SPARSE, frames, owned=True))
 
+    def push_pull_sparse(self, message: bytes, rider: Encoded) -> list[Frame] | None:
+        data = self._data_client()
+        if data is None:
+            return None
+        return list(data.call(dataplane.OP_PUSH_PULL_SPARSE, [message, *rider], owned=True))
+
     def close(self) -> None:
         with self._data_lock:
             if self._data is not None:
@@ -326,6 +341,8 @@ class ShardedClient:
         # Per server, the generation of the parameters last pulled: pushes carry it, and
         # a server initialised again since refuses them (ABORTED).
         self.generations: list[int] = [0] * placement.num_ps
+        # Per server, the reply frames of the sparse push the last push_pull carried.
+        self.rider_replies: list[list[Frame] | None] = [None] * placement.num_ps
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -421,18 +438,31 @@ class ShardedClient:
         return self._all(lambda ps: self.push_one(ps, grads, worker, steps[ps]))
 
     def push_pull_one(self, ps: int, grads: Mapping[str, torch.Tensor],
-                      params: Mapping[str, torch.Tensor], worker: int,
-                      step: int) -> tuple[pb.PushReply, int]:
+                      params: Mapping[str, torch.Tensor], worker: int, step: int,
+                      rider: Encoded | None = None
+                      ) -> tuple[pb.PushReply, int, list[Frame] | None]:
         """Push server `ps`'s gradients and read its parameters back into `params` in
-        one round trip; returns the push's reply and the pulled global step."""
+        one round trip; returns the push's reply, the pulled global step and, with a
+        `rider` (a sparse push's frames, `sparse.riding`), the sparse reply's frames:
+        the rider goes in the same call where the transport has one and the shard is
+        small, else as its own call after this one when the push was applied (None:
+        it was not sent)."""
         shard = self.shards[ps]
         targets = [wire.byte_view(_piece_view(params[p.param], p)) for p in shard]
         frames = self.push_frames(ps, grads, worker, step)
         transport = self.transports[ps]
+        carried: list[Frame] | None = None
         if sum(t.nbytes for t in targets) <= self.small_bytes:
             # One message each way: a unary call costs far less than two streams.
+            message = wire.encode_batch(frames)
+            both = (transport.push_pull_sparse(message, rider) if rider is not None
+                    else None)
+            if both is not None:
+                dense, carried = riding.split_reply(both, f"parameter server {ps}")
+            else:
+                dense = transport.push_pull_small(message)
             try:
-                reply = wire.decode_batch(transport.push_pull_small(wire.encode_batch(frames)))
+                reply = wire.decode_batch(dense)
             except wire.WireError as exc:
                 raise PSError("DATA_LOSS", f"push_pull: {exc}") from exc
             frames = iter(reply)
@@ -445,20 +475,29 @@ class ShardedClient:
         self.generations[ps] = header.generation
         if ps == 0:
             self.last_pull_workers = header.num_workers
-        return header.push_reply, int(header.global_step)
+        if rider is not None and carried is None and header.push_reply.applied:
+            carried = transport.sparse(rider)
+        return header.push_reply, int(header.global_step), carried
 
     def push_pull(self, grads: Mapping[str, torch.Tensor], params: Mapping[str, torch.Tensor],
-                  worker: int = 0, step: int | Sequence[int] = 0) -> list[pb.PushReply]:
+                  worker: int = 0, step: int | Sequence[int] = 0,
+                  riders: Sequence[Encoded | None] | None = None
+                  ) -> list[pb.PushReply]:
         """`push`, then `pull` into `params`, with one round trip per server (all
         concurrently). Each server's parameters are read after its push returned, as a
         `pull` after `push` would read them; `last_pull_steps` is updated the same way.
-        `params` must not be in use (e.g. by backward) while this runs."""
+        `params` must not be in use (e.g. by backward) while this runs. `riders`: per
+        server, a sparse push's frames to carry (`push_pull_one`); the sparse replies'
+        frames are left in `rider_replies` (per server; None: not sent)."""
         steps = [step] * len(self.transports) if isinstance(step, int) else list(step)
+        riders = list(riders) if riders is not None else [None] * len(self.transports)
         # Wait for every server even when one fails: none may write into `params` later.
-        results = self._all(lambda ps: self.push_pull_one(ps, grads, params, worker, steps[ps]),
+        results = self._all(lambda ps: self.push_pull_one(ps, grads, params, worker,
+                                                          steps[ps], riders[ps]),
                             wait_all=True)
-        self.last_pull_steps = [pulled for _, pulled in results]
-        return [reply for reply, _ in results]
+        self.last_pull_steps = [pulled for _, pulled, _ in results]
+        self.rider_replies = [carried for _, _, carried in results]
+        return [reply for reply, _, _ in results]
 
     # ----------------------------------------------------------------- chief
     def init(self, params: Mapping[str, torch.Tensor], optimizer: OptimizerConfig, *,

@@ -5,7 +5,8 @@ so that a model without sparse layers runs no table code at all:
 - building: the tables join the model's fingerprint, and they rule out overlapped and
   pipelined pushes (a sync step's rows must reach the servers before its dense bucket);
 - every step: the layers' gradient rows are cleared before forward and pushed beside
-  the dense gradients (`step`);
+  the dense gradients (`step`; in async mode riding on the dense push_pull where they
+  can, `sparse.riding`);
 - the chief: the tables (and their rows) are installed before the dense parameters, their
   rows are checkpointed beside the checkpoint file (a chain of a full write and deltas,
   written off the training thread: `sparse.chain`, `sparse.saving`), and their size goes
@@ -22,6 +23,7 @@ from torch import nn
 
 from ..optim import OptimizerConfig
 from ..ps.store import PSError
+from ..sparse.protocol import Encoded, Frame
 from ..sparse.saving import LinkWrite
 from ..sparse.session import SparseSession
 from ..sparse.tiered import StorageSettings
@@ -63,6 +65,17 @@ class SparseBinding:
     def push(self, worker: int, steps: Sequence[int]) -> None:
         if self.session is not None:
             self.session.push(worker, steps)
+
+    def riders(self, worker: int, steps: Sequence[int]) -> list[Encoded | None] | None:
+        """Async mode: this step's push as frames per server to ride on the dense
+        push_pull (`sparse.riding`); None without tables, or when it cannot ride (then
+        `push` after the push_pull, as before)."""
+        return None if self.session is None else self.session.riders(worker, steps)
+
+    def rode(self, replies: Sequence[list[Frame] | None]) -> None:
+        """The replies of the sparse push that rode: a refusal raised (PSError)."""
+        if self.session is not None:
+            self.session.rode(replies)
 
     def install(self, rows: dict[str, Any] | None, directory: Path | None,
                 only: Sequence[int] | None) -> None:

@@ -6,7 +6,10 @@ shard's push starts during backward as soon as all of its gradients are complete
 pipelining (`pipeline`), the push runs while the next step computes.
 
 A sparse model's rows go beside the dense gradients: in sync mode before the dense push
-completes the step, in async mode after it (it waited for the staleness bound).
+completes the step, in async mode in the same call as the dense push_pull where they
+can (`sparse.riding`: a server applies them once it applied the dense push, which
+waited for the staleness bound), else after it, once every server applied the dense
+push.
 """
 
 from __future__ import annotations
@@ -57,10 +60,16 @@ class Step:
             self.tables.push(ctx.role.worker, steps)  # before the dense push ends the step
             return ctx.client.push(grads, ctx.role.worker, steps)
         # async: one round trip per server: push, and read the parameters back into
-        # the mirror for the next step (backward is over, nothing reads them now).
-        replies = ctx.client.push_pull(grads, local.mirror, ctx.role.worker, steps)
+        # the mirror for the next step (backward is over, nothing reads them now). The
+        # sparse rows ride on it (`sparse.riding`: a server applies them only when it
+        # applied the dense push, which waited for the staleness bound).
+        riders = self.tables.riders(ctx.role.worker, steps)
+        replies = ctx.client.push_pull(grads, local.mirror, ctx.role.worker, steps,
+                                       riders=riders)
         local.fresh = True
-        if self.tables.bound and all(r.applied for r in replies):
+        if riders is not None:
+            self.tables.rode(ctx.client.rider_replies)
+        elif self.tables.bound and all(r.applied for r in replies):
             # after the dense push: it waited for the staleness bound
             self.tables.push(ctx.role.worker, steps)
         return replies

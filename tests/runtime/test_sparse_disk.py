@@ -32,6 +32,7 @@ from pstrain_runtime.sparse import saving  # noqa: E402
 from pstrain_runtime.sparse.client import SparseClient  # noqa: E402
 from pstrain_runtime.sparse.cold import MIN_MEMORY  # noqa: E402
 from pstrain_runtime.sparse.ids import split_by_owner  # noqa: E402
+from pstrain_runtime.sparse import tiered as tiered_module  # noqa: E402
 from pstrain_runtime.sparse.session import SparseSession  # noqa: E402
 from pstrain_runtime.sparse.spec import TableSpec  # noqa: E402
 from pstrain_runtime.sparse.table import RowBlock, RowTable  # noqa: E402
@@ -231,6 +232,30 @@ def test_the_ram_tier_stays_within_its_budget_under_a_burst_of_new_ids(tmp_path:
     assert disk.hot.capacity == capacity, "the RAM rows never grew past what was reserved"
     assert disk.stats().rows == 20 * 700
     assert disk.tier_stats()["disk_rows"] >= 20 * 700 - HOT
+
+
+def test_rows_go_to_disk_a_few_thousand_at_a_time_and_equal_one_move(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch of rows to move goes in parts of `MOVE_ROWS` (each part's copies held
+    for a moment, not the whole batch's); the rows are those of moving them at once."""
+    spec = make_spec("adagrad", dim=8, num_embeddings=6000)
+    whole, parts = tiered(spec, tmp_path / "whole"), tiered(spec, tmp_path / "parts")
+    sizes: list[int] = []
+    gen = torch.Generator().manual_seed(1)
+    for step in range(1, 31):
+        ids = skewed_ids(gen, 512, 6000)
+        grads = torch.randn(len(ids), 8, generator=gen)
+        whole.apply(ids, grads, t=step, now=step)
+        with monkeypatch.context() as patch:
+            patch.setattr(tiered_module, "MOVE_ROWS", 5)
+            moved = parts._to_disk
+            patch.setattr(parts, "_to_disk", lambda block, new: (
+                sizes.append(int(block.ids.numel())), moved(block, new))[1])
+            parts.apply(ids, grads, t=step, now=step)
+        rows = ("hot_rows", "disk_rows")  # (the files' bytes depend on the writes)
+        assert [parts.tier_stats()[k] for k in rows] == [whole.tier_stats()[k] for k in rows]
+    assert sizes and max(sizes) <= 5 and sum(sizes) > 100
+    assert_same(rows_of(pages(parts)), rows_of(pages(whole)))
 
 
 def test_exports_page_both_tiers_and_a_delta_skips_unchanged_disk_rows(tmp_path: Path

@@ -6,6 +6,7 @@ far less often, bounded in size; the versions on the wire only when asked for.""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -235,6 +236,9 @@ class Embed(nn.Module):
         return self.items(ids)  # the rows of `ids`, exact copies of those looked up
 
 
+DENSE = ("v", "w")  # the dense parameters of `Job`'s namespace
+
+
 class Job:
     """`num_ps` servers in async mode for workers 0 and 1, the `items` table defined by
     the chief's session; `other` is worker 1's client, pushing without a cache."""
@@ -255,10 +259,14 @@ class Job:
         """The chief defines the tables afresh and initialises the servers (as after a
         restart): a new generation."""
         self.chief.install(None, None)
-        placement = build_placement(param_specs({"w": torch.Size([3, 4])}), len(self.stores))
-        ShardedClient(self.transports, placement, "ns").init(
-            {"w": torch.zeros(3, 4)}, SGD, mode="async", num_workers=2,
+        ShardedClient(self.transports, self.placement(), "ns").init(
+            dict.fromkeys(DENSE, torch.zeros(3, 4)), SGD, mode="async", num_workers=2,
             staleness_bound=None, fingerprint="cd" * 32)
+
+    def placement(self) -> Any:
+        """The dense parameters' placement (a tensor on each server, for two)."""
+        return build_placement(param_specs(dict.fromkeys(DENSE, torch.Size([3, 4]))),
+                               len(self.stores))
 
     def worker(self, staleness: int, rows: int = 1000) -> tuple[nn.Module, SparseSession]:
         """Worker 0: a model whose lookups go through row caches of S = `staleness`."""
@@ -277,21 +285,34 @@ class Job:
 
 
 def step(model: nn.Module, session: SparseSession, ids: torch.Tensor,
-         between: Callable[[torch.Tensor], None] = lambda served: None) -> torch.Tensor:
+         between: Callable[[torch.Tensor], None] = lambda served: None,
+         dense: ShardedClient | None = None) -> torch.Tensor:
     """One step of worker 0: look the rows of `ids` up, call `between` with them, then
-    push their gradients; returns the rows served."""
+    push their gradients (with `dense`, riding on a push_pull of the dense `w`, as an
+    async trainer's step does: `sparse.riding`); returns the rows served."""
     session.begin_step()
     served = model(ids)
     between(served.detach())
     (served * torch.linspace(-1, 1, served.numel()).reshape(served.shape)).sum().backward()
-    session.push(worker=0, steps=[0] * session.client.num_ps)
+    steps = [0] * session.client.num_ps
+    if dense is None:
+        session.push(worker=0, steps=steps)
+    else:
+        riders = session.riders(0, steps)
+        assert riders is not None
+        dense.push_pull(dict.fromkeys(DENSE, torch.zeros(3, 4)),
+                        {name: torch.empty(3, 4) for name in DENSE}, worker=0,
+                        step=steps, riders=riders)
+        session.rode(dense.rider_replies)
     return served.detach()
 
 
-def test_a_cached_row_misses_at_most_s_updates_of_other_workers() -> None:
+@pytest.mark.parametrize("ride", [False, True], ids=["own-push", "riding"])
+def test_a_cached_row_misses_at_most_s_updates_of_other_workers(ride: bool) -> None:
     S = 2
     job = Job(num_ps=2)
     model, session = job.worker(staleness=S)
+    dense = ShardedClient(job.transports, job.placement(), "ns") if ride else None
     hot = torch.arange(8)
     gen = torch.Generator().manual_seed(3)
     others = dict.fromkeys(hot.tolist(), 0)  # worker 1's updates of each row so far
@@ -317,7 +338,7 @@ def test_a_cached_row_misses_at_most_s_updates_of_other_workers() -> None:
 
     record()
     for _ in range(60):
-        step(model, session, hot, check_then_other_worker)
+        step(model, session, hot, check_then_other_worker, dense)
         record()
     assert max(missed) == S  # copies missing updates were served, never more than S
     assert session.source.pulled < 0.8 * session.source.looked_up  # the cache served rows

@@ -122,8 +122,9 @@ def installed(store: ParameterStore) -> tuple[ShardedClient, SparseClient, Any]:
 
 
 def rider(sparse: SparseClient, **header: Any) -> list[Any]:
-    riders = sparse.riders({"t": (torch.tensor([1, 3]), torch.ones(2, 2))}, 0, [1])
-    assert riders is not None and riders[0] is not None
+    planned = sparse.riders({"t": (torch.tensor([1, 3]), torch.ones(2, 2))}, 0, [1])
+    assert planned is not None and planned[0][0] is not None
+    riders = planned[0]
     if not header:
         return riders[0]
     return encode({**header_of(riders[0]), **header}, [torch.tensor([1, 3]),
@@ -161,7 +162,7 @@ def test_a_refused_sparse_part_is_raised_after_the_dense_part_stands() -> None:
     dense.push_pull({"w": torch.ones(4)}, params, riders=[stale])
     assert torch.equal(params["w"], -torch.ones(4))  # read back: the dense push stands
     with pytest.raises(PSError) as info:
-        SparseSession.rode(dense.rider_replies)
+        SparseClient.riding_replies(dense.rider_replies, [[]], versions=False)
     assert info.value.code == "ABORTED"
     assert sparse.pull(spec, torch.tensor([1, 3])).tolist() == [[0, 0], [0, 0]]
 

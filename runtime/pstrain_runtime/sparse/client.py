@@ -14,6 +14,7 @@ import torch
 from ..ps.store import PSError
 from .cache import Lookup, RowCache
 from .ids import split_by_owner
+from . import riding
 from .protocol import Encoded, Frame, encode, header_of, tensor_of
 from .scatter import put_rows
 from .spec import TableSpec
@@ -209,16 +210,37 @@ class SparseClient:
         return self._each(one, [ps for ps in range(self.num_ps) if per_ps[ps]])
 
     def riders(self, grads: Mapping[str, tuple[torch.Tensor, torch.Tensor]], worker: int,
-               steps: Sequence[int]) -> list[Encoded | None] | None:
+               steps: Sequence[int], versions: bool = False
+               ) -> tuple[list[Encoded | None], list[list[Entry]]] | None:
         """The push of `grads` as one call's frames per server, to ride on the step's
-        dense push_pull (`riding`; None for a server with no rows); None when some
-        server's rows need more than one call (then `push` them)."""
-        per_ps = self._push_calls(grads, worker, steps, versions=False)
+        dense push_pull (`riding`; None for a server with no rows), and each call's
+        entries (for `riding_replies`); None when some server's rows need more than one
+        call (then `push` them)."""
+        per_ps = self._push_calls(grads, worker, steps, versions)
         if any(len(calls) > 1 for calls in per_ps):
             return None
-        return [encode({**calls[0][1], "namespace": self.namespace},
-                       [t for _, ids, rows in calls[0][0] for t in (ids, rows)])
-                if calls else None for calls in per_ps]
+        frames = [encode({**calls[0][1], "namespace": self.namespace},
+                         [t for _, ids, rows in calls[0][0] for t in (ids, rows)])
+                  if calls else None for calls in per_ps]
+        return frames, [calls[0][0] if calls else [] for calls in per_ps]
+
+    @staticmethod
+    def riding_replies(replies: Sequence[Sequence[Frame] | None],
+                       entries: Sequence[Sequence[Entry]], versions: bool
+                       ) -> list[dict[str, Any]]:
+        """The replies of a push that rode (`riders`), as `push` gives them: each with
+        its server as `ps` (servers not called left out) and, with `versions`, the
+        pushed rows' versions where the server sent them (not where it did not apply
+        the dense push). A refusal of the rows is raised (PSError)."""
+        out = []
+        for ps, frames in enumerate(replies):
+            if frames is None:
+                continue
+            reply = {**riding.reply_of(frames), "ps": ps}
+            if versions and len(frames) > 1:
+                reply["versions"] = _pushed_versions(ps, entries[ps], frames[1:])
+            out.append(reply)
+        return out
 
     # ------------------------------------------------------------------ chief
     def configure(self, specs: Sequence[TableSpec], reset: bool,

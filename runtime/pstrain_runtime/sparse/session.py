@@ -56,6 +56,7 @@ class SparseSession:
         self.writing: LinkWrite | None = None  # a checkpoint's link being written
         # Gradient rows `riders` took but could not send with the push_pull: `push`'s.
         self._held: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._riding: list[list[Any]] = []  # per server, the entries of the rows riding
 
     @classmethod
     def attach(cls, model: nn.Module, transports: Sequence[Any], namespace: str,
@@ -132,32 +133,37 @@ class SparseSession:
         merged, self._held = self._held or self._gradients(), None
         if not merged:
             return
-        cached = self.source is not None and bool(self.source.caches)
-        replies = self.client.push(merged, worker, steps,
-                                   versions=cached and self.source.wants_versions())  # type: ignore[union-attr]
-        if cached:
-            self.source.note_pushed(replies)  # type: ignore[union-attr]
+        replies = self.client.push(merged, worker, steps, versions=self._wants_versions())
+        if self.source is not None and self.source.caches:
+            self.source.note_pushed(replies)
 
     def riders(self, worker: int, steps: Sequence[int]) -> list[Encoded | None] | None:
         """This step's push as one call's frames per server, to ride on the dense
-        push_pull (async mode, `riding`): None when it cannot (row caches, which need
-        the versions of a push's reply, or rows above one call's size: then they are
-        kept for `push`, made after the push_pull as before)."""
-        if self.source is not None and self.source.caches:
-            return None
+        push_pull (async mode, `riding`); None when the rows need more than one call
+        on some server (they are kept for `push`, made after the push_pull as before).
+        With row caches the push asks for the rows' versions (`rode` hands them on)."""
         merged = self._gradients()
-        riders = self.client.riders(merged, worker, steps) if merged else None
-        if merged and riders is None:
+        if not merged:
+            return [None] * self.client.num_ps
+        planned = self.client.riders(merged, worker, steps, self._wants_versions())
+        if planned is None:
             self._held = merged
-        return riders if merged else [None] * self.client.num_ps
+            return None
+        frames, self._riding = planned
+        return frames
 
-    @staticmethod
-    def rode(replies: Sequence[list[Frame] | None]) -> None:
+    def rode(self, replies: Sequence[list[Frame] | None]) -> None:
         """The sparse replies of a push that rode (`ShardedClient.rider_replies`): a
-        refusal raised (PSError), as the push's own call would raise it."""
-        for frames in replies:
-            if frames is not None:
-                riding.reply_of(frames)
+        refusal raised (PSError), as the push's own call would raise it; with row
+        caches, the versions go to them."""
+        versions = self._wants_versions()
+        taken = self.client.riding_replies(replies, self._riding, versions)
+        if versions:
+            self.source.note_pushed(taken)  # type: ignore[union-attr]
+
+    def _wants_versions(self) -> bool:
+        return (self.source is not None and bool(self.source.caches)
+                and self.source.wants_versions())
 
     # ------------------------------------------------------------------ chief
     def install(self, manifest: dict[str, Any] | None, directory: Path | None,

@@ -22,7 +22,6 @@ from .chain import Chain, LinkPlan
 from .cache import RowCache
 from .client import RemoteSource, SparseClient
 from .files import read_ids, read_rows
-from . import riding
 from .layer import sparse_layers
 from .protocol import Encoded, Frame
 from .rowopt import coalesce

@@ -167,13 +167,27 @@ def test_a_refused_sparse_part_is_raised_after_the_dense_part_stands() -> None:
     assert sparse.pull(spec, torch.tensor([1, 3])).tolist() == [[0, 0], [0, 0]]
 
 
+def bad_rows(sparse: SparseClient, ids: torch.Tensor, rows: torch.Tensor,
+             table: str = "t") -> list[Any]:
+    return encode({"op": "push", "namespace": "ns", "worker": 0, "step": 1,
+                   "generation": sparse.generations[0],
+                   "tables": [{"name": table, "count": int(ids.numel())}]}, [ids, rows])
+
+
 @pytest.mark.parametrize(("frames", "message"), [
     (lambda sparse: [], "holds 1 frames"),
     (lambda sparse: [encode({"op": "pull", "namespace": "ns", "tables": []})[0]],
      "op is 'pull'; it must be push"),
     (lambda sparse: [b"not json"], "the header is not JSON"),
-], ids=["no-rider", "not-a-push", "bad-header"])
+    (lambda sparse: bad_rows(sparse, torch.tensor([1, 10]), torch.ones(2, 2)),
+     "ids must be in 0..9"),
+    (lambda sparse: bad_rows(sparse, torch.tensor([1]), torch.tensor([[float("nan"), 0]])),
+     "NaN"),
+    (lambda sparse: bad_rows(sparse, torch.tensor([1]), torch.ones(1, 3)),
+     "rows must have 2 values"),
+], ids=["no-rider", "not-a-push", "bad-header", "id-out-of-range", "nan", "wrong-width"])
 def test_a_malformed_riding_call_is_refused_and_changes_nothing(frames, message) -> None:
+    """Refused before the dense push is applied: neither part changes anything."""
     store = ParameterStore(0)
     dense, sparse, spec = installed(store)
     push = dense.push_frames(0, {"w": torch.ones(4)}, worker=0, step=0)

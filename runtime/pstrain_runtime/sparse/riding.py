@@ -17,8 +17,11 @@ sparse rows only when it applied the dense push (after the dense push's wait for
 staleness bound), else answers {"applied": false}. It is decided per server: a server
 that applied its dense shard applies its rows, whatever the other servers answered.
 Who may push is checked for both parts: the sparse header must name the worker the
-dense header names (`claims`), and the sparse push goes through `service.handle` with
-the caller's role, as its own call would.
+dense header names (`claims`). The sparse push is read and checked (`service.check_push`,
+with the caller's role) before the dense push is applied, so a malformed one (bad ids,
+non-finite rows, an unknown table) is refused with nothing applied; what can only be
+refused when the rows are applied (another generation, a worker removed meanwhile) is
+answered after the dense part.
 """
 
 from __future__ import annotations
@@ -40,18 +43,17 @@ CALL = "PushPullSparse"
 def serve(store: ParameterStore, frames: Sequence[Frame], role: str | None = None,
           gone: Gone | None = None) -> list[bytes | memoryview]:
     """Answer one riding call (see the module doc) from a caller holding `role`'s key
-    (None: no authentication). PSError for a refused dense push or a malformed call."""
+    (None: no authentication). PSError for a refused dense push or a malformed call;
+    the sparse push is read and checked before the dense push is applied, so a bad one
+    changes nothing."""
     if len(frames) < 2:
         raise PSError("INVALID_ARGUMENT", f"{CALL}: the request holds {len(frames)} frames; "
                       "it needs the dense message and the sparse push's header")
     rider = list(frames[1:])
-    sparse = header_of(rider)
-    if sparse.get("op") != "push":
-        raise PSError("INVALID_ARGUMENT", f"{CALL}: the riding sparse call's op is "
-                      f"{sparse.get('op')!r}; it must be push")
     reason = claims.problem(role, "Sparse", rider[0])
     if reason is not None:
         raise PSError("PERMISSION_DENIED", reason)
+    push = service.check_push(store, rider, role)
     answer: list[bytes | memoryview] = []
 
     def after_push(reply: pb.PushReply) -> None:
@@ -61,8 +63,8 @@ def serve(store: ParameterStore, frames: Sequence[Frame], role: str | None = Non
                                  "global_step": int(reply.info.global_step)}))
             return
         try:
-            answer.extend(service.handle(store, rider, role))
-        except PSError as exc:
+            answer.extend(service.apply_push(store, push))
+        except PSError as exc:  # e.g. another generation (ABORTED): the dense part stands
             answer.append(_json({"error": {"code": exc.code, "message": exc.message}}))
 
     dense = store.push_pull_small(bytes(frames[0]), gone=gone, after_push=after_push)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -173,8 +174,36 @@ def _pull(store: ParameterStore, namespace: str, header: dict[str, Any],
                   rows + versions)
 
 
-def _push(store: ParameterStore, namespace: str, header: dict[str, Any],
-          body: list[Frame]) -> Encoded:
+@dataclass(frozen=True)
+class CheckedPush:
+    """A sparse push read and checked (`check_push`), not yet applied (`apply_push`)."""
+
+    ns: Namespace
+    tables: NamespaceTables
+    worker: int
+    step: int
+    part: Any
+    generation: int
+    entries: list[Entry]
+    versions: bool
+
+
+def check_push(store: ParameterStore, frames: Sequence[Frame],
+               role: str | None = None) -> CheckedPush:
+    """A push call's frames read and checked as `handle` would (PSError when refused),
+    for a caller that applies it later (`riding`: after the dense push it rides on)."""
+    header = header_of(frames)
+    if header.get("op") != "push":
+        raise PSError("INVALID_ARGUMENT", f"sparse call: op is {header.get('op')!r}; it "
+                      "must be push here")
+    if role is not None and not auth.may_call(role, "Sparse.push"):
+        raise PSError("PERMISSION_DENIED", "sparse push needs other credentials")
+    return _check_push(store, field(header, "namespace", str, "push"), header,
+                       list(frames[1:]))
+
+
+def _check_push(store: ParameterStore, namespace: str, header: dict[str, Any],
+                body: list[Frame]) -> CheckedPush:
     ns = store._ready(namespace)
     tables = _tables(ns, store)
     worker = field(header, "worker", int, "push")
@@ -187,13 +216,26 @@ def _push(store: ParameterStore, namespace: str, header: dict[str, Any],
     items = field(header, "tables", list, "push")
     membership.check_member(ns, worker, "sparse push")
     entries = _push_entries(ns, store, tables, items, body)
+    return CheckedPush(ns, tables, worker, step, part, generation, entries,
+                       header.get("versions") is True)
+
+
+def apply_push(store: ParameterStore, push: CheckedPush) -> Encoded:
+    """Apply (async) or queue (sync) a checked push; its reply's frames."""
+    ns, tables = push.ns, push.tables
     with ns.cond:
-        reply = _apply_push(ns, store, tables, worker, step, part, generation, entries)
-        if header.get("versions") is not True:
+        reply = _apply_push(ns, store, tables, push.worker, push.step, push.part,
+                            push.generation, push.entries)
+        if not push.versions:
             return encode(reply)
         # The pushed ids' versions after the update (applies hold ns.cond: exact).
         return encode({**reply, "generation": ns.generation},
-                      [tables.tables[name].versions(ids) for name, ids, _ in entries])
+                      [tables.tables[name].versions(ids) for name, ids, _ in push.entries])
+
+
+def _push(store: ParameterStore, namespace: str, header: dict[str, Any],
+          body: list[Frame]) -> Encoded:
+    return apply_push(store, _check_push(store, namespace, header, body))
 
 
 def _push_entries(ns: Namespace, store: ParameterStore, tables: NamespaceTables,

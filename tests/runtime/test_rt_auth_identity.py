@@ -245,6 +245,29 @@ def test_the_chief_acts_for_any_worker(server: PSServer,
         chief.close()
 
 
+@TRANSPORTS
+@pytest.mark.parametrize("what", ["mark", "rows", "removed"])
+def test_only_the_chief_exports_sparse_rows(server: PSServer, transport: type[GrpcTransport],
+                                            what: str) -> None:
+    """A checkpoint's export is the chief's: its `mark` starts the record of evicted ids
+    the chief's next delta relies on, and its pages are the whole table."""
+    request = sparse_protocol.encode({"op": "export", "namespace": NS, "table": "t",
+                                      "what": what, "since": 0, "start": 0, "limit": 8})
+    for credentials in (WORKER_1, SHARED_A):
+        caller = transport(server.address, credentials)
+        try:
+            refusal = _refusal(lambda caller=caller: caller.sparse(request))  # type: ignore[misc]
+            assert refusal.code == "PERMISSION_DENIED", refusal.message
+            assert "sparse export needs the chief's credentials" in refusal.message
+        finally:
+            caller.close()
+    chief = transport(server.address, CHIEF_A)
+    try:  # the chief gets past the credentials (this namespace has no tables)
+        assert _refusal(lambda: chief.sparse(request)).code == "NOT_FOUND"
+    finally:
+        chief.close()
+
+
 def ride(transport: TcpTransport, dense: int, rider: int) -> object:
     """A sparse push of worker `rider` riding on a dense push_pull of worker `dense`."""
     return transport.push_pull_sparse(wire.encode_batch(push_frames(worker=dense)),

@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -333,9 +334,23 @@ def load_checkpoint(path: Path) -> Checkpoint:
     return ckpt
 
 
+REMOVAL_WAIT_S = 60.0  # how long `settle` waits for row directories being removed
+
+
+def _remove_dirs(paths: Sequence[Path]) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 class CheckpointStore:
     """Checkpoints of one job in one directory: `ckpt-<step>.pt`, newest kept, and the
-    sparse row directories (`ckpt-<step>.sparse`) their chains name."""
+    sparse row directories (`ckpt-<step>.sparse`) their chains name.
+
+    Removing a row directory no checkpoint names any more (tens of MB freed from the
+    page cache: ~13 ms for 49 MB, most of what a checkpoint stopped the chief's
+    training for) can run on a thread of its own (`save(background=True)`); one at a
+    time, a save finding the last still running leaves its own for the next save, and
+    `settle` (the final checkpoint) waits for it, bounded, and removes what is left."""
 
     def __init__(self, directory: str | Path, keep: int = 3) -> None:
         if keep < 1:
@@ -343,6 +358,7 @@ class CheckpointStore:
         self.directory = Path(directory)
         self.keep = keep
         self.chains: dict[int, set[str]] = {}  # step -> the row dirs its manifest names
+        self._removal: threading.Thread | None = None  # row dirs being removed
 
     def path_for(self, step: int) -> Path:
         return self.directory / f"ckpt-{step:012d}.pt"
@@ -353,14 +369,36 @@ class CheckpointStore:
         found = [FILE_RE.match(p.name) for p in self.directory.iterdir()]
         return sorted(int(m.group(1)) for m in found if m)
 
-    def save(self, ckpt: Checkpoint) -> Path:
+    def save(self, ckpt: Checkpoint, background: bool = False) -> Path:
+        """Write `ckpt`, then drop the checkpoints past `keep` and the row directories
+        none of those kept names (`background`: on a thread, see the class doc)."""
         path = save_checkpoint(ckpt, self.path_for(ckpt.global_step))
         self.chains[ckpt.global_step] = sparse_dirs(ckpt.sparse)
         for step in self.steps()[: -self.keep]:
             self.path_for(step).unlink(missing_ok=True)
             self.chains.pop(step, None)
-        self._prune_row_dirs()
+        if not background:
+            self._prune_row_dirs()
+        elif self._removal is None or not self._removal.is_alive():
+            doomed = self._unnamed_row_dirs()
+            if doomed:
+                self._removal = threading.Thread(target=_remove_dirs, args=(doomed,),
+                                                 name="checkpoint-retention", daemon=True)
+                self._removal.start()
         return path
+
+    def settle(self, timeout: float = REMOVAL_WAIT_S) -> None:
+        """Wait (at most `timeout`) for row directories being removed, then remove
+        those no kept checkpoint names (a job's end: nothing is left behind)."""
+        if self._removal is not None:
+            self._removal.join(timeout)
+            if self._removal.is_alive():
+                return
+            self._removal = None
+        try:
+            self._prune_row_dirs()
+        except OSError:  # best effort, as every removal here: the next run prunes again
+            pass
 
     def _named_dirs(self, steps: Sequence[int]) -> set[str] | None:
         """The row dirs the checkpoints of `steps` name; None when one of them cannot be
@@ -380,20 +418,25 @@ class CheckpointStore:
         return named
 
     def _prune_row_dirs(self) -> None:
-        """Remove sparse-row directories (`ckpt-<step>.sparse`) older than the newest
+        _remove_dirs(self._unnamed_row_dirs())
+
+    def _unnamed_row_dirs(self) -> list[Path]:
+        """Sparse-row directories (`ckpt-<step>.sparse`) older than the newest
         checkpoint that no kept checkpoint's chain names (their checkpoints are gone, or
-        were never completed). Newer ones may be being written."""
+        were never completed): to remove. Newer ones may be being written."""
         kept = self.steps()
         if not kept:
-            return
+            return []
         named = self._named_dirs(kept)
         if named is None:
-            return
+            return []
+        doomed = []
         for entry in self.directory.glob("ckpt-*.sparse"):
             step = entry.name.removeprefix("ckpt-").removesuffix(".sparse")
             if (step.isdigit() and int(step) < kept[-1] and int(step) not in kept
                     and entry.name not in named):
-                shutil.rmtree(entry, ignore_errors=True)
+                doomed.append(entry)
+        return doomed
 
     def latest(self) -> tuple[Checkpoint, Path, list[str]] | None:
         """The newest intact checkpoint and the problems with newer ones.

@@ -104,10 +104,10 @@ class FailingStore(CheckpointStore):
         super().__init__(directory)
         self.fail_at = fail_at
 
-    def save(self, ckpt: Checkpoint) -> Path:
+    def save(self, ckpt: Checkpoint, background: bool = False) -> Path:
         if self.fail_at is None or ckpt.global_step in self.fail_at:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return super().save(ckpt)
+        return super().save(ckpt, background)
 
 
 def chief_with(tmp_path: Path, fail_at: set[int] | None, emitted: list) -> Trainer:

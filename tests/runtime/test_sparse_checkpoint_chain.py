@@ -7,6 +7,7 @@ from a chain that ends as the uninterrupted one does."""
 
 from __future__ import annotations
 
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -274,6 +275,42 @@ def test_retention_keeps_every_directory_a_kept_chain_names(tmp_path: Path) -> N
                                                            chain_rules.link_dir(6)}
     assert_same(restored(specs, ckpt.sparse, tmp_path), servers.state())
     servers.close()
+
+
+def test_retention_removes_old_row_directories_on_a_thread_of_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save in the background returns while the row directories it dropped are still
+    being removed (the chief trains on); a save meanwhile leaves its own to the next;
+    `settle` waits for the removal and removes what is left."""
+    from pstrain_runtime import checkpoint as checkpoint_module
+
+    release, removing = threading.Event(), threading.Event()
+    removed: list[str] = []
+
+    def slow(paths: list[Path]) -> None:
+        removing.set()
+        assert release.wait(30)
+        removed.extend(p.name for p in paths)
+        for path in paths:
+            shutil.rmtree(path)
+
+    monkeypatch.setattr(checkpoint_module, "_remove_dirs", slow)
+    store = CheckpointStore(tmp_path, keep=1)
+    for step in range(1, 4):  # each a chain of its own (a full link): one dir each
+        (tmp_path / chain_rules.link_dir(step)).mkdir()
+        manifest = {"format": 1, "chain": [{"dir": chain_rules.link_dir(step), "step": step,
+                                            "full": True, "tables": {}}], "tables": {}}
+        store.save(Checkpoint(global_step=step, fingerprint="f", optimizer="sgd",
+                              params={"w": torch.zeros(2)}, sparse=manifest),
+                   background=True)
+        if step == 2:  # the directory of step 1 is being removed, not yet gone
+            assert removing.wait(30) and (tmp_path / chain_rules.link_dir(1)).exists()
+    # Step 3's save found step 1's removal running: step 2's directory waits for settle.
+    assert (tmp_path / chain_rules.link_dir(2)).exists()
+    release.set()
+    store.settle(timeout=30)
+    assert removed == [chain_rules.link_dir(1), chain_rules.link_dir(2)]
+    assert sorted(p.name for p in tmp_path.glob("*.sparse")) == [chain_rules.link_dir(3)]
 
 
 @pytest.mark.parametrize("kind", ["files", "removed"])

@@ -95,6 +95,7 @@ class CheckpointSchedule:
         self._collect(wait=True)
         if self.last_step != gstep and self.save() is None:
             self._save_fallback()
+        self.store.settle()  # retention's removals in flight, and what is left
 
     def save(self, at_step: int = 0, wait: bool = True) -> Path | None:
         """Write a checkpoint of the servers' state: the copies they kept at `at_step`
@@ -147,7 +148,8 @@ class CheckpointSchedule:
         """Write the checkpoint file (its rows are on disk) and report it."""
         assert self.store is not None  # only called with a store
         try:
-            path = self.store.save(ckpt)
+            # Old row directories are removed on a thread: the chief trains on.
+            path = self.store.save(ckpt, background=True)
         except (OSError, RuntimeError) as exc:  # torch.save wraps some write errors
             return self._failed(ckpt, exc)
         if write is not None:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from pstrain_runtime.ps.server import PSServer
+
 RUN_FOLDER = re.compile(r"pstrain-.+-(auth|ckpt|exit)-[A-Za-z0-9_]+", re.ASCII)
 
 
@@ -47,3 +49,14 @@ def own_temp_dir(tmp_path_factory: pytest.TempPathFactory,
         assert not left, f"the test left the folders of local runs behind: {left}"
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def servers() -> Iterator[list[PSServer]]:
+    """Two parameter servers on free ports, stopped after the test."""
+    started = [PSServer("127.0.0.1:0", ps_index=i) for i in range(2)]
+    for server in started:
+        server.start()
+    yield started
+    for server in started:
+        server.stop(0)

@@ -3,7 +3,6 @@ input, the job-status RPC for the operator, and shutdown that returns."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -20,16 +19,6 @@ from pstrain_runtime.worker.client import GrpcTransport, ShardedClient
 from pstrain_runtime.worker.placement import build_placement, param_specs
 
 FP = "12" * 32
-
-
-@pytest.fixture
-def servers() -> Iterator[list[PSServer]]:
-    started = [PSServer("127.0.0.1:0", ps_index=i) for i in range(2)]
-    for s in started:
-        s.start()
-    yield started
-    for s in started:
-        s.stop(0)
 
 
 def client_for(servers: list[PSServer], shapes: dict[str, tuple[int, ...]],

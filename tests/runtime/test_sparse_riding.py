@@ -7,7 +7,6 @@ before."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -36,16 +35,6 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture(autouse=True)
 def one_thread() -> None:
     torch.set_num_threads(1)
-
-
-@pytest.fixture
-def servers() -> Iterator[list[PSServer]]:
-    started = [PSServer("127.0.0.1:0", ps_index=i) for i in range(2)]
-    for server in started:
-        server.start()
-    yield started
-    for server in started:
-        server.stop(0)
 
 
 def counting(monkeypatch: pytest.MonkeyPatch, cls: type) -> Counter[str]:

@@ -146,10 +146,15 @@ def handle(store: ParameterStore, frames: Sequence[Frame],
     if handler is None:
         raise PSError("INVALID_ARGUMENT", f"sparse call: op is {op!r}; it must be one of "
                       f"{sorted(_HANDLERS)}")
+    return handler(store, _namespace(header, op, role), header, list(frames[1:]))
+
+
+def _namespace(header: dict[str, Any], op: str, role: str | None) -> str:
+    """A call of `op` from a caller holding `role`'s key: its namespace, once the
+    caller may make it (PSError otherwise)."""
     if role is not None and not auth.may_call(role, f"Sparse.{op}"):
         raise PSError("PERMISSION_DENIED", f"sparse {op} needs the chief's credentials")
-    namespace = field(header, "namespace", str, op)
-    return handler(store, namespace, header, list(frames[1:]))
+    return field(header, "namespace", str, op)
 
 
 def _pull(store: ParameterStore, namespace: str, header: dict[str, Any],
@@ -196,10 +201,7 @@ def check_push(store: ParameterStore, frames: Sequence[Frame],
     if header.get("op") != "push":
         raise PSError("INVALID_ARGUMENT", f"sparse call: op is {header.get('op')!r}; it "
                       "must be push here")
-    if role is not None and not auth.may_call(role, "Sparse.push"):
-        raise PSError("PERMISSION_DENIED", "sparse push needs other credentials")
-    return _check_push(store, field(header, "namespace", str, "push"), header,
-                       list(frames[1:]))
+    return _check_push(store, _namespace(header, "push", role), header, list(frames[1:]))
 
 
 def _check_push(store: ParameterStore, namespace: str, header: dict[str, Any],

@@ -20,7 +20,7 @@ from ..optim import OptimizerConfig
 from ..ps.store import PSError
 from .chain import Chain, LinkPlan
 from .cache import RowCache
-from .client import RemoteSource, SparseClient
+from .client import Entry, RemoteSource, SparseClient
 from .files import read_ids, read_rows
 from .layer import sparse_layers
 from .protocol import Encoded, Frame
@@ -55,7 +55,9 @@ class SparseSession:
         self.writing: LinkWrite | None = None  # a checkpoint's link being written
         # Gradient rows `riders` took but could not send with the push_pull: `push`'s.
         self._held: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
-        self._riding: list[list[Any]] = []  # per server, the entries of the rows riding
+        # The push riding on this step's push_pull: per server, its entries; and whether
+        # it asked for the rows' versions.
+        self._riding: tuple[list[list[Entry]], bool] = ([], False)
 
     @classmethod
     def attach(cls, model: nn.Module, transports: Sequence[Any], namespace: str,
@@ -144,19 +146,21 @@ class SparseSession:
         merged = self._gradients()
         if not merged:
             return [None] * self.client.num_ps
-        planned = self.client.riders(merged, worker, steps, self._wants_versions())
+        versions = self._wants_versions()
+        planned = self.client.riders(merged, worker, steps, versions)
         if planned is None:
             self._held = merged
             return None
-        frames, self._riding = planned
+        frames, entries = planned
+        self._riding = (entries, versions)
         return frames
 
     def rode(self, replies: Sequence[list[Frame] | None]) -> None:
         """The sparse replies of a push that rode (`ShardedClient.rider_replies`): a
         refusal raised (PSError), as the push's own call would raise it; with row
         caches, the versions go to them."""
-        versions = self._wants_versions()
-        taken = self.client.riding_replies(replies, self._riding, versions)
+        entries, versions = self._riding
+        taken = self.client.riding_replies(replies, entries, versions)
         if versions:
             self.source.note_pushed(taken)  # type: ignore[union-attr]
 

@@ -258,9 +258,10 @@ def test_rows_go_to_disk_a_few_thousand_at_a_time_and_equal_one_move(
     assert_same(rows_of(pages(parts)), rows_of(pages(whole)))
 
 
-def test_exports_page_both_tiers_and_a_delta_skips_unchanged_disk_rows(tmp_path: Path
-                                                                        ) -> None:
-    spec = make_spec("adagrad")
+@pytest.mark.parametrize("size", [None, 5000], ids=["dynamic", "fixed"])
+def test_exports_page_both_tiers_and_a_delta_skips_unchanged_disk_rows(
+        tmp_path: Path, size: int | None) -> None:
+    spec = make_spec("adagrad", num_embeddings=size)
     ram, disk = RowTable(spec), tiered(spec, tmp_path / "a")
     for step in range(1, 6):
         ids = torch.arange(800) + 800 * (step - 1)
@@ -273,6 +274,9 @@ def test_exports_page_both_tiers_and_a_delta_skips_unchanged_disk_rows(tmp_path:
     for table in (ram, disk):
         table.apply(changed, torch.ones(2, 4), t=6, now=6)
     assert set(rows_of(pages(disk, since=6))) == {5, 3900}
+    # Row 5 came back to RAM (a fixed-size table leaves its record on disk, dead):
+    # every row once, as the in-RAM table's.
+    assert_same(rows_of(pages(disk)), rows_of(pages(ram)))
     # Rows on disk all older than `since`: the disk is not read at all.
     disk.cold.page = None  # type: ignore[assignment]
     assert set(rows_of(pages(disk, since=7))) == set()
@@ -288,11 +292,13 @@ def test_exports_page_both_tiers_and_a_delta_skips_unchanged_disk_rows(tmp_path:
         fresh.load(pages(ram)[-1])
 
 
-def test_an_export_while_rows_move_gives_each_row_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("size", [None, 1 << 20], ids=["dynamic", "fixed"])
+def test_an_export_while_rows_move_gives_each_row_once(tmp_path: Path,
+                                                       size: int | None) -> None:
     """Async mode: updates go on between the pages of a checkpoint's export. Rows move
     to disk meanwhile; each id is given once, and every row not updated during the
     export is given with its values at the start."""
-    spec = make_spec()
+    spec = make_spec(num_embeddings=size)
     disk = tiered(spec, tmp_path)
     for step in range(1, 4):
         disk.apply(torch.arange(HOT) + HOT * step, torch.ones(HOT, 4), t=step, now=step)
@@ -330,6 +336,35 @@ def test_the_disk_store_gives_what_was_written_last(tmp_path: Path,
     assert values.tolist() == [[5.0, 5.0], [1.0, 1.0]] and last.tolist() == [9, 3]
     store.close()
     assert not (tmp_path / "db").exists()
+
+
+@pytest.mark.parametrize("num_ids", [None, 100], ids=["dynamic", "fixed"])
+def test_a_delete_is_a_tombstone_or_with_an_id_bitmap_a_dead_record(
+        tmp_path: Path, num_ids: int | None) -> None:
+    """Without a bitmap a delete removes the record; with one (a fixed-size table) the
+    record stays on disk, dead: never read, skipped by pages, replaced by a put."""
+    from pstrain_runtime.sparse.cold import ColdStore, _keys
+
+    store = ColdStore(tmp_path / "db", 2, MIN_MEMORY, num_ids)
+    store.put(np.array([3, 7, 50]), np.ones((3, 2), np.float32), np.array([1, 2, 3]))
+    store.count = 3
+    store.delete(np.array([7]))
+    store.count = 2
+    record = store.db.get(_keys(np.array([7]))[0])
+    assert (record is None) == (num_ids is None)
+    found, _, _ = store.get(np.array([3, 7, 50]))
+    assert found.tolist() == [True, False, True]
+    ids, _, last, after = store.page(0, 10)
+    assert ids.tolist() == [3, 50] and last.tolist() == [1, 3] and after is None
+    ids, _, _, after = store.page(0, 2)  # a dead record counts toward the limit
+    assert (ids.tolist(), after) == (([3, 50], None) if num_ids is None else ([3], 50))
+    pages = [i.tolist() for i, _ in store.scan(page_rows=1)]
+    assert pages == ([[3], [50]] if num_ids is None else [[3], [], [50]])
+    store.put(np.array([7]), np.full((1, 2), 4.0, np.float32), np.array([9]))
+    found, values, last = store.get(np.array([7]))
+    assert found.tolist() == [True] and values.tolist() == [[4.0, 4.0]] and last.tolist() == [9]
+    assert store.last_id() == 50
+    store.close()
 
 
 def test_the_disk_store_gives_back_a_batch_of_many_rows_exactly(tmp_path: Path) -> None:
@@ -426,9 +461,10 @@ class Servers:
         return out
 
 
+@pytest.mark.parametrize("size", [None, 30_000], ids=["dynamic", "fixed"])
 def test_a_restore_equals_the_live_tables_also_after_a_crash_mid_write(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = make_spec("adagrad", evict_after_steps=8)
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int | None) -> None:
+    spec = make_spec("adagrad", num_embeddings=size, evict_after_steps=8)
     live = Servers(spec, tmp_path / "rows")
     store = CheckpointStore(tmp_path / "ckpt", keep=5)
     gen = torch.Generator().manual_seed(3)

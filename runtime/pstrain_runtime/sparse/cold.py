@@ -14,6 +14,16 @@ is the row's last update (int64, little-endian) then the row and its optimizer s
 (`width` float32 values). Nothing is written ahead (no WAL, no fsync): a server's disk
 rows die with the server, whose rows come back from the checkpoint, as its RAM rows do.
 
+For a fixed-size table the store keeps one bit per id (which ids it holds), and that
+bit is the truth: a delete only clears bits, and leaves the records (dead) on disk,
+never read again (a read asks RocksDB only for marked ids, a scan skips the others)
+and replaced by the id's next put. Rows come back to RAM by the hundreds per call, and
+deleting them wrote a tombstone each, which every flush, compaction and lookup then
+carried: without them a disk-tier call took 9-10 % less CPU (bench/RESULTS.md, session
+16). The price is disk space: a shard's files hold a record for every id that ever went
+to disk (its share of the table's ids at most), not only the live ones. A table without
+a fixed size has no bitmap and writes its deletes.
+
 Compaction is universal (tiered), not RocksDB's default leveled style: evictions write
 batches of random ids, so each flush overlaps the whole key range, and leveled
 compaction merged every few flushes into the one level that held the table, rewriting
@@ -240,20 +250,25 @@ class ColdStore:
         self.recent.drop(ids)
 
     def delete(self, ids: np.ndarray) -> None:
+        """Forget rows (ids unique, on disk): with an id bitmap their bits only (the
+        records stay, dead; see the module doc), else RocksDB deletes."""
         if len(ids) == 0:
+            return
+        self.recent.drop(ids)
+        if self.bits is not None:
+            self._mark(ids, False)
             return
         batch = self._rd.WriteBatch(raw_mode=True)
         _each(batch.delete, _keys(ids))
         self.db.write(batch)
-        self._mark(ids, False)
-        self.recent.drop(ids)
 
     # ------------------------------------------------------------------ scans
     # (rocksdict's snapshots do not hold for iterators: scans read the store as it is.)
     def page(self, first: int, limit: int
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int | None]:
         """Up to `limit` rows from id `first` on, in id order: (ids, values, last, the
-        next id to read or None at the end)."""
+        next id to read or None at the end). Dead records count toward `limit` and are
+        left out (a page may hold fewer rows, even none, before the end)."""
         start = _keys(np.array([first]))[0]
         items = list(islice(self.db.items(from_key=start), limit + 1))
         after = None
@@ -262,10 +277,13 @@ class ColdStore:
             items = items[:limit]
         ids = np.frombuffer(b"".join(k for k, _ in items), KEY).astype(np.int64)
         records = np.frombuffer(b"".join(v for _, v in items), self.record)
+        if self.bits is not None and len(ids):
+            live = self._marked(ids)
+            ids, records = ids[live], records[live]
         return ids, records["values"].copy(), records["last"].copy(), after
 
     def last_id(self) -> int | None:
-        """The greatest id on disk (None: none)."""
+        """The greatest id with a record on disk, dead or not (None: none): a bound."""
         it = self.db.iter()
         try:
             it.seek_to_last()
@@ -285,8 +303,8 @@ class ColdStore:
 
     # ------------------------------------------------------------------ the store
     def disk_bytes(self) -> int:
-        """Bytes of the table files on disk (rows still in a memtable are in memory:
-        `memory_bytes`)."""
+        """Bytes of the table files on disk, dead records included (rows still in a
+        memtable are in memory: `memory_bytes`)."""
         files = self.db.property_int_value("rocksdb.total-sst-files-size") or 0
         return int(files)
 

@@ -60,7 +60,7 @@ def make_spec(optimizer: str = "sgd", dim: int = 4, num_embeddings: int | None =
 
 def budget_for(spec: TableSpec, rows: int = HOT) -> int:
     """The bytes of memory that hold `rows` rows of the table in RAM (below 16 MiB
-    the disk store takes its minimum, MIN_MEMORY; 1/8 is working memory; a fixed-size
+    the disk store takes its minimum, MIN_MEMORY; 3/16 is working memory; a fixed-size
     table's id maps come off)."""
     per_row = spec.row_bytes() + ROW_BOOKKEEPING
     fixed = MIN_MEMORY
@@ -69,7 +69,7 @@ def budget_for(spec: TableSpec, rows: int = HOT) -> int:
     else:
         fixed += 4 * spec.num_embeddings * (2 if spec.admit_after > 1 else 1)
         fixed += (spec.num_embeddings + 7) // 8
-    budget = (fixed + rows * per_row) * 8 // 7 + 8  # 1/8 is working memory
+    budget = (fixed + rows * per_row) * 16 // 13 + 16  # 3/16 is working memory
     while hot_row_budget(spec, 1, budget) > rows:
         budget -= 1
     assert hot_row_budget(spec, 1, budget) == rows

@@ -101,9 +101,14 @@ def cold_memory(budget: int) -> int:
 
 
 def working_memory(budget: int) -> int:
-    """The share of a table's budget left for what an update or a pull holds for a
-    moment (gathered rows, records read from disk, freed heap not yet given back): 1/8."""
-    return budget // 8
+    """The share of a table's budget left for what the calls hold: the update's kept
+    gather blocks (`table.Scratch`, a 64th of the budget each) and the initial rows
+    kept from reads (`fresh.RecentReads`), all the time; and for a moment, a pull's
+    rows, the records read from disk, a move to disk's choice of rows (`RowTable.oldest`:
+    arrays over every RAM row) and copies, freed heap not yet given back: 3/16.
+    (At 1/8 a server's peak anonymous RSS reached 1.00-1.01x its budget in the CTR
+    bench while it moved rows to disk: bench/RESULTS.md, session 16.)"""
+    return budget * 3 // 16
 
 
 def hot_row_budget(spec: TableSpec, num_ps: int, budget: int) -> int:
@@ -123,7 +128,7 @@ def hot_row_budget(spec: TableSpec, num_ps: int, budget: int) -> int:
         per_row += HASH_BYTES_PER_ROW
     rows = (budget - fixed) // per_row
     if rows < MIN_HOT_ROWS:
-        need = (fixed - working_memory(budget) + MIN_HOT_ROWS * per_row) * 8 // 7
+        need = (fixed - working_memory(budget) + MIN_HOT_ROWS * per_row) * 16 // 13
         raise ValueError(f"{FIELD}.serverMemory leaves {budget} bytes on a server for "
                          f"sparse table {spec.name!r}; it must leave about {need} or more "
                          f"({MIN_HOT_ROWS} rows of {per_row} bytes in RAM plus "
@@ -177,9 +182,9 @@ class TieredTable:
         self.slot_names = ROW_SLOTS[spec.optimizer.name]  # type: ignore[union-attr]
         self.hot_rows = hot_row_budget(spec, num_ps, budget)
         # The update's kept gather blocks (`table.Scratch`: three for Adagrad) come
-        # out of the working memory: an eighth of it each at most.
+        # out of the working memory: a 64th of the budget each at most.
         self.hot = RowTable(spec, reserve=self.hot_rows + MIN_HOT_ROWS, num_ps=num_ps,
-                            scratch_bytes=working_memory(budget) // 8)
+                            scratch_bytes=budget // 64)
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", spec.name)[:40]
         path = Path(tempfile.mkdtemp(prefix=f"rows-{safe}-", dir=directory))
         self.cold = ColdStore(path, self.dim * (1 + len(self.slot_names)),

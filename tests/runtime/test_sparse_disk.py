@@ -408,7 +408,8 @@ def test_reads_leave_data_blocks_out_of_the_block_cache(tmp_path: Path) -> None:
 
 def test_the_disk_store_compacts_in_the_universal_style(tmp_path: Path) -> None:
     """Evictions write random ids: leveled compaction rewrote the whole table every few
-    flushes (see `cold`'s module doc). RocksDB records the options it opened with."""
+    flushes (see `cold`'s module doc); index blocks restart every 16 keys (see
+    `INDEX_RESTART`). RocksDB records the options it opened with."""
     from pstrain_runtime.sparse.cold import ColdStore
 
     store = ColdStore(tmp_path / "db", 2, MIN_MEMORY, None)
@@ -417,6 +418,7 @@ def test_the_disk_store_compacts_in_the_universal_style(tmp_path: Path) -> None:
         assert "compaction_style=kCompactionStyleUniversal" in options
         assert "max_size_amplification_percent=100;" in options
         assert "level0_file_num_compaction_trigger=8" in options
+        assert "index_block_restart_interval=16" in options
     finally:
         store.close()
 

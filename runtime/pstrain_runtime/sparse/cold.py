@@ -19,8 +19,8 @@ bit is the truth: a delete only clears bits, and leaves the records (dead) on di
 never read again (a read asks RocksDB only for marked ids, a scan skips the others)
 and replaced by the id's next put. Rows come back to RAM by the hundreds per call, and
 deleting them wrote a tombstone each, which every flush, compaction and lookup then
-carried: without them a disk-tier call took 9-10 % less CPU (bench/RESULTS.md, session
-16). The price is disk space: a shard's files hold a record for every id that ever went
+carried: without them a disk-tier call took 6-10 % less CPU in `python -m
+bench.tier_calls disk` (bench/RESULTS.md, session 16). The price is disk space: a shard's files hold a record for every id that ever went
 to disk (its share of the table's ids at most), not only the live ones. A table without
 a fixed size has no bitmap and writes its deletes.
 
@@ -171,9 +171,9 @@ class ColdStore:
         # whole: a few times smaller, so the index blocks of a grown table (one per
         # file, a few hundred KB each with 1) fault in, copy and crowd the cache less;
         # a lookup scans up to 15 entries more. `python -m bench.tier_calls disk
-        # --steps 4000`: CPU per call -7 to -9 %, faults 970-1,080 -> 640-720 per call
-        # (bench/RESULTS.md, session 16; a two-level index gained less, a cache twice
-        # the size nothing).
+        # --steps 4000`: CPU per call -10 % (median), faults 806-1,124 -> 598-686 per
+        # call (bench/RESULTS.md, session 16; a two-level index gained less, a cache
+        # twice the size nothing).
         table.set_index_block_restart_interval(INDEX_RESTART)
         table.set_bloom_filter(10, False)  # an id that is not on disk costs no read
         if num_ids is not None:

@@ -3,7 +3,6 @@ input, the job-status RPC for the operator, and shutdown that returns."""
 
 from __future__ import annotations
 
-
 import grpc
 import pytest
 import torch

@@ -20,9 +20,10 @@ never read again (a read asks RocksDB only for marked ids, a scan skips the othe
 and replaced by the id's next put. Rows come back to RAM by the hundreds per call, and
 deleting them wrote a tombstone each, which every flush, compaction and lookup then
 carried: without them a disk-tier call took 6-10 % less CPU in `python -m
-bench.tier_calls disk` (bench/RESULTS.md, session 16). The price is disk space: a shard's files hold a record for every id that ever went
-to disk (its share of the table's ids at most), not only the live ones. A table without
-a fixed size has no bitmap and writes its deletes.
+bench.tier_calls disk` (bench/RESULTS.md, session 16). The price is disk space: a
+shard's files hold a record for every id that ever went to disk (its share of the
+table's ids at most), not only the live ones. A table without a fixed size has no
+bitmap and writes its deletes.
 
 Compaction is universal (tiered), not RocksDB's default leveled style: evictions write
 batches of random ids, so each flush overlaps the whole key range, and leveled

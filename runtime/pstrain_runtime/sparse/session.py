@@ -143,6 +143,7 @@ class SparseSession:
         push_pull (async mode, `riding`); None when the rows need more than one call
         on some server (they are kept for `push`, made after the push_pull as before).
         With row caches the push asks for the rows' versions (`rode` hands them on)."""
+        self._riding = ([], False)  # this step's, whatever returns below
         merged = self._gradients()
         if not merged:
             return [None] * self.client.num_ps

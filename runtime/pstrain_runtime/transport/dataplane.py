@@ -1,11 +1,11 @@
 """The data plane: tensor calls over one plain TCP connection per worker and server.
 
 gRPC stays the control plane (health, Info, Finish, Shutdown, status reports). The
-tensor calls (Init, Push, Pull, PushPull, PushPullSmall, Sparse) carry the very same frames
-(see `wire`) over a plain TCP connection as well (and PushPullSparse, a sparse push
-riding on a PushPullSmall, `sparse.riding`, exists only here), because grpcio's Python receive path
-costs two to three times the CPU per byte of a socket (bench/RESULTS.md), and on a
-busy machine CPU per byte is throughput. A server announces its data port in the
+tensor calls (Init, Push, Pull, PushPull, PushPullSmall, Sparse) carry the very same
+frames (see `wire`) over a plain TCP connection as well (and PushPullSparse, a sparse
+push riding on a PushPullSmall, `sparse.riding`, exists only here), because grpcio's
+Python receive path costs two to three times the CPU per byte of a socket
+(bench/RESULTS.md), and on a busy machine CPU per byte is throughput. A server announces its data port in the
 `data_port` of its Info reply; `TcpTransport` asks once, then keeps a small pool of
 connections to it. A server without one (`data_port` 0) is spoken to over gRPC.
 

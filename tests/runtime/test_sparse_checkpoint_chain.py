@@ -187,14 +187,18 @@ def test_a_full_write_comes_back_at_the_chains_bound_and_restores(tmp_path: Path
                                  frozen=True)
     lengths = [len(m["chain"]) for m in manifests]
     assert lengths == [*range(1, chain_rules.MAX_DELTAS + 2), 1, 2]
-    assert manifests[-2]["chain"][0]["dir"] == "ckpt-000000000010.sparse"
+    full_again = chain_rules.MAX_DELTAS + 2  # the step of the second full write
+    assert manifests[-2]["chain"][0]["dir"] == f"ckpt-{full_again:012d}.sparse"
     servers.close()
 
 
 @pytest.mark.parametrize(("base", "deltas", "due"), [
     pytest.param(100, [], False, id="base-only"),
     pytest.param(100, [30, 30, 30], False, id="deltas-below-base"),
-    pytest.param(100, [60, 41], True, id="deltas-above-base"),
+    pytest.param(100, [60, 41], False, id="deltas-above-base-within-the-bound"),
+    pytest.param(100, [50] * (2 * chain_rules.DELTAS_PER_BASE), False, id="deltas-at-the-bound"),
+    pytest.param(100, [50] * (2 * chain_rules.DELTAS_PER_BASE) + [1], True,
+                 id="deltas-above-the-bound"),
     pytest.param(1000, [1] * chain_rules.MAX_DELTAS, True, id="max-deltas"),
     pytest.param(1000, [1] * (chain_rules.MAX_DELTAS - 1), False, id="one-below-max"),
 ])

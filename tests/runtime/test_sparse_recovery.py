@@ -5,9 +5,11 @@ rows, and a checkpoint of other tables is refused."""
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 from typing import Any
 
+import google_crc32c
 import pytest
 import torch
 
@@ -117,6 +119,24 @@ def test_a_rows_file_that_is_not_the_bytes_written_is_damage(tmp_path: Path) -> 
     path.unlink()
     with pytest.raises(CheckpointCorrupt, match="are missing"):
         list(read_rows(path, spec, (), written.check()))
+
+
+def test_a_rows_file_records_its_crc32c_and_one_written_with_a_crc32_still_reads(
+        tmp_path: Path) -> None:
+    spec = TableSpec("t", None, 3, 0.1, optimizer=OptimizerConfig(name="sgd"))
+    path = tmp_path / "t.rows"
+    block = RowBlock(ids=torch.arange(5), rows=torch.rand(5, 3), slots={},
+                     last=torch.zeros(5, dtype=torch.int64))
+    check = write_rows(path, spec, (), [block]).check()
+    data = path.read_bytes()
+    assert check == {"bytes": len(data), "crc32c": google_crc32c.value(data)}
+    # A checkpoint written before CRC-32C recorded zlib's CRC-32: checked with that.
+    older = {"bytes": len(data), "crc32": zlib.crc32(data)}
+    assert torch.equal(next(read_rows(path, spec, (), older)).rows, block.rows)
+    path.write_bytes(data[:-30] + bytes([data[-30] ^ 0xFF]) + data[-29:])
+    for recorded in (check, older):
+        with pytest.raises(CheckpointCorrupt, match="not the bytes written"):
+            list(read_rows(path, spec, (), recorded))
 
 
 def _sparse_file(directory: Path, step: int) -> Path:

@@ -16,17 +16,19 @@ The manifest a checkpoint records (`Checkpoint.sparse`):
     link = {"dir": "ckpt-<step>.sparse", "step": s, "full": bool,
             "tables": {name: {"files": [rows file per server], "rows": n,
                               "removed": [ids file per server],   # deltas only
-                              "checks": {file: {bytes, crc32}}}}}
+                              "checks": {file: {bytes, crc32c}}}}}
 
 Restoring applies the links in order: the base's rows, then per delta its removed ids
 (dropped) and its rows (replacing those held). A manifest from before chains, {dir,
 tables}, is a chain of one full link (`checkpoint.sparse_links`).
 
 A full write comes first, then again once the chain holds `MAX_DELTAS` deltas or its
-deltas together are larger than its base (so a restore reads at most about twice a
-base), and whenever the chain cannot go on exactly: after a restore or any
-re-initialisation of a server (its generation changed), when a server has not recorded
-every id it dropped since the last link, or after a checkpoint that failed.
+deltas together are larger than `DELTAS_PER_BASE` times its base (so a restore reads at
+most about three times a base; a full write rewrites unchanged rows, so the rarer it is
+the less a checkpoint costs on average), and whenever the chain cannot go on exactly:
+after a restore or any re-initialisation of a server (its generation changed), when a
+server has not recorded every id it dropped since the last link, or after a checkpoint
+that failed.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-MAX_DELTAS = 8
+MAX_DELTAS = 16
+DELTAS_PER_BASE = 2  # a chain's deltas may add up to this many times its base
 MANIFEST_FORMAT = 2
 Key = tuple[str, int]  # (table, server)
 
@@ -82,7 +85,8 @@ class Chain:
             return True
         deltas = self.links[1:]
         return (len(deltas) >= MAX_DELTAS
-                or sum(link_bytes(d) for d in deltas) > link_bytes(self.links[0]))
+                or sum(link_bytes(d) for d in deltas)
+                > DELTAS_PER_BASE * link_bytes(self.links[0]))
 
     def may_extend(self, plan_marks: Mapping[Key, Mapping[str, Any]]) -> bool:
         """Whether a delta's marks (the servers' replies) let the chain go on: every

@@ -138,6 +138,10 @@ def test_a_delta_holds_only_the_rows_changed_since_the_last_link(tmp_path: Path,
     assert link_ids(tmp_path, delta["chain"][1], spec, "files") == {3, 5, 7, 40, 41, 42}
     assert link_ids(tmp_path, delta["chain"][1], spec, "removed") == set()
     assert delta["tables"] == {"t": {"rows": 23}}
+    # The chain's bound counts the rows the table has grown to since its base (20).
+    assert servers.session.chain.rows == {"t": 23}
+    assert servers.session.chain.full_bytes() == pytest.approx(
+        chain_rules.link_bytes(base["chain"][0]) * 23 / 20, rel=0.01)
     # Nothing changed: the next delta is empty.
     assert link_ids(tmp_path, servers.save(tmp_path, 3, frozen)["chain"][2], spec,
                     "files") == set()
@@ -203,11 +207,25 @@ def test_a_full_write_comes_back_at_the_chains_bound_and_restores(tmp_path: Path
     pytest.param(1000, [1] * (chain_rules.MAX_DELTAS - 1), False, id="one-below-max"),
 ])
 def test_when_a_full_write_is_due(base: int, deltas: list[int], due: bool) -> None:
-    def link(size: int) -> dict[str, Any]:
-        return {"tables": {"t": {"checks": {"f": {"bytes": size, "crc32": 0}}}}}
-
-    assert chain_rules.Chain([link(base), *map(link, deltas)]).full_due() == due
+    assert chain_rules.Chain([_link(base), *map(_link, deltas)]).full_due() == due
     assert chain_rules.Chain().full_due()
+
+
+def _link(size: int, rows: int = 0) -> dict[str, Any]:
+    return {"tables": {"t": {"rows": rows, "checks": {"f": {"bytes": size, "crc32c": 0}}}}}
+
+
+def test_the_bound_grows_with_the_tables_rows_since_the_base() -> None:
+    """A base of 10 rows in 100 bytes: with 30 rows now a full write would take about
+    300 bytes, and deltas may add up to DELTAS_PER_BASE times that; with fewer rows
+    than the base, the base's bytes count."""
+    per = chain_rules.DELTAS_PER_BASE
+    for rows_now, full, deltas, due in ((30, 300, 300 * per, False),
+                                        (30, 300, 300 * per + 1, True),
+                                        (5, 100, 100 * per + 1, True)):
+        chain = chain_rules.Chain([_link(100, rows=10), _link(deltas)], rows={"t": rows_now})
+        assert chain.full_bytes() == full
+        assert chain.full_due() == due
 
 
 def test_a_restore_or_a_new_generation_starts_a_new_chain(tmp_path: Path) -> None:

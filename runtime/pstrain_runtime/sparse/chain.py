@@ -23,12 +23,14 @@ Restoring applies the links in order: the base's rows, then per delta its remove
 tables}, is a chain of one full link (`checkpoint.sparse_links`).
 
 A full write comes first, then again once the chain holds `MAX_DELTAS` deltas or its
-deltas together are larger than `DELTAS_PER_BASE` times its base (so a restore reads at
-most about three times a base; a full write rewrites unchanged rows, so the rarer it is
-the less a checkpoint costs on average), and whenever the chain cannot go on exactly:
-after a restore or any re-initialisation of a server (its generation changed), when a
-server has not recorded every id it dropped since the last link, or after a checkpoint
-that failed.
+deltas together are larger than `DELTAS_PER_BASE` times a full write of the tables as
+they are now (`Chain.full_bytes`: the base's bytes, grown with the tables' rows since),
+so a restore reads at most about three times a full write (a full write rewrites
+unchanged rows: the rarer it is, the less a checkpoint costs on average; while the
+tables grow, deltas are mostly new rows, which a full write would hold too), and
+whenever the chain cannot go on exactly: after a restore or any re-initialisation of a
+server (its generation changed), when a server has not recorded every id it dropped
+since the last link, or after a checkpoint that failed.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_DELTAS = 16
-DELTAS_PER_BASE = 2  # a chain's deltas may add up to this many times its base
+DELTAS_PER_BASE = 2  # a chain's deltas add up to at most this many full writes
 MANIFEST_FORMAT = 2
 Key = tuple[str, int]  # (table, server)
 
@@ -47,10 +49,14 @@ def link_dir(step: int) -> str:
     return f"ckpt-{step:012d}.sparse"
 
 
+def _entry_bytes(entry: Mapping[str, Any]) -> int:
+    """The bytes of one table's files in a link, from their checks."""
+    return sum(int(check.get("bytes", 0)) for check in (entry.get("checks") or {}).values())
+
+
 def link_bytes(link: Mapping[str, Any]) -> int:
     """The bytes of a link's files, from their checks."""
-    return sum(int(check.get("bytes", 0)) for entry in link["tables"].values()
-               for check in (entry.get("checks") or {}).values())
+    return sum(_entry_bytes(entry) for entry in link["tables"].values())
 
 
 @dataclass(frozen=True)
@@ -79,14 +85,23 @@ class Chain:
     links: list[dict[str, Any]] = field(default_factory=list)
     marks: dict[Key, int] = field(default_factory=dict)
     generations: dict[int, int] = field(default_factory=dict)
+    rows: dict[str, int] = field(default_factory=dict)  # live rows at the newest link
+
+    def full_bytes(self) -> float:
+        """About the bytes a full write would take now: per table, the base's bytes
+        times the rows it has grown to since (never less than the base's)."""
+        total = 0.0
+        for name, entry in self.links[0]["tables"].items():
+            size, rows = _entry_bytes(entry), int(entry.get("rows", 0))
+            total += size * max(1.0, self.rows.get(name, 0) / rows) if rows else size
+        return total
 
     def full_due(self) -> bool:
         if not self.links:
             return True
         deltas = self.links[1:]
         return (len(deltas) >= MAX_DELTAS
-                or sum(link_bytes(d) for d in deltas)
-                > DELTAS_PER_BASE * link_bytes(self.links[0]))
+                or sum(link_bytes(d) for d in deltas) > DELTAS_PER_BASE * self.full_bytes())
 
     def may_extend(self, plan_marks: Mapping[Key, Mapping[str, Any]]) -> bool:
         """Whether a delta's marks (the servers' replies) let the chain go on: every
@@ -106,7 +121,8 @@ class Chain:
         self.links = list(manifest["chain"])
         self.marks = dict(plan.marks)
         self.generations = dict(plan.generations)
+        self.rows = dict(plan.rows)
 
     def reset(self) -> None:
         """The next checkpoint is a full write."""
-        self.links, self.marks, self.generations = [], {}, {}
+        self.links, self.marks, self.generations, self.rows = [], {}, {}, {}

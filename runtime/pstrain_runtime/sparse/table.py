@@ -163,18 +163,25 @@ class RowTable:
         self.used += fresh
         return torch.cat([taken_t, new_t])
 
-    def _create(self, ids: torch.Tensor, now: int) -> torch.Tensor:
-        """Rows for `ids` (unique, absent), set to their initial values."""
+    def _add_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows for `ids` (unique, absent), their contents not set yet: the caller
+        writes their values and state (`_initialise`) before the lock goes."""
         where = self._take_rows(int(ids.numel()))
-        put_rows(self.rows, where, self.initial.create(ids))
-        fill = self.spec.optimizer.initial_accumulator_value  # type: ignore[union-attr]
-        for name, tensor in self.slots.items():
-            fill_rows(tensor, where, fill if name == "sum" else 0.0)
-        fill_rows(self.last, where, now)
         fill_rows(self.version, where, 0)
         put_rows(self.owner, where, ids)
         self.index.add(ids.numpy(), where.numpy())
         return where
+
+    def _initialise(self, rows: torch.Tensor, slots: dict[str, torch.Tensor],
+                    at: torch.Tensor, ids: torch.Tensor) -> None:
+        """Set the rows at positions `at` of an update's gathered `rows` and `slots` to
+        the initial values of `ids` and a fresh optimizer state: new rows get their
+        values in the update's blocks (then written once with the update), not written
+        to the table, gathered back and written again."""
+        put_rows(rows, at, self.initial.create(ids))
+        fill = self.spec.optimizer.initial_accumulator_value  # type: ignore[union-attr]
+        for name, tensor in slots.items():
+            fill_rows(tensor, at, fill if name == "sum" else 0.0)
 
     def _where(self, ids: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(self.index.get(ids.numpy()))
@@ -212,22 +219,28 @@ class RowTable:
             where = self._where(ids)
             if self.seen is not None:
                 ids, grads, where = self._admit(ids, grads, where)
-            absent = where < 0
-            if bool(absent.any()):
-                where[absent] = self._create(ids[absent], now)
+            new = torch.nonzero(where < 0).reshape(-1)
+            new_ids = ids.index_select(0, new)
+            if new.numel():
+                where[new] = self._add_rows(new_ids)
             if where.numel():
                 # Gather the rows and their state (into the kept blocks when they fit),
-                # update them, scatter them back.
+                # update them, scatter them back. New rows are not read from the table
+                # (row 0 stands in: reading a page never written maps the zero page,
+                # and the write back then faults again to copy it): `_initialise`.
+                read = where.index_fill(0, new, 0) if new.numel() else where
                 blocks = self.scratch.take(int(where.numel()))
                 if blocks is None:
-                    rows = self.rows.index_select(0, where)
-                    slots = {n: t_.index_select(0, where) for n, t_ in self.slots.items()}
+                    rows = self.rows.index_select(0, read)
+                    slots = {n: t_.index_select(0, read) for n, t_ in self.slots.items()}
                     spare = None
                 else:
-                    rows = torch.index_select(self.rows, 0, where, out=blocks[0])
-                    slots = {n: torch.index_select(t_, 0, where, out=blocks[2 + k])
+                    rows = torch.index_select(self.rows, 0, read, out=blocks[0])
+                    slots = {n: torch.index_select(t_, 0, read, out=blocks[2 + k])
                              for k, (n, t_) in enumerate(self.slots.items())}
                     spare = blocks[1]
+                if new.numel():
+                    self._initialise(rows, slots, new, new_ids)
                 apply_rows(self.spec.optimizer, rows, grads, slots, t,  # type: ignore[arg-type]
                            scratch=spare)
                 put_rows(self.rows, where, rows)

@@ -199,6 +199,7 @@ IMPORT_NAMES = {
     "torch": ["torch"], "numpy": ["numpy"], "scikit-learn": ["sklearn"],
     "rich": ["rich"], "prometheus-client": ["prometheus_client"],
     "jsonschema": ["jsonschema"], "tensorboard": ["tensorboard"], "safetensors": ["safetensors"],
+    "google-crc32c": ["google_crc32c"],
 }
 
 

@@ -163,14 +163,13 @@ class RowTable:
         self.used += fresh
         return torch.cat([taken_t, new_t])
 
-    def _add_rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows for `ids` (unique, absent), their contents not set yet: the caller
-        writes their values and state (`_initialise`) before the lock goes."""
-        where = self._take_rows(int(ids.numel()))
+    def _register(self, ids: torch.Tensor, where: torch.Tensor) -> None:
+        """Rows `where` hold `ids` (unique, absent) from now on, once written: an update
+        that fails before leaves its new rows taken and unused, never an id whose row
+        holds values that were not written."""
         fill_rows(self.version, where, 0)
         put_rows(self.owner, where, ids)
         self.index.add(ids.numpy(), where.numpy())
-        return where
 
     def _initialise(self, rows: torch.Tensor, slots: dict[str, torch.Tensor],
                     at: torch.Tensor, ids: torch.Tensor) -> None:
@@ -221,8 +220,8 @@ class RowTable:
                 ids, grads, where = self._admit(ids, grads, where)
             new = torch.nonzero(where < 0).reshape(-1)
             new_ids = ids.index_select(0, new)
-            if new.numel():
-                where[new] = self._add_rows(new_ids)
+            if new.numel():  # rows taken now, registered once written (below)
+                where[new] = self._take_rows(int(new.numel()))
             if where.numel():
                 # Gather the rows and their state (into the kept blocks when they fit),
                 # update them, scatter them back. New rows are not read from the table
@@ -246,6 +245,8 @@ class RowTable:
                 put_rows(self.rows, where, rows)
                 for name, value in slots.items():
                     put_rows(self.slots[name], where, value)
+                if new.numel():
+                    self._register(new_ids, where.index_select(0, new))
                 fill_rows(self.last, where, now)
                 version = self.version.numpy()
                 version[where.numpy()] += 1  # (ids coalesced: each row once)

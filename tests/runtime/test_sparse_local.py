@@ -281,36 +281,6 @@ def test_bad_input_is_refused_and_leaves_the_table_unchanged(ids, grads, message
     assert source.table.stats().rows == 2
 
 
-@pytest.mark.parametrize("dynamic", [False, True], ids=["fixed-size", "dynamic"])
-def test_an_update_that_fails_leaves_no_id_with_a_row_of_unwritten_values(
-        monkeypatch, dynamic: bool) -> None:
-    """New rows get their values in the update's blocks and are registered once
-    written: an update failing before that leaves their ids without rows (they read as
-    their initial values), and the next update creates them as usual."""
-    from pstrain_runtime.sparse import table as table_module
-
-    spec = TableSpec("t", None if dynamic else 100, 4, 0.1,
-                     optimizer=OptimizerConfig(name="adagrad", learning_rate=0.5))
-    table, fresh = RowTable(spec), RowTable(spec)
-    table.apply(torch.tensor([1, 2]), torch.ones(2, 4), t=1, now=1)
-    fresh.apply(torch.tensor([1, 2]), torch.ones(2, 4), t=1, now=1)
-
-    def failing(*args, **kwargs) -> None:
-        raise MemoryError("no memory for the update")
-
-    monkeypatch.setattr(table_module, "apply_rows", failing)
-    with pytest.raises(MemoryError):
-        table.apply(torch.tensor([2, 7, 9]), torch.ones(3, 4), t=2, now=2)
-    monkeypatch.undo()
-    assert table.stats().rows == 2 and table.present(torch.tensor([7, 9])).tolist() == [
-        False, False]
-    every = torch.arange(12)
-    assert torch.equal(table.read(every), fresh.read(every))
-    for one in (table, fresh):
-        one.apply(torch.tensor([7, 9]), torch.ones(2, 4), t=2, now=2)
-    assert torch.equal(table.read(every), fresh.read(every))
-
-
 def test_admission_after_n_updates() -> None:
     spec = TableSpec("t", None, 2, init_std=0.1, admit_after=3,
                      optimizer=OptimizerConfig(name="sgd", learning_rate=1.0))

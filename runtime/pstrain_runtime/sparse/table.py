@@ -163,24 +163,18 @@ class RowTable:
         self.used += fresh
         return torch.cat([taken_t, new_t])
 
-    def _register(self, ids: torch.Tensor, where: torch.Tensor) -> None:
-        """Rows `where` hold `ids` (unique, absent) from now on, once written: an update
-        that fails before leaves its new rows taken and unused, never an id whose row
-        holds values that were not written."""
+    def _create(self, ids: torch.Tensor, now: int) -> torch.Tensor:
+        """Rows for `ids` (unique, absent), set to their initial values."""
+        where = self._take_rows(int(ids.numel()))
+        put_rows(self.rows, where, self.initial.create(ids))
+        fill = self.spec.optimizer.initial_accumulator_value  # type: ignore[union-attr]
+        for name, tensor in self.slots.items():
+            fill_rows(tensor, where, fill if name == "sum" else 0.0)
+        fill_rows(self.last, where, now)
         fill_rows(self.version, where, 0)
         put_rows(self.owner, where, ids)
         self.index.add(ids.numpy(), where.numpy())
-
-    def _initialise(self, rows: torch.Tensor, slots: dict[str, torch.Tensor],
-                    at: torch.Tensor, ids: torch.Tensor) -> None:
-        """Set the rows at positions `at` of an update's gathered `rows` and `slots` to
-        the initial values of `ids` and a fresh optimizer state: new rows get their
-        values in the update's blocks (then written once with the update), not written
-        to the table, gathered back and written again."""
-        put_rows(rows, at, self.initial.create(ids))
-        fill = self.spec.optimizer.initial_accumulator_value  # type: ignore[union-attr]
-        for name, tensor in slots.items():
-            fill_rows(tensor, at, fill if name == "sum" else 0.0)
+        return where
 
     def _where(self, ids: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(self.index.get(ids.numpy()))
@@ -218,35 +212,27 @@ class RowTable:
             where = self._where(ids)
             if self.seen is not None:
                 ids, grads, where = self._admit(ids, grads, where)
-            new = torch.nonzero(where < 0).reshape(-1)
-            new_ids = ids.index_select(0, new)
-            if new.numel():  # rows taken now, registered once written (below)
-                where[new] = self._take_rows(int(new.numel()))
+            absent = where < 0
+            if bool(absent.any()):
+                where[absent] = self._create(ids[absent], now)
             if where.numel():
                 # Gather the rows and their state (into the kept blocks when they fit),
-                # update them, scatter them back. New rows are not read from the table
-                # (row 0 stands in: reading a page never written maps the zero page,
-                # and the write back then faults again to copy it): `_initialise`.
-                read = where.index_fill(0, new, 0) if new.numel() else where
+                # update them, scatter them back.
                 blocks = self.scratch.take(int(where.numel()))
                 if blocks is None:
-                    rows = self.rows.index_select(0, read)
-                    slots = {n: t_.index_select(0, read) for n, t_ in self.slots.items()}
+                    rows = self.rows.index_select(0, where)
+                    slots = {n: t_.index_select(0, where) for n, t_ in self.slots.items()}
                     spare = None
                 else:
-                    rows = torch.index_select(self.rows, 0, read, out=blocks[0])
-                    slots = {n: torch.index_select(t_, 0, read, out=blocks[2 + k])
+                    rows = torch.index_select(self.rows, 0, where, out=blocks[0])
+                    slots = {n: torch.index_select(t_, 0, where, out=blocks[2 + k])
                              for k, (n, t_) in enumerate(self.slots.items())}
                     spare = blocks[1]
-                if new.numel():
-                    self._initialise(rows, slots, new, new_ids)
                 apply_rows(self.spec.optimizer, rows, grads, slots, t,  # type: ignore[arg-type]
                            scratch=spare)
                 put_rows(self.rows, where, rows)
                 for name, value in slots.items():
                     put_rows(self.slots[name], where, value)
-                if new.numel():
-                    self._register(new_ids, where.index_select(0, new))
                 fill_rows(self.last, where, now)
                 version = self.version.numpy()
                 version[where.numpy()] += 1  # (ids coalesced: each row once)

@@ -145,7 +145,8 @@ def _read_file(path: Path, magic: bytes, header: dict[str, Any],
         raise CheckpointCorrupt(f"sparse rows {path} are missing") from None
     except OSError as exc:
         raise CheckpointError(f"sparse rows {path} cannot be read: {exc}") from exc
-    algorithm = next((name for name in CHECKSUMS if check and name in check), CHECKSUM)
+    # The checksum the check records (a file of before CRC-32C: "crc32").
+    algorithm = next((name for name in CHECKSUMS if name in (check or {})), CHECKSUM)
     with raw:
         fh = _Summing(raw, algorithm)
         if fh.read(len(magic)) != magic:

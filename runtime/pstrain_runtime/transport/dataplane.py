@@ -5,9 +5,10 @@ tensor calls (Init, Push, Pull, PushPull, PushPullSmall, Sparse) carry the very 
 frames (see `wire`) over a plain TCP connection as well (and PushPullSparse, a sparse
 push riding on a PushPullSmall, `sparse.riding`, exists only here), because grpcio's
 Python receive path costs two to three times the CPU per byte of a socket
-(bench/RESULTS.md), and on a busy machine CPU per byte is throughput. A server announces its data port in the
-`data_port` of its Info reply; `TcpTransport` asks once, then keeps a small pool of
-connections to it. A server without one (`data_port` 0) is spoken to over gRPC.
+(bench/RESULTS.md), and on a busy machine CPU per byte is throughput. A server
+announces its data port in the `data_port` of its Info reply; `TcpTransport` asks once,
+then keeps a small pool of connections to it. A server without one (`data_port` 0) is
+spoken to over gRPC.
 
 On a connection, one call at a time:
 

@@ -303,17 +303,6 @@ class SparseClient:
                                    "since": since})
         return reply
 
-    def write_page(self, ps: int, spec: TableSpec, fields: Mapping[str, Any],
-                   removed: bool = False) -> dict[str, Any]:
-        """One call of server `ps` writing its rows of a table into a checkpoint's
-        file itself (`shard_writes`: `fields` dir, probe, file, start, since or abort);
-        pages as an export's (`removed`: of removed ids, as `export_removed`'s), so
-        the file's blocks are those the chief would write. The reply header."""
-        limit = self.max_call_bytes // 8 if removed else EXPORT_ROWS
-        reply, _ = self._call(ps, {"op": "export", "what": "write", "table": spec.name,
-                                   "limit": limit, **fields})
-        return reply
-
     def export_removed(self, ps: int, spec: TableSpec, since: int,
                        page_ids: int | None = None) -> Iterator[torch.Tensor]:
         """The ids server `ps` dropped from a table (eviction) at clock >= since, in

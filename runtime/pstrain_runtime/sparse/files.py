@@ -21,9 +21,7 @@ bytes. An I/O error is a `CheckpointError` (it may pass).
 from __future__ import annotations
 
 import json
-import os
 import struct
-import tempfile
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,7 +32,8 @@ import google_crc32c
 import numpy as np
 import torch
 
-from ..checkpoint import CheckpointCorrupt, CheckpointError, CheckpointMismatch, check_rows_size
+from ..checkpoint import (CheckpointCorrupt, CheckpointError, CheckpointMismatch,
+                          check_rows_size, write_atomically)
 from .spec import TableSpec
 from .table import RowBlock
 
@@ -89,79 +88,35 @@ class _Summing:
         return self._seen(self.fh.readline())
 
 
-class FileWriter:
-    """A file of `write_rows`' or `write_ids`' format written block by block: into a
-    temporary file beside `path` until `finish` (fsync, rename) or `abort` (removed).
-    The parent directory must exist; so may `path` only with `overwrite`."""
-
-    def __init__(self, path: Path, magic: bytes, header: dict[str, Any],
-                 overwrite: bool = False) -> None:
-        if not overwrite and path.exists():
-            raise FileExistsError(f"{path} exists")
-        self.path = path
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        self.tmp = Path(tmp)
-        self.fh = _Summing(os.fdopen(fd, "wb"))
-        self.rows = 0
-        try:
-            self.fh.write(magic)
-            self.fh.write(json.dumps(header).encode() + b"\n")
-        except BaseException:
-            self.abort()
-            raise
-
-    def add(self, tensors: Sequence[torch.Tensor]) -> None:
-        """One block: tensors of equal first dimension, the first one's length its count."""
-        count = int(tensors[0].shape[0])
-        if count:
-            self.fh.write(_COUNT.pack(count))
-            for tensor in tensors:
-                self.fh.write_tensor(tensor)
-            self.rows += count
-
-    def finish(self) -> Written:
-        self.fh.write(_COUNT.pack(0))
-        raw = self.fh.fh
-        raw.flush()
-        os.fsync(raw.fileno())
-        raw.close()
-        os.replace(self.tmp, self.path)
-        return Written(self.rows, self.fh.size, self.fh.crc)
-
-    def abort(self) -> None:
-        self.fh.fh.close()
-        self.tmp.unlink(missing_ok=True)
-
-
 def _write_file(path: Path, magic: bytes, header: dict[str, Any],
                 parts: Iterable[Sequence[torch.Tensor]]) -> Written:
     """Write `magic`, `header` and one block per item of `parts` (tensors of equal
     first dimension, the first one's length the block's count) atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    writer = FileWriter(path, magic, header, overwrite=True)
-    try:
+    def write(raw: BinaryIO) -> Written:
+        fh, total = _Summing(raw), 0
+        fh.write(magic)
+        fh.write(json.dumps(header).encode() + b"\n")
         for tensors in parts:
-            writer.add(tensors)
-        return writer.finish()
-    except BaseException:
-        writer.abort()
-        raise
+            count = int(tensors[0].shape[0])
+            if not count:
+                continue
+            fh.write(_COUNT.pack(count))
+            for tensor in tensors:
+                fh.write_tensor(tensor)
+            total += count
+        fh.write(_COUNT.pack(0))
+        return Written(total, fh.size, fh.crc)
 
-
-def rows_header(spec: TableSpec, slots: Sequence[str]) -> dict[str, Any]:
-    return {"table": spec.name, "dim": spec.embedding_dim, "slots": list(slots)}
-
-
-def block_parts(block: RowBlock, slots: Sequence[str]) -> tuple[torch.Tensor, ...]:
-    """A row block's tensors in a rows file's order."""
-    return (block.ids, block.rows, *(block.slots[n] for n in slots), block.last)
+    return write_atomically(path, write)
 
 
 def write_rows(path: Path, spec: TableSpec, slots: Sequence[str],
                blocks: Iterable[RowBlock]) -> Written:
     """Write `blocks` to `path` atomically; the rows written and the file's check."""
-    return _write_file(path, MAGIC, rows_header(spec, slots),
-                       (block_parts(block, slots) for block in blocks))
+    header = {"table": spec.name, "dim": spec.embedding_dim, "slots": list(slots)}
+    return _write_file(path, MAGIC, header, (
+        (block.ids, block.rows, *(block.slots[n] for n in slots), block.last)
+        for block in blocks))
 
 
 def write_ids(path: Path, spec: TableSpec, blocks: Iterable[torch.Tensor]) -> Written:
@@ -233,7 +188,8 @@ def read_rows(path: Path, spec: TableSpec, slots: Sequence[str],
         slot_values = {name: part(np.float32, dim) for name in slots}
         return RowBlock(ids=ids, rows=rows, slots=slot_values, last=part(np.int64, 0))
 
-    return _read_file(path, MAGIC, rows_header(spec, slots), check, block)
+    header = {"table": spec.name, "dim": dim, "slots": list(slots)}
+    return _read_file(path, MAGIC, header, check, block)
 
 
 def read_ids(path: Path, spec: TableSpec,

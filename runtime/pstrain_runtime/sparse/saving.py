@@ -1,10 +1,7 @@
 """The chief's writing of one checkpoint's sparse link (see `chain`): the servers are
 marked (`start_link`), then each server's rows of each table (and, for a delta, the
-ids it dropped) go into `ckpt-<step>.sparse/` (`write_link`), and the checkpoint
-file naming the link is written only once they are all on disk (by the caller). A
-server that sees that directory (the chief leaves a probe file there) writes its files
-itself (`shard_writes`: no rows cross a socket, the chief writes nothing); the others'
-rows stream to the chief, which writes them.
+ids it dropped) stream into `ckpt-<step>.sparse/` (`write_link`), and the checkpoint
+file naming the link is written only once they are all on disk (by the caller).
 
 Where the rows are read decides when the chief may train again (`LinkWrite`):
 - async: on a thread of its own while training goes on (the rows were never one
@@ -17,7 +14,6 @@ Where the rows are read decides when the chief may train again (`LinkWrite`):
 
 from __future__ import annotations
 
-import secrets
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -25,11 +21,9 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import CheckpointError
-from ..ps.store import PSError
 from .chain import Chain, Key, LinkPlan
 from .client import SparseClient
-from .files import CHECKSUM, Written, write_ids, write_rows
+from .files import write_ids, write_rows
 from .spec import ROW_SLOTS, TableSpec
 from .table import RowBlock
 
@@ -69,53 +63,10 @@ def start_link(client: SparseClient, specs: Mapping[str, TableSpec], chain: Chai
 
 
 class LiveRows:
-    """The servers' rows, read page by page as they are written, by the servers into
-    the link's directory where they see it (`written`), else here; `cancel` stops it."""
+    """The servers' rows, read page by page as they are written; `cancel` stops it."""
 
     def __init__(self, client: SparseClient, cancel: threading.Event) -> None:
         self.client, self.cancel = client, cancel
-        self.probe: Path | None = None
-        self.apart: set[int] = set()  # servers that do not see the link's directory
-
-    def begin(self, sub: Path) -> None:
-        """The link's directory `sub` exists: a probe file shows the servers that see it."""
-        self.probe = sub / f".probe-{secrets.token_hex(16)}"
-        self.probe.touch()
-
-    def end(self) -> None:
-        if self.probe is not None:
-            self.probe.unlink(missing_ok=True)
-
-    def written(self, ps: int, spec: TableSpec, since: int | None, path: Path
-                ) -> Written | None:
-        """Server `ps` writes `path` (its rows of a table, or a delta's removed ids)
-        itself, a page a call: the file's check; None when it cannot (the caller
-        streams that server's rows here)."""
-        if self.probe is None or ps in self.apart:
-            return None
-        fields: dict[str, object] = {"dir": str(path.parent), "probe": self.probe.name,
-                                     "file": path.name}
-        if since is not None:
-            fields["since"] = since
-        removed = path.suffix == ".removed"
-        start = 0
-        while True:
-            if self.cancel.is_set():
-                try:  # the server's open file is dropped now, not at the next link
-                    self.client.write_page(ps, spec, {**fields, "abort": True})
-                except PSError:
-                    pass
-                raise SaveCancelled("the checkpoint was abandoned")
-            reply = self.client.write_page(ps, spec, {**fields, "start": start}, removed)
-            if reply.get("reachable") is False:
-                self.apart.add(ps)
-                return None
-            if "error" in reply:
-                raise CheckpointError(str(reply["error"]))
-            start = int(reply["next"])
-            if start == 0:
-                check = reply["written"]
-                return Written(int(check["rows"]), int(check["bytes"]), int(check[CHECKSUM]))
 
     def _checked(self, pages: Iterator[Any]) -> Iterator[Any]:
         for page in pages:
@@ -155,15 +106,6 @@ class CapturedRows:
                         return None
         return got
 
-    def begin(self, sub: Path) -> None:
-        """(The rows are here: the chief writes them all.)"""
-
-    def end(self) -> None:
-        pass
-
-    def written(self, ps: int, spec: TableSpec, since: int | None, path: Path) -> None:
-        return None
-
     def rows(self, ps: int, spec: TableSpec, since: int | None) -> list[RowBlock]:
         return self.blocks[(spec.name, ps)]
 
@@ -175,33 +117,25 @@ def write_link(specs: Mapping[str, TableSpec], num_ps: int, directory: Path,
                plan: LinkPlan, source: LiveRows | CapturedRows) -> dict[str, Any]:
     """Write a link's files into `directory / plan.dir`; the link's manifest entry."""
     sub = directory / plan.dir
-    sub.mkdir(parents=True, exist_ok=True)
-    source.begin(sub)
-    try:
-        tables: dict[str, Any] = {}
-        for k, (name, spec) in enumerate(sorted(specs.items())):
-            entry: dict[str, Any] = {"files": [], "rows": 0, "checks": {}}
+    tables: dict[str, Any] = {}
+    for k, (name, spec) in enumerate(sorted(specs.items())):
+        entry: dict[str, Any] = {"files": [], "rows": 0, "checks": {}}
+        if not plan.full:
+            entry["removed"] = []
+        for ps in range(num_ps):
             if not plan.full:
-                entry["removed"] = []
-            for ps in range(num_ps):
-                since = None if plan.full else plan.since[(name, ps)]
-                if since is not None:
-                    filename = f"table{k}-ps{ps}.removed"
-                    written = (source.written(ps, spec, since, sub / filename)
-                               or write_ids(sub / filename, spec,
-                                            source.removed(ps, spec, since)))
-                    entry["removed"].append(filename)
-                    entry["checks"][filename] = written.check()
-                filename = f"table{k}-ps{ps}.rows"
-                written = (source.written(ps, spec, since, sub / filename)
-                           or write_rows(sub / filename, spec, _slots(spec),
-                                         source.rows(ps, spec, since)))
-                entry["files"].append(filename)
-                entry["rows"] += written.rows
+                filename = f"table{k}-ps{ps}.removed"
+                written = write_ids(sub / filename, spec,
+                                    source.removed(ps, spec, plan.since[(name, ps)]))
+                entry["removed"].append(filename)
                 entry["checks"][filename] = written.check()
-            tables[name] = entry
-    finally:
-        source.end()
+            filename = f"table{k}-ps{ps}.rows"
+            written = write_rows(sub / filename, spec, _slots(spec),
+                                 source.rows(ps, spec, plan.since.get((name, ps))))
+            entry["files"].append(filename)
+            entry["rows"] += written.rows
+            entry["checks"][filename] = written.check()
+        tables[name] = entry
     return {"dir": plan.dir, "step": plan.step, "full": plan.full, "tables": tables}
 
 

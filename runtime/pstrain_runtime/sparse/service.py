@@ -34,7 +34,6 @@ from ..ps.store import Namespace, ParameterStore, PSError
 from ..transport import auth
 from .checks import check_grads, check_ids
 from .protocol import Encoded, Frame, encode, field, header_of, tensor_of
-from .shard_writes import ShardWrites
 from .spec import TableSpec
 from .table import RowBlock, RowTable
 from .tiered import FIELD as STORAGE_FIELD
@@ -47,7 +46,6 @@ class NamespaceTables:
     def __init__(self) -> None:
         self.tables: dict[str, RowTable | TieredTable] = {}
         self.pending: dict[int, dict[tuple[int, int], tuple[int, list[Entry]]]] = {}
-        self.writes = ShardWrites()  # a checkpoint's files this server writes itself
 
     def configure(self, specs: list[TableSpec], reset: bool, num_ps: int, where: str,
                   storage: StorageSettings | None = None, ps_index: int = 0) -> None:
@@ -93,8 +91,7 @@ class NamespaceTables:
                               "another definition; use another namespace for another model")
 
     def close(self) -> None:
-        """Drop the tables' disk rows, if any, and the checkpoint files being written."""
-        self.writes.abort_all()
+        """Drop the tables' disk rows, if any."""
         for table in self.tables.values():
             if isinstance(table, TieredTable):
                 table.close()
@@ -323,12 +320,10 @@ SLOTS_FIRST = ("ids", "rows")
 def _export(store: ParameterStore, namespace: str, header: dict[str, Any],
             body: list[Frame]) -> Encoded:
     """A page of a table's rows (`what` "rows", the default; with `since`, only rows
-    updated at clock >= since), a checkpoint export's start (`what` "mark"), a page
-    of the ids sweeps dropped at clock >= `since` (`what` "removed"), or a page of them
-    written into a checkpoint's file here (`what` "write", `shard_writes`)."""
+    updated at clock >= since), a checkpoint export's start (`what` "mark"), or a page
+    of the ids sweeps dropped at clock >= `since` (`what` "removed")."""
     ns = store.namespace(namespace)
-    tables = _tables(ns, store)
-    table = _table(tables, header.get("table"), ns, store, "export")
+    table = _table(_tables(ns, store), header.get("table"), ns, store, "export")
     what = header.get("what", "rows")
     since = header.get("since")
     if since is not None and (not isinstance(since, int) or isinstance(since, bool)):
@@ -342,8 +337,6 @@ def _export(store: ParameterStore, namespace: str, header: dict[str, Any],
             complete = table.track_removals(since, watermark)
         return encode({"watermark": watermark, "generation": generation,
                        "complete": complete, "rows": table.stats().rows})
-    if what == "write":
-        return encode(tables.writes.call(table, header, store.ps_index, since))
     start = field(header, "start", int, "export")
     limit = field(header, "limit", int, "export")
     if what == "removed":
@@ -351,7 +344,7 @@ def _export(store: ParameterStore, namespace: str, header: dict[str, Any],
         return encode({"next": after, "count": int(ids.numel())}, [ids])
     if what != "rows":
         raise PSError("INVALID_ARGUMENT", f"sparse export: field 'what' is {what!r}; it "
-                      "must be rows, mark, removed or write")
+                      "must be rows, mark or removed")
     block, after = table.export(start, limit, since)
     return encode({"next": after, "count": int(block.ids.numel())},
                   [block.ids, block.rows, *(block.slots[n] for n in table.slot_names),

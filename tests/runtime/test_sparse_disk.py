@@ -292,6 +292,96 @@ def test_exports_page_both_tiers_and_a_delta_skips_unchanged_disk_rows(
         fresh.load(pages(ram)[-1])
 
 
+def _delta_steps(tables: list[Any], gen: torch.Generator, first: int, count: int) -> int:
+    """`count` steps of skewed ids on each of `tables` (rows go to disk and come back);
+    the next step. Step 1 first puts 3,000 rows there, most of them going to disk."""
+    for step in range(first, first + count):
+        ids = (torch.arange(3000) if step == 1
+               else torch.unique(skewed_ids(gen, 400, 4000)))
+        for table in tables:
+            table.apply(ids, torch.full((ids.numel(), 4), step / 10), t=step, now=step)
+    return first + count
+
+
+class ColdReads:
+    """Counts the ids a disk tier's store is asked for (reads before updates aside),
+    and fails a test that scans it while `scans` is False (sweeps scan it: evictions)."""
+
+    def __init__(self, table: TieredTable, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.ids, self.scans, self.scanned = 0, True, 0
+        get, page = table.cold.get, table.cold.page
+
+        def counted_get(ids: Any, remember: bool = False) -> Any:
+            self.ids += 0 if remember else len(ids)
+            return get(ids, remember)
+
+        def counted_page(*args: Any) -> Any:
+            assert self.scans, "the disk was scanned"
+            self.scanned += 1
+            return page(*args)
+
+        monkeypatch.setattr(table.cold, "get", counted_get)
+        monkeypatch.setattr(table.cold, "page", counted_page)
+
+
+@pytest.mark.parametrize("size", [None, 6000], ids=["dynamic", "fixed"])
+def test_a_delta_reads_from_disk_only_the_rows_that_reached_it_since(
+        tmp_path: Path, size: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = make_spec("adagrad", num_embeddings=size, evict_after_steps=12)
+    ram, disk = RowTable(spec), tiered(spec, tmp_path)
+    gen = torch.Generator().manual_seed(5)
+    step = _delta_steps([ram, disk], gen, 1, 6)
+    for table in (ram, disk):  # a full export begins
+        table.track_removals(None, step)
+    assert_same(rows_of(pages(disk)), rows_of(pages(ram)))
+    reads = ColdReads(disk, monkeypatch)
+    for _ in range(4):  # deltas, as a chain's links: each since the one before
+        since, on_disk = step, disk.tier_stats()["disk_rows"]
+        step = _delta_steps([ram, disk], gen, step, 4)
+        for table in (ram, disk):
+            assert table.track_removals(since, step)
+        arrived = disk._arrived(since)
+        assert arrived is not None and 0 < arrived.numel() < on_disk
+        reads.ids, reads.scans = 0, False
+        # The rows changed since, as the in-RAM table's delta (rows evicted on the way:
+        # the sweeps ran at step 13), read from disk only where they reached it since.
+        assert_same(rows_of(pages(disk, since=since)), rows_of(pages(ram, since=since)))
+        assert reads.ids == arrived.numel()
+        reads.scans = True
+
+
+def test_a_record_of_arrivals_too_long_reads_the_whole_disk_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = make_spec("adagrad")
+    ram, disk = RowTable(spec), tiered(spec, tmp_path)
+    gen = torch.Generator().manual_seed(6)
+    step = _delta_steps([ram, disk], gen, 1, 5)
+    for table in (ram, disk):
+        table.track_removals(None, step)
+    assert_same(rows_of(pages(disk)), rows_of(pages(ram)))
+    reads = ColdReads(disk, monkeypatch)
+    # More rows reach disk than the RAM tier holds: the record is given up.
+    since = step
+    for _ in range(3):
+        new = torch.arange(HOT) + 100_000 + HOT * step
+        for table in (ram, disk):
+            table.apply(new, torch.ones(HOT, 4), t=step, now=step)
+        step += 1
+    assert disk.arrivals is not None and disk.arrivals.overflowed
+    for table in (ram, disk):
+        table.track_removals(since, step)
+    assert_same(rows_of(pages(disk, since=since)), rows_of(pages(ram, since=since)))
+    assert reads.scanned  # read the whole disk
+    # A new record began with that export: the next delta reads what arrived since.
+    since = step
+    step = _delta_steps([ram, disk], gen, step, 3)
+    for table in (ram, disk):
+        table.track_removals(since, step)
+    assert disk._arrived(since) is not None
+    reads.scans = False
+    assert_same(rows_of(pages(disk, since=since)), rows_of(pages(ram, since=since)))
+
+
 @pytest.mark.parametrize("size", [None, 1 << 20], ids=["dynamic", "fixed"])
 def test_an_export_while_rows_move_gives_each_row_once(tmp_path: Path,
                                                        size: int | None) -> None:
@@ -314,6 +404,37 @@ def test_an_export_while_rows_move_gives_each_row_once(tmp_path: Path,
         step += 1
     given = rows_of(got)  # raises on an id given twice
     assert_same({i: v for i, v in given.items() if i in before}, before)
+
+
+def test_a_delta_while_rows_move_gives_each_changed_row_once(tmp_path: Path) -> None:
+    """As above, for a delta read through the record of rows reaching disk: rows move
+    to disk between its pages; each id is given once, and every row changed since
+    `since` and not updated during the export is given with its values at the start."""
+    spec = make_spec("adagrad")
+    ram, disk = RowTable(spec), tiered(spec, tmp_path)
+    gen = torch.Generator().manual_seed(7)
+    step = _delta_steps([ram, disk], gen, 1, 5)
+    for table in (ram, disk):
+        table.track_removals(None, step)
+    pages(disk)
+    since = step
+    step = _delta_steps([ram, disk], gen, step, 4)
+    for table in (ram, disk):
+        table.track_removals(since, step)
+    assert disk._arrived(since).numel()  # some changed rows are on disk
+    want = rows_of(pages(ram, since=since))
+    got, start = [], 0
+    while True:
+        block, start = disk.export(start, 100, since)
+        got.append(block)
+        if start == 0:
+            break
+        new = torch.arange(300) + 10_000 * step  # new rows push old ones to disk
+        disk.apply(new, torch.ones(300, 4), t=step, now=step)
+        step += 1
+    given = rows_of(got)  # raises on an id given twice
+    assert set(want) <= set(given)
+    assert_same({i: v for i, v in given.items() if i in want}, want)
 
 
 @pytest.mark.parametrize("num_ids", [None, 100], ids=["dynamic", "fixed"])

@@ -423,11 +423,12 @@ REMOVAL_LOG_MIN = 1 << 20  # ids a removal record may always hold (8 MiB)
 class RemovalLog:
     """Ids dropped by sweeps, each batch with its clock, recorded from clock `origin` on.
     A record that outgrows its cap (a table's live rows, twice; checkpoints that stopped
-    being written) is given up (`overflowed`): the next checkpoint is a full one."""
+    being written) is given up (`overflowed`): the next checkpoint is a full one. (A
+    disk tier also records the ids reaching its disk this way: `tiered`.)"""
 
     def __init__(self, origin: int) -> None:
         self.origin = origin
-        self.chunks: list[tuple[int, torch.Tensor]] = []  # (clock, ids), clock ascending
+        self.chunks: list[tuple[int, torch.Tensor]] = []  # (clock, ids)
         self.count = 0
         self.overflowed = False
 

@@ -34,6 +34,14 @@ Invariants (each id has its row in at most one tier):
   comes back to RAM was updated. An updated row is in the next delta (its update
   clock is past the export's watermark), as with `RowTable`. A delta skips the disk
   without reading it while no row on disk was updated at or after `since`.
+- A delta reads from disk only the rows that reached it since (`arrivals`), not the
+  whole disk: rows never change on disk (an update brings a row back to RAM), so a
+  row there updated at or after `since` reached the disk after that update. Each batch
+  of rows going to disk is recorded with its newest update clock, from a checkpoint
+  export's start on; once an export has read the disk, the batches older than its
+  start's clock (the next delta's `since`) are forgotten. A record that outgrows the
+  RAM rows' count (8 bytes an id, against 276 or more a RAM row) is given up, and the
+  next delta reads the whole disk as a full export does.
 """
 
 from __future__ import annotations
@@ -195,6 +203,9 @@ class TieredTable:
         self.disk_min_last = math.inf  # at most the least last update on disk
         self.disk_max_last = -1  # at least the greatest last update on disk
         self.removals: RemovalLog | None = None  # disk rows evicted, for deltas
+        self.arrivals: RemovalLog | None = None  # ids that reached disk, for deltas
+        self.watermark: int | None = None  # the clock the last export's mark gave
+        self.candidates: torch.Tensor | None = None  # a delta's disk pass: ids to read
         self.given: torch.Tensor | None = None  # ids the export under way gave
         self.disk_pass = False  # an export is reading the disk
         self.disk_end: int | None = None  # the last id on disk as its pass began
@@ -208,6 +219,8 @@ class TieredTable:
         self.cold.put(block.ids.numpy(), values.numpy(), block.last.numpy())
         if new:
             self.cold.count += int(block.ids.numel())
+        if self.arrivals is not None:  # (at its newest clock: see the module doc)
+            self.arrivals.add(int(block.last.max()), block.ids, self.hot_rows)
         if self.disk_pass and self.given is not None:
             # Rows reaching disk while an export reads it were in RAM when its disk
             # pass began: given by its RAM pass, or updated since (the next delta).
@@ -350,30 +363,58 @@ class TieredTable:
                 self.given = torch.cat([self.given, block.ids])
                 return block, (after if after else DISK_FIRST)
             if since is not None and since > self.disk_max_last:
-                self.given, self.disk_pass = None, False
+                self._end_disk_pass()
                 return self._empty(), 0
             if start == DISK_FIRST or not self.disk_pass:
                 # Ids past the last one on disk now arrive during the pass: skipped.
                 self.disk_pass, self.disk_end = True, self.cold.last_id()
-            if self.disk_end is None:
-                self.given, self.disk_pass = None, False
+                self.candidates = self._arrived(since)
+            at = 0 if start == DISK_FIRST else -start - 2
+            if self.candidates is not None:  # a delta: the rows that reached disk since
+                ids = self.candidates[at:at + limit]
+                found, values, last = self.cold.get(ids.numpy())
+                ids, after = ids[torch.from_numpy(found)].numpy(), at + limit
+                if after >= self.candidates.numel():
+                    after = None
+            elif self.disk_end is None:
+                self._end_disk_pass()
                 return self._empty(), 0
-            ids, values, last, after = self.cold.page(
-                0 if start == DISK_FIRST else -start - 2, limit)
-            if after is not None and after > self.disk_end:
-                after = None
-            keep = (torch.ones(len(ids), dtype=torch.bool) if since is None
-                    else torch.from_numpy(last >= since))
-            rows = torch.from_numpy(values)[keep]
-            block = self._not_given(RowBlock(
-                ids=torch.from_numpy(ids)[keep], rows=rows[:, :self.dim],
-                slots={n: rows[:, (k + 1) * self.dim:(k + 2) * self.dim]
-                       for k, n in enumerate(self.slot_names)},
-                last=torch.from_numpy(last)[keep]))
+            else:  # the whole disk, in id order
+                ids, values, last, after = self.cold.page(at, limit)
+                if after is not None and after > self.disk_end:
+                    after = None
+            block = self._not_given(self._disk_block(ids, values, last, since))
             if after is None:
-                self.given, self.disk_pass = None, False
+                self._end_disk_pass()
                 return block, 0
             return block, -(after + 2)
+
+    def _arrived(self, since: int | None) -> torch.Tensor | None:
+        """The ids that reached disk at clock >= `since` (sorted, distinct), or None when
+        the record does not hold them all (or for a full export): the pass reads the
+        whole disk then."""
+        log = self.arrivals
+        if since is None or log is None or log.overflowed or log.origin > since:
+            return None
+        chunks = [ids for clock, ids in log.chunks if clock >= since]
+        return torch.unique(torch.cat(chunks)) if chunks else torch.empty(0, dtype=torch.int64)
+
+    def _disk_block(self, ids: np.ndarray, values: np.ndarray, last: np.ndarray,
+                    since: int | None) -> RowBlock:
+        """Rows read from disk as a block; with `since`, those updated at or after it."""
+        keep = (torch.ones(len(ids), dtype=torch.bool) if since is None
+                else torch.from_numpy(last >= since))
+        rows = torch.from_numpy(values)[keep]
+        return RowBlock(ids=torch.from_numpy(ids)[keep], rows=rows[:, :self.dim],
+                        slots={n: rows[:, (k + 1) * self.dim:(k + 2) * self.dim]
+                               for k, n in enumerate(self.slot_names)},
+                        last=torch.from_numpy(last)[keep])
+
+    def _end_disk_pass(self) -> None:
+        self.given, self.disk_pass, self.candidates = None, False, None
+        if self.arrivals is not None and self.watermark is not None:
+            # The next delta is of the rows updated since this export's mark.
+            self.arrivals.trim(self.watermark)
 
     def _not_given(self, block: RowBlock) -> RowBlock:
         """`block` without the ids this export gave already."""
@@ -441,6 +482,11 @@ class TieredTable:
         complete = self.hot.track_removals(since, watermark)
         with self.lock:
             self.removals, disk_complete = RemovalLog.tracked(self.removals, since, watermark)
+            # The ids reaching disk: a record that holds those since `since` serves
+            # this export's delta and goes on; else a new one serves the next delta.
+            arrived, covered = RemovalLog.tracked(self.arrivals, since, watermark)
+            self.arrivals = arrived if since is not None and covered else RemovalLog(watermark)
+            self.watermark = watermark
             return complete and disk_complete
 
     def removed_ids(self, since: int, start: int, limit: int) -> tuple[torch.Tensor, int]:

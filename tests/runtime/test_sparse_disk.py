@@ -393,17 +393,23 @@ def test_an_export_while_rows_move_gives_each_row_once(tmp_path: Path,
     for step in range(1, 4):
         disk.apply(torch.arange(HOT) + HOT * step, torch.ones(HOT, 4), t=step, now=step)
     before = rows_of(pages(disk))
-    got, start, step = [], 0, 4
+    given = export_while_rows_move(disk, None, 200, 4)
+    assert_same({i: v for i, v in given.items() if i in before}, before)
+
+
+def export_while_rows_move(disk: TieredTable, since: int | None, limit: int, step: int
+                           ) -> Rows:
+    """An export's rows, with 300 new rows applied between its pages (they push old
+    ones to disk); raises on an id given twice."""
+    got, start = [], 0
     while True:
-        block, start = disk.export(start, 200, None)
+        block, start = disk.export(start, limit, since)
         got.append(block)
         if start == 0:
-            break
-        new = torch.arange(300) + 10_000 * step  # new rows push old ones to disk
+            return rows_of(got)
+        new = torch.arange(300) + 10_000 * step
         disk.apply(new, torch.ones(300, 4), t=step, now=step)
         step += 1
-    given = rows_of(got)  # raises on an id given twice
-    assert_same({i: v for i, v in given.items() if i in before}, before)
 
 
 def test_a_delta_while_rows_move_gives_each_changed_row_once(tmp_path: Path) -> None:
@@ -423,16 +429,7 @@ def test_a_delta_while_rows_move_gives_each_changed_row_once(tmp_path: Path) -> 
         table.track_removals(since, step)
     assert disk._arrived(since).numel()  # some changed rows are on disk
     want = rows_of(pages(ram, since=since))
-    got, start = [], 0
-    while True:
-        block, start = disk.export(start, 100, since)
-        got.append(block)
-        if start == 0:
-            break
-        new = torch.arange(300) + 10_000 * step  # new rows push old ones to disk
-        disk.apply(new, torch.ones(300, 4), t=step, now=step)
-        step += 1
-    given = rows_of(got)  # raises on an id given twice
+    given = export_while_rows_move(disk, since, 100, step)
     assert set(want) <= set(given)
     assert_same({i: v for i, v in given.items() if i in want}, want)
 

@@ -37,11 +37,12 @@ Invariants (each id has its row in at most one tier):
 - A delta reads from disk only the rows that reached it since (`arrivals`), not the
   whole disk: rows never change on disk (an update brings a row back to RAM), so a
   row there updated at or after `since` reached the disk after that update. Each batch
-  of rows going to disk is recorded with its newest update clock, from a checkpoint
-  export's start on; once an export has read the disk, the batches older than its
-  start's clock (the next delta's `since`) are forgotten. A record that outgrows the
-  RAM rows' count (8 bytes an id, against 276 or more a RAM row) is given up, and the
-  next delta reads the whole disk as a full export does.
+  of rows going to disk is recorded, by its newest update clock, from a checkpoint
+  export's start on, and of it only the rows updated at or after the `since` of the
+  export under way (the next delta's, once an export has read the disk: the batches
+  older than that are forgotten then). A record that outgrows the RAM rows' count (8
+  bytes an id, against 276 or more a RAM row) is given up, and the next delta reads
+  the whole disk as a full export does.
 """
 
 from __future__ import annotations
@@ -205,6 +206,7 @@ class TieredTable:
         self.removals: RemovalLog | None = None  # disk rows evicted, for deltas
         self.arrivals: RemovalLog | None = None  # ids that reached disk, for deltas
         self.watermark: int | None = None  # the clock the last export's mark gave
+        self.floor = 0  # rows updated before it reaching disk: wanted by no delta
         self.candidates: torch.Tensor | None = None  # a delta's disk pass: ids to read
         self.given: torch.Tensor | None = None  # ids the export under way gave
         self.disk_pass = False  # an export is reading the disk
@@ -219,8 +221,10 @@ class TieredTable:
         self.cold.put(block.ids.numpy(), values.numpy(), block.last.numpy())
         if new:
             self.cold.count += int(block.ids.numel())
-        if self.arrivals is not None:  # (at its newest clock: see the module doc)
-            self.arrivals.add(int(block.last.max()), block.ids, self.hot_rows)
+        if self.arrivals is not None:  # those a delta may want (see the module doc)
+            wanted = block.last >= self.floor
+            if bool(wanted.any()):
+                self.arrivals.add(int(block.last.max()), block.ids[wanted], self.hot_rows)
         if self.disk_pass and self.given is not None:
             # Rows reaching disk while an export reads it were in RAM when its disk
             # pass began: given by its RAM pass, or updated since (the next delta).
@@ -415,6 +419,7 @@ class TieredTable:
         if self.arrivals is not None and self.watermark is not None:
             # The next delta is of the rows updated since this export's mark.
             self.arrivals.trim(self.watermark)
+            self.floor = self.watermark
 
     def _not_given(self, block: RowBlock) -> RowBlock:
         """`block` without the ids this export gave already."""
@@ -485,7 +490,10 @@ class TieredTable:
             # The ids reaching disk: a record that holds those since `since` serves
             # this export's delta and goes on; else a new one serves the next delta.
             arrived, covered = RemovalLog.tracked(self.arrivals, since, watermark)
-            self.arrivals = arrived if since is not None and covered else RemovalLog(watermark)
+            if since is not None and covered:
+                self.arrivals, self.floor = arrived, since
+            else:
+                self.arrivals, self.floor = RemovalLog(watermark), watermark
             self.watermark = watermark
             return complete and disk_complete
 

@@ -14,6 +14,11 @@ beside the calls, and with every core busy, as in a job, they cost what they tak
 per call; the process's minor page faults and system CPU seconds over them; its peak
 anonymous RSS (sampled every 50 ms); and the tiers' rows at the end. Without the server's threads, sockets and frames: a table's
 own costs, which `pstrain run`'s servers add to (bench/RESULTS.md, session 12).
+
+`--deltas N` then exports the shard as checkpoints do (`export_ms`): a full export,
+then N times `--interval` more steps and a delta of the rows updated since the export
+before, each with the export's thread CPU milliseconds and rows, and the CPU
+milliseconds of the steps between (bench/RESULTS.md, session 18).
 """
 
 from __future__ import annotations
@@ -72,8 +77,8 @@ def make_table(side: str, rows: int, directory: str) -> Any:
     return TieredTable(spec, BUDGET_MIB << 20, shard_directory(directory, SERVER), num_ps=PS)
 
 
-def measure(side: str, directory: str, steps: int, warmup: int, zipf: float
-            ) -> dict[str, Any]:
+def measure(side: str, directory: str, steps: int, warmup: int, zipf: float,
+            deltas: int = 0, interval: int = 100) -> dict[str, Any]:
     """`warmup` then `steps` read + update calls on a fresh shard (`make_table`); the
     measured steps' figures and the tiers' rows at the end."""
     import torch
@@ -86,10 +91,9 @@ def measure(side: str, directory: str, steps: int, warmup: int, zipf: float
     table = make_table(side, rows_per_table * NUM_SPARSE, directory)
     spent, drawing, ids_seen = 0.0, 0.0, 0
     before = resource.getrusage(resource.RUSAGE_SELF)
-    for step in range(1, warmup + steps + 1):
-        if step == warmup + 1:
-            spent, drawing, ids_seen = 0.0, 0.0, 0
-            before = resource.getrusage(resource.RUSAGE_SELF)
+
+    def one_step(step: int) -> None:
+        nonlocal spent, drawing, ids_seen
         drawn = time.thread_time()
         ids = (scramble(zipf_ids(gen, (BATCH, NUM_SPARSE), rows_per_table, zipf),
                         rows_per_table) + offsets).reshape(-1)
@@ -101,16 +105,54 @@ def measure(side: str, directory: str, steps: int, warmup: int, zipf: float
         table.apply(ids, grads, step, step)
         spent += time.perf_counter() - start
         ids_seen += ids.numel()
+
+    for step in range(1, warmup + steps + 1):
+        if step == warmup + 1:
+            spent, drawing, ids_seen = 0.0, 0.0, 0
+            before = resource.getrusage(resource.RUSAGE_SELF)
+        one_step(step)
     after = resource.getrusage(resource.RUSAGE_SELF)
     tiers = table.tier_stats() if hasattr(table, "tier_stats") else {}
+    cpu_s = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime) - drawing
+    out = {"ms_per_call": round(spent / steps * 1e3, 3),
+           "cpu_ms_per_call": round(cpu_s / steps * 1e3, 3),
+           "ids_per_call": round(ids_seen / steps),
+           "minor_faults": after.ru_minflt - before.ru_minflt,
+           "system_s": round(after.ru_stime - before.ru_stime, 2), **tiers}
+    if deltas:  # (after the figures above: its steps count in none of them)
+        out["export_ms"] = checkpoint_exports(table, one_step, warmup + steps + 1,
+                                              deltas, interval)
     if hasattr(table, "close"):
         table.close()
-    cpu_s = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime) - drawing
-    return {"ms_per_call": round(spent / steps * 1e3, 3),
-            "cpu_ms_per_call": round(cpu_s / steps * 1e3, 3),
-            "ids_per_call": round(ids_seen / steps),
-            "minor_faults": after.ru_minflt - before.ru_minflt,
-            "system_s": round(after.ru_stime - before.ru_stime, 2), **tiers}
+    return out
+
+
+def checkpoint_exports(table: Any, one_step: Any, step: int, deltas: int, interval: int
+                       ) -> list[dict[str, Any]]:
+    """A full export of `table` from step `step` on, then `deltas` times `interval`
+    steps (`one_step(step)`) and a delta since the export before: per export, its
+    thread CPU ms and rows, and the steps' CPU ms before it."""
+    def export(since: int | None) -> tuple[float, int]:
+        start, rows, cpu = 0, 0, time.thread_time()
+        while True:
+            block, start = table.export(start, 65536, since)
+            rows += int(block.ids.numel())
+            if start == 0:
+                return round((time.thread_time() - cpu) * 1e3, 1), rows
+    out: list[dict[str, Any]] = []
+    since: int | None = None  # the export's base: the mark of the one before
+    steps_ms = 0.0
+    for k in range(deltas + 1):
+        table.track_removals(since, step)  # the mark: the export begins
+        ms, rows = export(since)
+        out.append({"kind": "delta" if k else "full", "cpu_ms": ms, "rows": rows,
+                    "steps_cpu_ms": steps_ms})
+        since, cpu = step, time.thread_time()
+        for _ in range(interval if k < deltas else 0):
+            one_step(step)
+            step += 1
+        steps_ms = round((time.thread_time() - cpu) * 1e3, 1)
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -120,9 +162,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int, default=800, help="measured steps")
     parser.add_argument("--warmup", type=int, default=300, help="steps before them")
     parser.add_argument("--zipf", type=float, default=1.2, help="exponent; 0: uniform")
+    parser.add_argument("--deltas", type=int, default=0,
+                        help="then a full export and this many deltas (checkpoints)")
+    parser.add_argument("--interval", type=int, default=100, help="steps between them")
     args = parser.parse_args(argv)
     for flag, value, least in (("--steps", args.steps, 1), ("--warmup", args.warmup, 0),
-                               ("--zipf", args.zipf, 0)):
+                               ("--zipf", args.zipf, 0), ("--deltas", args.deltas, 0),
+                               ("--interval", args.interval, 1)):
         if not value >= least:
             parser.error(f"{flag} is {value}; it must be at least {least}")
 
@@ -132,7 +178,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     peak = PeakAnon()
     try:
         with tempfile.TemporaryDirectory(prefix="pstrain-tier-calls-") as directory:
-            measured = measure(args.side, directory, args.steps, args.warmup, args.zipf)
+            measured = measure(args.side, directory, args.steps, args.warmup, args.zipf,
+                               args.deltas, args.interval)
     finally:
         peak_kib = peak.stop()
     out = {"side": args.side, "zipf": args.zipf, "steps": args.steps, **measured,

@@ -28,6 +28,17 @@ def test_each_side_reports_its_calls(side: str, capsys: pytest.CaptureFixture[st
         "the RSS sampler outlived the run"
 
 
+def test_deltas_export_as_checkpoints_do(capsys: pytest.CaptureFixture[str]) -> None:
+    got = tier_calls.main(["disk", "--steps", "3", "--warmup", "2", "--deltas", "2",
+                           "--interval", "3"])
+    full, *deltas = got["export_ms"]
+    assert full["kind"] == "full" and full["rows"] == got["hot_rows"] + got["disk_rows"]
+    assert [d["kind"] for d in deltas] == ["delta", "delta"]
+    # A delta holds at most the rows three steps' updates touched (and some).
+    assert all(0 < d["rows"] <= 3 * got["ids_per_call"] and d["steps_cpu_ms"] > 0
+               for d in deltas)
+
+
 def test_bad_arguments_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         tier_calls.main(["disk", "--zipf", "-1"])

@@ -9,6 +9,7 @@ also after a crash mid-write, one-line errors for an unusable directory, and
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -476,12 +477,36 @@ def test_a_delete_is_a_tombstone_or_with_an_id_bitmap_a_dead_record(
     assert ids.tolist() == [3, 50] and last.tolist() == [1, 3] and after is None
     ids, _, _, after = store.page(0, 2)  # a dead record counts toward the limit
     assert (ids.tolist(), after) == (([3, 50], None) if num_ids is None else ([3], 50))
-    pages = [i.tolist() for i, _ in store.scan(page_rows=1)]
-    assert pages == ([[3], [50]] if num_ids is None else [[3], [], [50]])
     store.put(np.array([7]), np.full((1, 2), 4.0, np.float32), np.array([9]))
     found, values, last = store.get(np.array([7]))
     assert found.tolist() == [True] and values.tolist() == [[4.0, 4.0]] and last.tolist() == [9]
     assert store.last_id() == 50
+    store.close()
+
+
+@pytest.mark.parametrize("num_ids", [None, 100], ids=["dynamic", "fixed"])
+def test_a_sweep_reads_only_the_keys_older_than_its_bound(
+        tmp_path: Path, num_ids: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `by_last`, `pop_stale` names the rows last updated before its bound from
+    their keys by last update (never a page of the records), and drops the keys that
+    rows which left the disk or were written again left behind."""
+    from pstrain_runtime.sparse.cold import ColdStore
+
+    store = ColdStore(tmp_path / "db", 2, MIN_MEMORY, num_ids, by_last=True)
+    monkeypatch.setattr(store, "page", None)  # never a read of every record
+    store.put(np.arange(10), np.ones((10, 2), np.float32), np.arange(10) - 3)  # last -3..6
+    store.count = 10
+    store.delete(np.array([2, 8]))  # back to RAM: their keys stay behind
+    store.put(np.array([3]), np.ones((1, 2), np.float32), np.array([20]))  # written again
+    store.count = 8
+    assert store.least_last() == -3
+    assert store.pop_stale(2).tolist() == [0, 1, 4]  # last -3, -2, 1; not 2 (gone), 3 (20)
+    assert store.least_last() == 2  # every key before the bound went
+    assert store.pop_stale(2).tolist() == []
+    store.delete(np.array([0, 1, 4]))
+    store.count = 5
+    assert store.pop_stale(21).tolist() == [3, 5, 6, 7, 9]
+    assert store.least_last() == math.inf
     store.close()
 
 

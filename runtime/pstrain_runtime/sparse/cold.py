@@ -25,6 +25,14 @@ shard's files hold a record for every id that ever went to disk (its share of th
 table's ids at most), not only the live ones. A table without a fixed size has no
 bitmap and writes its deletes.
 
+With `by_last` (a table whose rows are evicted after K steps), a second key space (a
+column family) holds a key per row put, its last update then its id, so that a sweep
+(`pop_stale`) reads only the keys older than its bound, not every record: 16 bytes a
+key against a record's hundreds, and only the stale ones. A row that leaves the disk
+(back to RAM, deleted, replaced) leaves its key behind: a sweep checks each key it
+reads against the row's record (marked, and of that last update) and deletes the key
+either way; keys left behind are swept within K steps of their row's last update.
+
 Compaction is universal (tiered), not RocksDB's default leveled style: evictions write
 batches of random ids, so each flush overlaps the whole key range, and leveled
 compaction merged every few flushes into the one level that held the table, rewriting
@@ -40,9 +48,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import math
 import shutil
 from collections import deque
-from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -50,6 +58,8 @@ from typing import Any
 import numpy as np
 
 KEY = np.dtype(">u8")
+LAST_KEY = np.dtype([("last", ">u8"), ("id", ">u8")])  # a `by_last` key
+_SIGN = np.uint64(1 << 63)  # flipped in a last update's key: int64 order as bytes
 PUT_CHUNK = 1024  # rows whose values are bytes objects at once while a batch is built
 KEEP_READS = 4  # reads whose records are kept: one pull per worker in flight (and slack)
 MIN_MEMORY = 2 << 20  # RocksDB's own memory per shard, at least
@@ -90,6 +100,13 @@ def release_free_memory() -> None:
 def _keys(ids: np.ndarray) -> list[bytes]:
     """The keys of `ids` (a void view's `tolist` makes the bytes objects in C)."""
     return np.asarray(ids, dtype=np.int64).astype(KEY).view(np.dtype("V8")).tolist()
+
+
+def _last_keys(last: np.ndarray, ids: np.ndarray) -> list[bytes]:
+    keys = np.empty(len(ids), LAST_KEY)
+    keys["last"] = np.asarray(last, dtype=np.int64).view(np.uint64) ^ _SIGN
+    keys["id"] = ids
+    return keys.view(np.dtype("V16")).tolist()
 
 
 def _each(method: Any, *columns: list[bytes]) -> None:
@@ -148,11 +165,13 @@ class ColdStore:
     (iterators, compaction).
     Not thread-safe: the owning table holds its lock around every call."""
 
-    def __init__(self, path: Path, width: int, memory: int, num_ids: int | None = None
-                 ) -> None:
+    def __init__(self, path: Path, width: int, memory: int, num_ids: int | None = None,
+                 by_last: bool = False) -> None:
         """`num_ids`: a fixed-size table's id space; the store then keeps one bit per id
         in memory (which ids are on disk), so that a lookup of ids not on disk, most of
-        a batch's, never reaches RocksDB."""
+        a batch's, never reaches RocksDB. `by_last`: keep the rows' keys by last update
+        too, for `pop_stale` (two memtables of a 32nd of `memory` each, out of the
+        quarter left over)."""
         rd = _engine()
         self.path = path
         self.width = width
@@ -206,6 +225,14 @@ class ColdStore:
         writes.disable_wal = True
         self.db.set_write_options(writes)
         self._rd = rd
+        self.by_last: Any = None
+        if by_last:
+            keys = rd.Options(raw_mode=True)
+            keys.set_write_buffer_size(memory // 32)
+            keys.set_max_write_buffer_number(2)
+            keys.set_compression_type(rd.DBCompressionType.none())
+            self.by_last = self.db.create_column_family("by_last", keys)
+            self._by_last_cf = self.db.get_column_family_handle("by_last")
 
     # ------------------------------------------------------------------ rows
     def get(self, ids: np.ndarray, remember: bool = False
@@ -255,6 +282,9 @@ class ColdStore:
         for start in range(0, len(ids), PUT_CHUNK):  # the values' bytes objects a chunk at a time
             end = start + PUT_CHUNK
             _each(batch.put, keys[start:end], raw[start:end].tolist())
+        if self.by_last is not None:
+            by_last = _last_keys(last, ids)
+            _each(batch.put, by_last, [b""] * len(by_last), [self._by_last_cf] * len(by_last))
         self.db.write(batch)
         self._mark(ids, True)
         self.recent.drop(ids)
@@ -292,6 +322,40 @@ class ColdStore:
             ids, records = ids[live], records[live]
         return ids, records["values"].copy(), records["last"].copy(), after
 
+    def pop_stale(self, before: int, page_keys: int = 65536) -> np.ndarray:
+        """The ids of the rows last updated before clock `before` (`by_last`), their
+        keys deleted (the caller drops the rows), with those of rows that left the disk
+        (one range delete)."""
+        bound = _last_keys(np.array([before]), np.array([0]))[0]
+        found: list[np.ndarray] = []
+        after = b""
+        while True:
+            keys = [k for k in islice(self.by_last.keys(from_key=after), page_keys)
+                    if k < bound]
+            if keys:
+                entries = np.frombuffer(b"".join(keys), LAST_KEY)
+                ids = entries["id"].astype(np.int64)
+                last = (entries["last"] ^ _SIGN).view(np.int64)
+                # A key is its row's while the row is on disk with that last update.
+                there, _, now = self.get(ids)
+                current = np.zeros(len(ids), bool)
+                current[np.flatnonzero(there)[now == last[there]]] = True
+                found.append(ids[current])
+            if len(keys) < page_keys:
+                break
+            after = keys[-1] + b"\x00"  # the next key after it
+        batch = self._rd.WriteBatch(raw_mode=True)
+        batch.delete_range(b"", bound, self._by_last_cf)
+        self.db.write(batch)
+        return np.unique(np.concatenate(found)) if found else np.empty(0, np.int64)
+
+    def least_last(self) -> float:
+        """At most the least last update of a row on disk (`by_last`; inf: none)."""
+        first = next(iter(self.by_last.keys()), None)
+        if first is None:
+            return math.inf
+        return int((np.frombuffer(first, LAST_KEY)["last"][0] ^ _SIGN).view(np.int64))
+
     def last_id(self) -> int | None:
         """The greatest id with a record on disk, dead or not (None: none): a bound."""
         it = self.db.iter()
@@ -300,16 +364,6 @@ class ColdStore:
             return int(np.frombuffer(it.key(), KEY)[0]) if it.valid() else None
         finally:
             del it
-
-    def scan(self, page_rows: int = 65536) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """(ids, last) of every row, a page at a time (nothing may write meanwhile)."""
-        first = 0
-        while True:
-            ids, _, last, after = self.page(first, page_rows)
-            yield ids, last
-            if after is None:
-                return
-            first = after
 
     # ------------------------------------------------------------------ the store
     def disk_bytes(self) -> int:

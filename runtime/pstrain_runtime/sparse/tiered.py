@@ -197,7 +197,8 @@ class TieredTable:
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", spec.name)[:40]
         path = Path(tempfile.mkdtemp(prefix=f"rows-{safe}-", dir=directory))
         self.cold = ColdStore(path, self.dim * (1 + len(self.slot_names)),
-                              cold_memory(budget), spec.num_embeddings)
+                              cold_memory(budget), spec.num_embeddings,
+                              by_last=spec.evict_after_steps is not None)
         allocator.tune("budget")  # freed blocks go back to the OS, not kept for reuse
         self.lock = threading.RLock()
         self.swept = 0  # the clock of the RAM table's last sweep (the same rule)
@@ -319,19 +320,14 @@ class TieredTable:
 
     def _sweep_disk(self, now: int, after: int) -> None:
         """Drop the disk rows not updated for `after` steps, as the RAM table's sweep
-        drops its own (and records them as it does)."""
+        drops its own (and records them as it does): those the store's keys by last
+        update name (`ColdStore.pop_stale`), not a read of every row."""
         if not self.cold.count or now - self.disk_min_last < after:
             return
-        gone, least = [], math.inf
-        for ids, last in self.cold.scan():
-            stale = now - last >= after
-            gone.append(ids[stale])
-            if (~stale).any():
-                least = min(least, int(last[~stale].min()))
-        dropped = np.concatenate(gone) if gone else np.empty(0, np.int64)
+        dropped = self.cold.pop_stale(now - after + 1)
         self.cold.delete(dropped)
         self.cold.count -= len(dropped)
-        self.disk_min_last = least
+        self.disk_min_last = self.cold.least_last()
         if len(dropped) and self.removals is not None:
             self.removals.add(now, torch.from_numpy(dropped),
                               max(REMOVAL_LOG_MIN, 2 * (self.cold.count + len(dropped))))

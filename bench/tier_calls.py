@@ -15,7 +15,8 @@ per call; the process's minor page faults and system CPU seconds over them; its 
 anonymous RSS (sampled every 50 ms); and the tiers' rows at the end. Without the server's threads, sockets and frames: a table's
 own costs, which `pstrain run`'s servers add to (bench/RESULTS.md, session 12).
 
-`--deltas N` then exports the shard as checkpoints do (`export_ms`): a full export,
+`--evict K` gives the table `evict_after_steps` K (sweeps every K/4 steps, in the calls'
+figures). `--deltas N` then exports the shard as checkpoints do (`export_ms`): a full export,
 then N times `--interval` more steps and a delta of the rows updated since the export
 before, each with the export's thread CPU milliseconds and rows, and the CPU
 milliseconds of the steps between (bench/RESULTS.md, session 18).
@@ -63,22 +64,25 @@ class PeakAnon:
         return self.peak_kib
 
 
-def make_table(side: str, rows: int, directory: str) -> Any:
-    """Server `SERVER`'s shard of a table of `rows` rows: all in RAM, or with a disk tier."""
+def make_table(side: str, rows: int, directory: str, evict: int | None = None) -> Any:
+    """Server `SERVER`'s shard of a table of `rows` rows: all in RAM, or with a disk tier
+    (`evict`: the table's `evict_after_steps`)."""
     from pstrain_runtime.optim import OptimizerConfig
     from pstrain_runtime.sparse.spec import TableSpec
     from pstrain_runtime.sparse.table import RowTable
     from pstrain_runtime.sparse.tiered import TieredTable, shard_directory
 
-    spec = TableSpec("ctr", rows, DIM, 0.01, optimizer=OptimizerConfig(
-        "adagrad", ADAGRAD["learningRate"], eps=ADAGRAD["eps"]))
+    spec = TableSpec("ctr", rows, DIM, 0.01, evict_after_steps=evict,
+                     optimizer=OptimizerConfig("adagrad", ADAGRAD["learningRate"],
+                                               eps=ADAGRAD["eps"]))
     if side == "ram":
         return RowTable(spec, reserve=rows // PS, num_ps=PS)
     return TieredTable(spec, BUDGET_MIB << 20, shard_directory(directory, SERVER), num_ps=PS)
 
 
 def measure(side: str, directory: str, steps: int, warmup: int, zipf: float,
-            deltas: int = 0, interval: int = 100) -> dict[str, Any]:
+            deltas: int = 0, interval: int = 100, evict: int | None = None
+            ) -> dict[str, Any]:
     """`warmup` then `steps` read + update calls on a fresh shard (`make_table`); the
     measured steps' figures and the tiers' rows at the end."""
     import torch
@@ -88,7 +92,7 @@ def measure(side: str, directory: str, steps: int, warmup: int, zipf: float,
     rows_per_table = math.ceil(TOTAL_ROWS / NUM_SPARSE)
     offsets = torch.arange(NUM_SPARSE) * rows_per_table
     gen = torch.Generator().manual_seed(1)
-    table = make_table(side, rows_per_table * NUM_SPARSE, directory)
+    table = make_table(side, rows_per_table * NUM_SPARSE, directory, evict)
     spent, drawing, ids_seen = 0.0, 0.0, 0
     before = resource.getrusage(resource.RUSAGE_SELF)
 
@@ -165,10 +169,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--deltas", type=int, default=0,
                         help="then a full export and this many deltas (checkpoints)")
     parser.add_argument("--interval", type=int, default=100, help="steps between them")
+    parser.add_argument("--evict", type=int, default=None,
+                        help="the table's evict_after_steps (sweeps every K/4 steps)")
     args = parser.parse_args(argv)
     for flag, value, least in (("--steps", args.steps, 1), ("--warmup", args.warmup, 0),
                                ("--zipf", args.zipf, 0), ("--deltas", args.deltas, 0),
-                               ("--interval", args.interval, 1)):
+                               ("--interval", args.interval, 1),
+                               ("--evict", 1 if args.evict is None else args.evict, 1)):
         if not value >= least:
             parser.error(f"{flag} is {value}; it must be at least {least}")
 
@@ -179,10 +186,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         with tempfile.TemporaryDirectory(prefix="pstrain-tier-calls-") as directory:
             measured = measure(args.side, directory, args.steps, args.warmup, args.zipf,
-                               args.deltas, args.interval)
+                               args.deltas, args.interval, args.evict)
     finally:
         peak_kib = peak.stop()
-    out = {"side": args.side, "zipf": args.zipf, "steps": args.steps, **measured,
+    out = {"side": args.side, "zipf": args.zipf, "steps": args.steps,
+           **({"evict": args.evict} if args.evict else {}), **measured,
            "peak_anon_mib": round(peak_kib / 1024, 1)}
     print(json.dumps(out), flush=True)
     return out

@@ -39,8 +39,18 @@ def test_deltas_export_as_checkpoints_do(capsys: pytest.CaptureFixture[str]) -> 
                for d in deltas)
 
 
+def test_a_table_with_eviction_sweeps_its_disk(capsys: pytest.CaptureFixture[str]) -> None:
+    got = tier_calls.main(["disk", "--steps", "6", "--warmup", "2", "--evict", "4"])
+    assert got["evict"] == 4 and got["cpu_ms_per_call"] > 0
+    assert got["hot_rows"] + got["disk_rows"] < 8 * got["ids_per_call"]  # rows dropped
+
+
 def test_bad_arguments_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         tier_calls.main(["disk", "--zipf", "-1"])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.endswith("--zipf is -1.0; it must be at least 0")
+    with pytest.raises(SystemExit):
+        tier_calls.main(["disk", "--evict", "0"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith("--evict is 0; it must be at least 1")

@@ -25,7 +25,11 @@ third within minutes). Reported:
   judges at its most over the progress events of the measured job (about one a
   second);
 - the rows in memory and on disk at the end (over both servers), from the chief's
-  progress events.
+  progress events;
+- Zipf ids: what checkpoints cost with the disk tier, a third side in each round
+  (`disk_ckpt`: the disk side with a checkpoint every `CHECKPOINT_INTERVAL` steps, the
+  default, into a folder beside the rows): its samples/s over the disk side's, per
+  round, the median over the rounds.
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ BATCH, QUICK_BATCH = 512, 64
 AUC_SAMPLES, QUICK_AUC_SAMPLES = 1 << 18, 1 << 14
 IDS = {"zipf": 1.2, "uniform": 0.0}
 SIDES = ("ram", "disk")
+CHECKPOINT_SIDE = "disk_ckpt"  # Zipf ids: the disk side with checkpoints
+CHECKPOINT_INTERVAL = 100  # steps (the default interval)
 ROUNDS, QUICK_ROUNDS = 3, 1  # Zipf ids: ram and disk in turn (uniform ids: one round)
 ENTRYPOINT = "pstrain_runtime.examples.ctr:make_task"
 EVAL_SIZE = 16_384
@@ -59,6 +65,10 @@ def sizes(cfg: Config) -> tuple[int, int, int, int]:
     if cfg.quick:
         return QUICK_TOTAL_ROWS, QUICK_BUDGET_MIB, QUICK_BATCH, QUICK_AUC_SAMPLES
     return TOTAL_ROWS, BUDGET_MIB, BATCH, AUC_SAMPLES
+
+
+def sides(ids: str) -> tuple[str, ...]:
+    return SIDES + ((CHECKPOINT_SIDE,) if ids == "zipf" else ())
 
 
 def _spec(cfg: Config, ids: str) -> Any:
@@ -81,19 +91,25 @@ def side_jobs(cfg: Config, ids: str, side: str, directory: str | None, auc: bool
     what = f"CTR {total / 1e6:g} M rows x {DIM}, {ids} ids"
     where = ("every row in memory" if side == "ram" else
              f"{budget} MiB of rows in memory per server, the rest on disk")
+    if side == CHECKPOINT_SIDE:
+        where += f", a checkpoint every {CHECKPOINT_INTERVAL} steps"
     job = _throughput_job(cfg, spec, "async", f"sparse_disk.{ids}.{side}",
                           f"{what}: pstrain async, {PS} PS + {WORKERS} workers, {where}",
                           f"{what}: pstrain async, {where}", f"bench/disk-{ids}-{side}")
     job["sample_memory"] = True
     jobs = [job]
-    if ids == "zipf" and auc:
+    if ids == "zipf" and auc and side != CHECKPOINT_SIDE:
         jobs.append({"kind": "fixed", "namespace": f"bench/disk-{ids}-{side}-auc",
                      "training": spec.training("async", math.ceil(auc_samples / batch)),
                      "progress_s": 1.0})
-    if side == "disk":
+    if side != "ram":
         for each in jobs:
             each["training"]["sparseStorage"] = {"serverMemory": budget,
                                                  "directory": directory}
+    if side == CHECKPOINT_SIDE:
+        job["training"]["checkpoint"] = {
+            "directory": os.path.join(str(directory), "checkpoints"),
+            "intervalSteps": CHECKPOINT_INTERVAL}
     return jobs
 
 
@@ -154,7 +170,7 @@ def measure_side(cfg: Config, ids: str, side: str, auc: bool) -> Round:
     """One round of one side: its jobs, run in a process group of their own."""
     from .training import _run_ps_jobs
 
-    directory = tempfile.mkdtemp(prefix="pstrain-bench-rows-") if side == "disk" else None
+    directory = tempfile.mkdtemp(prefix="pstrain-bench-rows-") if side != "ram" else None
     try:
         jobs = side_jobs(cfg, ids, side, directory, auc)
         return jobs, _run_ps_jobs(cfg, jobs, PS)
@@ -197,10 +213,10 @@ def side_figures(cfg: Config, ids: str, side: str, baseline: tuple[int, int],
     return figs
 
 
-def round_ratio(cfg: Config, ids: str, disk: list[Round | None], ram: list[Round | None]
-                ) -> Figure:
-    """disk / ram samples/s: per round, the medians of that round's windows; the
-    median over the rounds where both sides ran."""
+def round_ratio(cfg: Config, ids: str, disk: list[Round | None], ram: list[Round | None],
+                key: str | None = None, label: str | None = None) -> Figure:
+    """disk / ram samples/s (or of any two sides, as `key`): per round, the medians of
+    that round's windows; the median over the rounds where both sides ran."""
     from .training import median_rate
 
     def rate(r: Round | None) -> float | None:
@@ -211,8 +227,8 @@ def round_ratio(cfg: Config, ids: str, disk: list[Round | None], ram: list[Round
         return median_rate(points, jobs[0]["per_step"], cfg.train_seconds_per_rep,
                            cfg.warmup, cfg.repeats)
 
-    key = f"sparse_disk.{ids}.vs_ram"
-    label = f"{ids} ids: samples/s with the disk tier / every row in memory"
+    key = key or f"sparse_disk.{ids}.vs_ram"
+    label = label or f"{ids} ids: samples/s with the disk tier / every row in memory"
     pairs = [(rate(d), rate(r)) for d, r in zip(disk, ram)]
     ratios = [d / r for d, r in pairs if d and r]
     if not ratios:
@@ -250,7 +266,7 @@ def run(cfg: Config) -> list[Figure]:
                        f"{budget} MiB each"))
     rounds = {ids: QUICK_ROUNDS if cfg.quick or ids != "zipf" else ROUNDS for ids in IDS}
     got: dict[tuple[str, str], list[Round | None]] = {
-        (ids, side): [None] * rounds[ids] for ids in IDS for side in SIDES}
+        (ids, side): [None] * rounds[ids] for ids in IDS for side in sides(ids)}
 
     def part(ids: str, side: str, k: int) -> list[Figure]:
         got[ids, side][k] = measure_side(cfg, ids, side, auc=k == 0)
@@ -258,11 +274,22 @@ def run(cfg: Config) -> list[Figure]:
 
     parts = [(f"{side} {ids}", functools.partial(part, ids, side, k))
              for ids in IDS for k in range(rounds[ids])
-             for side in (SIDES if k % 2 == 0 else SIDES[::-1])]
+             for side in _turn(sides(ids), k)]
     figs += run_parts("sparse_disk", parts)
     for (ids, side), results in got.items():
         done = [r for r in results if r is not None]
         if done:
             figs += side_figures(cfg, ids, side, baseline, done)
     figs += [round_ratio(cfg, ids, got[ids, "disk"], got[ids, "ram"]) for ids in IDS]
+    figs.append(round_ratio(
+        cfg, "zipf", got["zipf", CHECKPOINT_SIDE], got["zipf", "disk"],
+        "sparse_disk.zipf.checkpoints_vs_none", "Zipf ids, disk tier: samples/s with a "
+        f"checkpoint every {CHECKPOINT_INTERVAL} steps / without"))
     return figs + auc_gap(figs)
+
+
+def _turn(order: tuple[str, ...], k: int) -> tuple[str, ...]:
+    """Round k's order of the sides: each round another side first (two sides: the
+    order reversed every other round)."""
+    k %= len(order)
+    return order[k:] + order[:k]

@@ -15,16 +15,20 @@ def fig(key: str, median: float, unit: str = "", note: str = "") -> Figure:
 
 
 @pytest.mark.parametrize("ids, side, jobs", [("zipf", "disk", 2), ("zipf", "ram", 2),
-                                             ("uniform", "disk", 1)])
+                                             ("uniform", "disk", 1), ("zipf", "disk_ckpt", 1)])
 def test_each_side_runs_its_jobs_with_the_budget_on_disk_only(ids: str, side: str,
                                                                jobs: int) -> None:
     cfg = Config.build(quick=True)
-    got = sparse_disk.side_jobs(cfg, ids, side, "/rows" if side == "disk" else None)
+    got = sparse_disk.side_jobs(cfg, ids, side, "/rows" if side != "ram" else None)
     assert len(got) == jobs
     storage = [job["training"].get("sparseStorage") for job in got]
     want = ({"serverMemory": sparse_disk.QUICK_BUDGET_MIB, "directory": "/rows"}
-            if side == "disk" else None)
+            if side != "ram" else None)
     assert storage == [want] * jobs
+    # Checkpoints at the default interval on the checkpoint side only.
+    assert [job["training"].get("checkpoint") for job in got] == (
+        [{"directory": "/rows/checkpoints", "intervalSteps": 100}] if side == "disk_ckpt"
+        else [None] * jobs)
     assert got[0]["key"] == f"sparse_disk.{ids}.{side}"
     assert got[0]["training"]["args"]["zipf"] == sparse_disk.IDS[ids]
     # Rounds after the first measure speed alone.
@@ -60,6 +64,17 @@ def test_the_ratio_is_the_median_over_rounds_of_each_rounds_ratio() -> None:
     assert sorted({round(v / batch) for v in rates.samples}) == [30, 50, 80]
     missing = sparse_disk.round_ratio(cfg, "zipf", [None], [ram[0]])
     assert missing.median is None
+    other = sparse_disk.round_ratio(cfg, "zipf", disk, ram, "k", "label")
+    assert (other.key, other.label, other.median) == ("k", "label", pytest.approx(0.5))
+
+
+def test_each_round_puts_another_side_first() -> None:
+    assert sparse_disk.sides("uniform") == ("ram", "disk")
+    three = sparse_disk.sides("zipf")
+    assert three == ("ram", "disk", "disk_ckpt")
+    assert [sparse_disk._turn(three, k) for k in range(4)] == [
+        three, ("disk", "disk_ckpt", "ram"), ("disk_ckpt", "ram", "disk"), three]
+    assert sparse_disk._turn(("ram", "disk"), 1) == ("disk", "ram")
 
 
 @pytest.mark.parametrize("disk, auc_gap, growth, met", [

@@ -293,6 +293,18 @@ def test_exports_page_both_tiers_and_a_delta_skips_unchanged_disk_rows(
         fresh.load(pages(ram)[-1])
 
 
+def test_an_export_page_fits_the_working_memory(tmp_path: Path) -> None:
+    """Pages of a disk tier's export hold at most `page_rows` rows (the chief asks for
+    65,536), and every row comes once."""
+    spec = make_spec("adagrad")
+    disk = tiered(spec, tmp_path)
+    disk.apply(torch.arange(3000), torch.ones(3000, 4), t=1, now=1)
+    assert disk.tier_stats()["disk_rows"] > 1000 and disk.page_rows < 1000
+    blocks = pages(disk, limit=65536)
+    assert max(b.ids.numel() for b in blocks) == disk.page_rows
+    assert sorted(rows_of(blocks)) == list(range(3000))
+
+
 def _delta_steps(tables: list[Any], gen: torch.Generator, first: int, count: int) -> int:
     """`count` steps of skewed ids on each of `tables` (rows go to disk and come back);
     the next step. Step 1 first puts 3,000 rows there, most of them going to disk."""

@@ -74,6 +74,7 @@ ROW_BOOKKEEPING = 20  # bytes per RAM row besides its values: id, last update, v
 HASH_BYTES_PER_ROW = 48  # the hash map's worst case per row (`index.IdIndex`)
 PROTECTED = 3  # quarters of the RAM rows that may be kept for being updated twice
 MOVE_ROWS = 2048  # rows moved to disk at once (`_make_room`)
+MIN_PAGE_ROWS = 256  # an export page's rows, at least (`export_page_rows`)
 DISK_FIRST = -1  # export's start of the disk pass (then -(2 + next id))
 _cleaned: set[Path] = set()  # server directories emptied by this process
 _cleaned_lock = threading.Lock()
@@ -118,6 +119,17 @@ def working_memory(budget: int) -> int:
     (At 1/8 a server's peak anonymous RSS reached 1.00-1.01x its budget in the CTR
     bench while it moved rows to disk: bench/RESULTS.md, session 16.)"""
     return budget * 3 // 16
+
+
+def export_page_rows(spec: TableSpec, budget: int) -> int:
+    """The most rows an export page of a table with `budget` bytes gives: a page and
+    its copies (the gather, the rows kept of it, the records read from disk, the reply)
+    hold a 16th of the working memory each at most. The chief's pages of 65,536 rows
+    (~17 MB of a CTR table's rows each, copied 3-4 times) took the servers' peak
+    anonymous RSS growth to 1.1-1.2x a budget of 64 MiB during checkpoints, 1.0x with
+    these (a 32nd: the same; bench/RESULTS.md, session 18); the chief asks for the
+    next page where one ends."""
+    return max(MIN_PAGE_ROWS, working_memory(budget) // 16 // (spec.row_bytes() + 16))
 
 
 def hot_row_budget(spec: TableSpec, num_ps: int, budget: int) -> int:
@@ -190,6 +202,7 @@ class TieredTable:
         self.dim = spec.embedding_dim
         self.slot_names = ROW_SLOTS[spec.optimizer.name]  # type: ignore[union-attr]
         self.hot_rows = hot_row_budget(spec, num_ps, budget)
+        self.page_rows = export_page_rows(spec, budget)
         # The update's kept gather blocks (`table.Scratch`: three for Adagrad) come
         # out of the working memory: a 64th of the budget each at most.
         self.hot = RowTable(spec, reserve=self.hot_rows + MIN_HOT_ROWS, num_ps=num_ps,
@@ -351,7 +364,9 @@ class TieredTable:
         """`RowTable.export` over both tiers: RAM rows for start >= 0, then disk rows
         (start < 0: -(2 + the next id)); the next start, 0 at the end. Each id once,
         and the disk pass gives only rows that were on disk when it began (see the
-        module doc)."""
+        module doc). At most `page_rows` of the `limit` rows a page (the working
+        memory's share, `export_page_rows`)."""
+        limit = min(limit, self.page_rows)
         with self.lock:
             self._check()
             if start >= 0:

@@ -293,6 +293,22 @@ def test_exports_page_both_tiers_and_a_delta_skips_unchanged_disk_rows(
         fresh.load(pages(ram)[-1])
 
 
+def test_the_ids_an_export_gave_are_known_across_merges(monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
+    from pstrain_runtime.sparse.tiered import GivenIds
+
+    monkeypatch.setattr(GivenIds, "MERGE", 5)
+    given = GivenIds()
+    given.add(torch.tensor([9, 3, 7]))
+    given.add(torch.tensor([1, 12, 4, 3]))  # past MERGE: into the sorted run
+    given.add(torch.tensor([20]))
+    assert given.run.tolist() == [1, 3, 4, 7, 9, 12] and given.recent_count == 1
+    got = given.among(torch.tensor([3, 5, 20, 12, 0, 21]))
+    assert got.tolist() == [True, False, True, True, False, False]
+    given.add(torch.tensor([5, 0, 2, 8, 30]))
+    assert given.among(torch.tensor([5, 20, 6])).tolist() == [True, True, False]
+
+
 def test_an_export_page_fits_the_working_memory(tmp_path: Path) -> None:
     """Pages of a disk tier's export hold at most `page_rows` rows (the chief asks for
     65,536), and every row comes once."""

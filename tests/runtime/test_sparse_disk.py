@@ -332,6 +332,23 @@ def _delta_steps(tables: list[Any], gen: torch.Generator, first: int, count: int
     return first + count
 
 
+def mark(tables: Any, since: int | None, step: int) -> bool:
+    """A checkpoint export begins on each of `tables` at clock `step` (a delta since
+    `since`; None: a full one); whether each recorded every id it dropped since."""
+    return all([table.track_removals(since, step) for table in tables])
+
+
+def after_a_full_mark(spec: TableSpec, directory: Path, seed: int, steps: int
+                      ) -> tuple[RowTable, TieredTable, torch.Generator, int]:
+    """An in-RAM table and a disk tier after the same `steps` of `_delta_steps`, a full
+    export begun on both: (ram, disk, the ids' generator, the clock)."""
+    ram, disk = RowTable(spec), tiered(spec, directory)
+    gen = torch.Generator().manual_seed(seed)
+    step = _delta_steps([ram, disk], gen, 1, steps)
+    mark([ram, disk], None, step)
+    return ram, disk, gen, step
+
+
 class ColdReads:
     """Counts the ids a disk tier's store is asked for (reads before updates aside),
     and fails a test that scans it while `scans` is False (sweeps scan it: evictions)."""
@@ -357,18 +374,13 @@ class ColdReads:
 def test_a_delta_reads_from_disk_only_the_rows_that_reached_it_since(
         tmp_path: Path, size: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = make_spec("adagrad", num_embeddings=size, evict_after_steps=12)
-    ram, disk = RowTable(spec), tiered(spec, tmp_path)
-    gen = torch.Generator().manual_seed(5)
-    step = _delta_steps([ram, disk], gen, 1, 6)
-    for table in (ram, disk):  # a full export begins
-        table.track_removals(None, step)
+    ram, disk, gen, step = after_a_full_mark(spec, tmp_path, 5, 6)
     assert_same(rows_of(pages(disk)), rows_of(pages(ram)))
     reads = ColdReads(disk, monkeypatch)
     for _ in range(4):  # deltas, as a chain's links: each since the one before
         since, on_disk = step, disk.tier_stats()["disk_rows"]
         step = _delta_steps([ram, disk], gen, step, 4)
-        for table in (ram, disk):
-            assert table.track_removals(since, step)
+        assert mark([ram, disk], since, step)
         arrived = disk._arrived(since)
         assert arrived is not None and 0 < arrived.numel() < on_disk
         reads.ids, reads.scans = 0, False
@@ -381,12 +393,7 @@ def test_a_delta_reads_from_disk_only_the_rows_that_reached_it_since(
 
 def test_a_record_of_arrivals_too_long_reads_the_whole_disk_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = make_spec("adagrad")
-    ram, disk = RowTable(spec), tiered(spec, tmp_path)
-    gen = torch.Generator().manual_seed(6)
-    step = _delta_steps([ram, disk], gen, 1, 5)
-    for table in (ram, disk):
-        table.track_removals(None, step)
+    ram, disk, gen, step = after_a_full_mark(make_spec("adagrad"), tmp_path, 6, 5)
     assert_same(rows_of(pages(disk)), rows_of(pages(ram)))
     reads = ColdReads(disk, monkeypatch)
     # More rows reach disk than the RAM tier holds: the record is given up.
@@ -397,15 +404,13 @@ def test_a_record_of_arrivals_too_long_reads_the_whole_disk_once(
             table.apply(new, torch.ones(HOT, 4), t=step, now=step)
         step += 1
     assert disk.arrivals is not None and disk.arrivals.overflowed
-    for table in (ram, disk):
-        table.track_removals(since, step)
+    mark([ram, disk], since, step)
     assert_same(rows_of(pages(disk, since=since)), rows_of(pages(ram, since=since)))
     assert reads.scanned  # read the whole disk
     # A new record began with that export: the next delta reads what arrived since.
     since = step
     step = _delta_steps([ram, disk], gen, step, 3)
-    for table in (ram, disk):
-        table.track_removals(since, step)
+    mark([ram, disk], since, step)
     assert disk._arrived(since) is not None
     reads.scans = False
     assert_same(rows_of(pages(disk, since=since)), rows_of(pages(ram, since=since)))
@@ -445,17 +450,11 @@ def test_a_delta_while_rows_move_gives_each_changed_row_once(tmp_path: Path) -> 
     """As above, for a delta read through the record of rows reaching disk: rows move
     to disk between its pages; each id is given once, and every row changed since
     `since` and not updated during the export is given with its values at the start."""
-    spec = make_spec("adagrad")
-    ram, disk = RowTable(spec), tiered(spec, tmp_path)
-    gen = torch.Generator().manual_seed(7)
-    step = _delta_steps([ram, disk], gen, 1, 5)
-    for table in (ram, disk):
-        table.track_removals(None, step)
+    ram, disk, gen, step = after_a_full_mark(make_spec("adagrad"), tmp_path, 7, 5)
     pages(disk)
     since = step
     step = _delta_steps([ram, disk], gen, step, 4)
-    for table in (ram, disk):
-        table.track_removals(since, step)
+    mark([ram, disk], since, step)
     assert disk._arrived(since).numel()  # some changed rows are on disk
     want = rows_of(pages(ram, since=since))
     given = export_while_rows_move(disk, since, 100, step)

@@ -448,10 +448,18 @@ class RemovalLog:
         `RowTable.track_removals`): a full export (`since` None) starts a new one."""
         if since is None:
             return cls(watermark), True
-        if log is None or log.overflowed or log.origin > since:
+        if log is None or not log.covers(since):
             return log, False
         log.trim(since)
         return log, True
+
+    def covers(self, since: int) -> bool:
+        """Whether every id recorded at clock >= `since` is here."""
+        return not self.overflowed and self.origin <= since
+
+    def since(self, since: int) -> list[torch.Tensor]:
+        """The batches of ids recorded at clock >= `since`."""
+        return [ids for clock, ids in self.chunks if clock >= since]
 
     def trim(self, since: int) -> None:
         """Forget the ids dropped before clock `since`."""
@@ -460,7 +468,7 @@ class RemovalLog:
 
     def page(self, since: int, start: int, limit: int) -> tuple[torch.Tensor, int]:
         parts, skip, taken = [], start, 0
-        chunks = [ids for clock, ids in self.chunks if clock >= since]
+        chunks = self.since(since)
         for ids in chunks:
             if skip >= ids.numel():
                 skip -= int(ids.numel())

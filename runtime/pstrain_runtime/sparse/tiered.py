@@ -417,9 +417,11 @@ class TieredTable:
                 self._end_disk_pass()
                 return self._empty(), 0
             if start == DISK_FIRST or not self.disk_pass:
-                # Ids past the last one on disk now arrive during the pass: skipped.
-                self.disk_pass, self.disk_end = True, self.cold.last_id()
+                self.disk_pass = True
                 self.candidates = self._arrived(since)
+                # A whole-disk pass: ids past the last one on disk now arrive during
+                # the pass, skipped.
+                self.disk_end = self.cold.last_id() if self.candidates is None else None
             at = 0 if start == DISK_FIRST else -start - 2
             if self.candidates is not None:  # a delta: the rows that reached disk since
                 ids = self.candidates[at:at + limit]
@@ -445,10 +447,12 @@ class TieredTable:
         the record does not hold them all (or for a full export): the pass reads the
         whole disk then."""
         log = self.arrivals
-        if since is None or log is None or log.overflowed or log.origin > since:
+        if since is None or log is None or not log.covers(since):
             return None
-        chunks = [ids for clock, ids in log.chunks if clock >= since]
-        return torch.unique(torch.cat(chunks)) if chunks else torch.empty(0, dtype=torch.int64)
+        chunks = log.since(since)
+        if not chunks:
+            return torch.empty(0, dtype=torch.int64)
+        return torch.unique(torch.cat(chunks))
 
     def _disk_block(self, ids: np.ndarray, values: np.ndarray, last: np.ndarray,
                     since: int | None) -> RowBlock:
@@ -536,9 +540,10 @@ class TieredTable:
             self.removals, disk_complete = RemovalLog.tracked(self.removals, since, watermark)
             # The ids reaching disk: a record that holds those since `since` serves
             # this export's delta and goes on; else a new one serves the next delta.
-            arrived, covered = RemovalLog.tracked(self.arrivals, since, watermark)
-            if since is not None and covered:
-                self.arrivals, self.floor = arrived, since
+            covered = since is not None and RemovalLog.tracked(
+                self.arrivals, since, watermark)[1]
+            if covered:
+                self.floor = since
             else:
                 self.arrivals, self.floor = RemovalLog(watermark), watermark
             self.watermark = watermark

@@ -199,9 +199,12 @@ class RowTable:
         """The rows' versions (see the module doc), int32 [n]; 0 for ids without a row."""
         with self.lock:
             where = self._where(ids.reshape(-1).to(torch.int64).contiguous())
-            out = torch.zeros(where.numel(), dtype=torch.int32)
-            out[where >= 0] = self.version[where[where >= 0]]
-            return out
+            if not where.numel() or int(where.min()) >= 0:  # (the usual case: all held)
+                return self.version.index_select(0, where)
+            if not self.version.numel():
+                return torch.zeros(where.numel(), dtype=torch.int32)
+            held = self.version.index_select(0, where.clamp(min=0))
+            return held.masked_fill_(where < 0, 0)
 
     # ------------------------------------------------------------------ updates
     def apply(self, ids: torch.Tensor, grads: torch.Tensor, t: int, now: int) -> int:

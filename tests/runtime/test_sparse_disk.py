@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -416,6 +417,25 @@ def test_a_record_of_arrivals_too_long_reads_the_whole_disk_once(
     assert_same(rows_of(pages(disk, since=since)), rows_of(pages(ram, since=since)))
 
 
+def test_a_delta_since_before_the_last_export_reads_the_whole_disk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record of arrivals forgets what came before the last export's mark: a delta
+    since an earlier clock (not what a chain asks, but allowed) reads the whole disk
+    and gives what the in-RAM table gives, not only what the record still holds."""
+    ram, disk, gen, step = after_a_full_mark(make_spec("adagrad"), tmp_path, 8, 5)
+    pages(disk)
+    early = step
+    step = _delta_steps([ram, disk], gen, step, 3)
+    mark([ram, disk], early, step)
+    pages(disk, since=early)  # this export's end forgets the arrivals before `step`
+    step = _delta_steps([ram, disk], gen, step, 3)
+    mark([ram, disk], early, step)
+    assert disk._arrived(early) is None
+    reads = ColdReads(disk, monkeypatch)
+    assert_same(rows_of(pages(disk, since=early)), rows_of(pages(ram, since=early)))
+    assert reads.scanned
+
+
 @pytest.mark.parametrize("size", [None, 1 << 20], ids=["dynamic", "fixed"])
 def test_an_export_while_rows_move_gives_each_row_once(tmp_path: Path,
                                                        size: int | None) -> None:
@@ -431,19 +451,100 @@ def test_an_export_while_rows_move_gives_each_row_once(tmp_path: Path,
     assert_same({i: v for i, v in given.items() if i in before}, before)
 
 
-def export_while_rows_move(disk: TieredTable, since: int | None, limit: int, step: int
-                           ) -> Rows:
-    """An export's rows, with 300 new rows applied between its pages (they push old
-    ones to disk); raises on an id given twice."""
-    got, start = [], 0
+def export_with(disk: TieredTable, since: int | None, limit: int,
+                between: Callable[[int, int], None]) -> Rows:
+    """An export's rows, `between(page, next start)` called between its pages; raises
+    on an id given twice."""
+    got, start, page = [], 0, 0
     while True:
         block, start = disk.export(start, limit, since)
         got.append(block)
         if start == 0:
             return rows_of(got)
-        new = torch.arange(300) + 10_000 * step
-        disk.apply(new, torch.ones(300, 4), t=step, now=step)
-        step += 1
+        between(page, start)
+        page += 1
+
+
+def export_while_rows_move(disk: TieredTable, since: int | None, limit: int, step: int
+                           ) -> Rows:
+    """An export's rows, with 300 new rows applied between its pages (they push old
+    ones to disk); raises on an id given twice."""
+    def new_rows(page: int, _start: int) -> None:
+        disk.apply(torch.arange(300) + 10_000 * (step + page), torch.ones(300, 4),
+                   t=step + page, now=step + page)
+
+    return export_with(disk, since, limit, new_rows)
+
+
+def on_disk(disk: TieredTable, ids: Any) -> torch.Tensor:
+    """Those of `ids` whose rows are on disk, sorted."""
+    ids = torch.as_tensor(sorted(ids), dtype=torch.int64)
+    return ids[~disk.hot.present(ids)]
+
+
+def bring_back(disk: TieredTable, ids: torch.Tensor, step: int, when: str,
+               back_to_disk: bool) -> Callable[[int, int], None]:
+    """Between two pages of an export (`when`: in its RAM pass, or its disk pass), once:
+    update the rows of `ids` (on disk: they come back to RAM); `back_to_disk`: then
+    push them out again with new rows, before the next page."""
+    done: list[bool] = []
+
+    def between(_page: int, start: int) -> None:
+        if done or (start < 0) != (when == "disk-pass"):
+            return
+        done.append(True)
+        disk.apply(ids, torch.ones(ids.numel(), 4), t=step, now=step)
+        assert bool(disk.hot.present(ids).all())
+        if back_to_disk:
+            new = torch.arange(2 * HOT) + 50_000
+            disk.apply(new, torch.ones(2 * HOT, 4), t=step + 1, now=step + 1)
+            assert not bool(disk.hot.present(ids).any())
+
+    return between
+
+
+@pytest.mark.parametrize("back_to_disk", [False, True], ids=["stay", "back-to-disk"])
+@pytest.mark.parametrize("when", ["ram-pass", "disk-pass"])
+@pytest.mark.parametrize("size", [None, 60_000], ids=["dynamic", "fixed"])
+def test_a_full_export_gives_the_rows_that_leave_the_disk_during_it(
+        tmp_path: Path, size: int | None, when: str, back_to_disk: bool) -> None:
+    """Rows on disk updated while a full export runs come back to RAM, into places its
+    RAM pass may have passed, and leave the disk before its disk pass reads them; the
+    export still gives every row once (they were lost from it before): the rows not
+    updated with their values at the start, the updated ones with theirs before or
+    after the update, also when they went back to disk before the next page."""
+    disk = tiered(make_spec(num_embeddings=size), tmp_path)
+    for step in range(1, 4):
+        disk.apply(torch.arange(HOT) + HOT * step, torch.ones(HOT, 4), t=step, now=step)
+    before = rows_of(pages(disk))
+    updated = on_disk(disk, before)[-300:]  # the ids a disk pass reaches last
+    given = export_with(disk, None, 200, bring_back(disk, updated, 9, when, back_to_disk))
+    assert set(before) <= set(given)  # (and maybe rows made during the export)
+    moved = set(updated.tolist())
+    assert_same({i: v for i, v in given.items() if i in before and i not in moved},
+                {i: v for i, v in before.items() if i not in moved})
+    now = rows_of(pages(disk))
+    for i in moved:
+        assert any(all(torch.equal(a, b) for a, b in zip(given[i], want, strict=True))
+                   for want in (before[i], now[i])), i
+
+
+@pytest.mark.parametrize("when", ["ram-pass", "disk-pass"])
+def test_a_delta_gives_the_changed_rows_that_leave_the_disk_during_it(
+        tmp_path: Path, when: str) -> None:
+    """As above for a delta: rows changed since `since` and on disk, updated during the
+    export, are given too."""
+    ram, disk, gen, step = after_a_full_mark(make_spec("adagrad"), tmp_path, 7, 5)
+    pages(disk)
+    since = step
+    step = _delta_steps([ram, disk], gen, step, 4)
+    mark([ram, disk], since, step)
+    want = rows_of(pages(ram, since=since))
+    changed_on_disk = on_disk(disk, want)
+    assert changed_on_disk.numel()
+    given = export_with(disk, since, 100, bring_back(disk, changed_on_disk, step, when,
+                                                     back_to_disk=False))
+    assert set(want) <= set(given)
 
 
 def test_a_delta_while_rows_move_gives_each_changed_row_once(tmp_path: Path) -> None:

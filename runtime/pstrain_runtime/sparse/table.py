@@ -408,6 +408,14 @@ class RowTable:
             # (numpy's vectorised partial sort: a fifth of torch.topk's time)
             return torch.from_numpy(np.argpartition(score.numpy(), count - 1)[:count])
 
+    def block_of(self, ids: torch.Tensor) -> RowBlock:
+        """Copies of the rows of `ids` (each with a row here), as an export gives them."""
+        with self.lock:
+            where = self._where(ids.reshape(-1).to(torch.int64).contiguous())
+            if where.numel() and int(where.min()) < 0:
+                raise KeyError(f"sparse table {self.spec.name!r}: no row for some ids")
+            return self._block(where)
+
     def take(self, where: torch.Tensor) -> RowBlock:
         """Remove and return the rows at `where` (live row indices, from `oldest`).
         Unlike an eviction this records no removal: the rows live on elsewhere."""
@@ -465,9 +473,11 @@ class RemovalLog:
         return [ids for clock, ids in self.chunks if clock >= since]
 
     def trim(self, since: int) -> None:
-        """Forget the ids dropped before clock `since`."""
+        """Forget the ids dropped before clock `since` (the record covers no earlier
+        clock then)."""
         kept = [(c, ids) for c, ids in self.chunks if c >= since]
         self.chunks, self.count = kept, sum(int(ids.numel()) for _, ids in kept)
+        self.origin = max(self.origin, since)
 
     def page(self, since: int, start: int, limit: int) -> tuple[torch.Tensor, int]:
         parts, skip, taken = [], start, 0

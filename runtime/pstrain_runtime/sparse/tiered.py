@@ -43,6 +43,13 @@ Invariants (each id has its row in at most one tier):
   older than that are forgotten then). A record that outgrows the RAM rows' count (8
   bytes an id, against 276 or more a RAM row) is given up, and the next delta reads
   the whole disk as a full export does.
+- A row that comes back to RAM during an export (it was updated) may be one the export
+  still owes: it left the disk before the disk pass read it, and the RAM pass may have
+  passed its new place already. The export records the ids of those it may owe (on
+  disk when it began or since, not given yet, for a delta updated at or after
+  `since`; during the disk pass only those the pass has not reached) and gives them
+  with its next page, from whichever tier holds them then (8 bytes an id until then;
+  a page carries the rows that came back since the last one beside its own).
 """
 
 from __future__ import annotations
@@ -221,6 +228,16 @@ class GivenIds:
         return out
 
 
+def _joined(blocks: list[RowBlock]) -> RowBlock:
+    blocks = [b for b in blocks if b.ids.numel()] or blocks[:1]
+    if len(blocks) == 1:
+        return blocks[0]
+    return RowBlock(ids=torch.cat([b.ids for b in blocks]),
+                    rows=torch.cat([b.rows for b in blocks]),
+                    slots={n: torch.cat([b.slots[n] for b in blocks]) for n in blocks[0].slots},
+                    last=torch.cat([b.last for b in blocks]))
+
+
 def _part(block: RowBlock, which: torch.Tensor) -> RowBlock:
     return RowBlock(ids=block.ids[which], rows=block.rows[which],
                     slots={n: t[which] for n, t in block.slots.items()},
@@ -259,6 +276,9 @@ class TieredTable:
         self.floor = 0  # rows updated before it reaching disk: wanted by no delta
         self.candidates: torch.Tensor | None = None  # a delta's disk pass: ids to read
         self.given: GivenIds | None = None  # ids the export under way gave
+        self.since: int | None = None  # the export under way's (None: a full one)
+        self.owed: list[torch.Tensor] = []  # ids it may owe (back in RAM since a page)
+        self.disk_at = 0  # the disk pass's next id (whole disk) or candidate index
         self.disk_pass = False  # an export is reading the disk
         self.disk_end: int | None = None  # the last id on disk as its pass began
         self.closed = False
@@ -277,8 +297,12 @@ class TieredTable:
                 self.arrivals.add(int(block.last.max()), block.ids[wanted], self.hot_rows)
         if self.disk_pass and self.given is not None:
             # Rows reaching disk while an export reads it were in RAM when its disk
-            # pass began: given by its RAM pass, or updated since (the next delta).
-            self.given.add(block.ids)
+            # pass began: given by its RAM pass, or updated since (the next delta), or
+            # owed (given with the next page, read from here).
+            ids = block.ids
+            if self.owed:
+                ids = ids[~torch.isin(ids, torch.cat(self.owed))]
+            self.given.add(ids)
         self.disk_min_last = min(self.disk_min_last, int(block.last.min()))
         self.disk_max_last = max(self.disk_max_last, int(block.last.max()))
 
@@ -355,6 +379,7 @@ class TieredTable:
             if self.cold.count and others.numel():
                 there, block = self._from_disk(others)
                 if bool(there.any()):
+                    self._owe(block)
                     self.cold.delete(block.ids.numpy())
                     self.cold.count -= int(block.ids.numel())
                     self.hot.load(block)
@@ -399,48 +424,87 @@ class TieredTable:
                ) -> tuple[RowBlock, int]:
         """`RowTable.export` over both tiers: RAM rows for start >= 0, then disk rows
         (start < 0: -(2 + the next id)); the next start, 0 at the end. Each id once,
-        and the disk pass gives only rows that were on disk when it began (see the
-        module doc). At most `page_rows` of the `limit` rows a page (the working
-        memory's share, `export_page_rows`)."""
-        limit = min(limit, self.page_rows)
+        and the disk pass gives only rows that were on disk when it began, the rows
+        owed beside (see the module doc). At most `page_rows` of the `limit` rows a
+        page (the working memory's share, `export_page_rows`), owed rows included
+        (a page gives min(limit, `MIN_PAGE_ROWS`) rows of its own at least)."""
         with self.lock:
             self._check()
-            if start >= 0:
-                if start == 0 or self.given is None:
-                    self.given = GivenIds()
-                    self.disk_pass = False
-                block, after = self.hot.export(start, limit, since)
-                block = self._not_given(block)
-                self.given.add(block.ids)
-                return block, (after if after else DISK_FIRST)
-            if since is not None and since > self.disk_max_last:
+            if start == 0 or self.given is None:
+                self.given = GivenIds()
+                self.disk_pass, self.since, self.owed = False, since, []
+            owed = self._pay_owed()
+            limit = min(limit, self.page_rows)
+            limit = max(min(limit, MIN_PAGE_ROWS), limit - int(owed.ids.numel()))
+            block, after = self._page(start, limit, since)
+            if not after:
                 self._end_disk_pass()
-                return self._empty(), 0
-            if start == DISK_FIRST or not self.disk_pass:
-                self.disk_pass = True
-                self.candidates = self._arrived(since)
-                # A whole-disk pass: ids past the last one on disk now arrive during
-                # the pass, skipped.
-                self.disk_end = self.cold.last_id() if self.candidates is None else None
-            at = 0 if start == DISK_FIRST else -start - 2
-            if self.candidates is not None:  # a delta: the rows that reached disk since
-                ids = self.candidates[at:at + limit]
-                found, values, last = self.cold.get(ids.numpy())
-                ids, after = ids[torch.from_numpy(found)].numpy(), at + limit
-                if after >= self.candidates.numel():
-                    after = None
-            elif self.disk_end is None:
-                self._end_disk_pass()
-                return self._empty(), 0
-            else:  # the whole disk, in id order
-                ids, values, last, after = self.cold.page(at, limit)
-                if after is not None and after > self.disk_end:
-                    after = None
-            block = self._not_given(self._disk_block(ids, values, last, since))
-            if after is None:
-                self._end_disk_pass()
-                return block, 0
-            return block, -(after + 2)
+            return _joined([owed, block]), after
+
+    def _page(self, start: int, limit: int, since: int | None) -> tuple[RowBlock, int]:
+        """`export`'s own rows: a page of the RAM rows or of the disk's."""
+        assert self.given is not None  # an export is under way
+        if start >= 0:
+            block, after = self.hot.export(start, limit, since)
+            block = self._not_given(block)
+            self.given.add(block.ids)
+            return block, (after if after else DISK_FIRST)
+        if since is not None and since > self.disk_max_last:
+            return self._empty(), 0
+        if start == DISK_FIRST or not self.disk_pass:
+            self.disk_pass = True
+            self.candidates = self._arrived(since)
+            # A whole-disk pass: ids past the last one on disk now arrive during the
+            # pass, skipped.
+            self.disk_end = self.cold.last_id() if self.candidates is None else None
+        at = 0 if start == DISK_FIRST else -start - 2
+        if self.candidates is not None:  # a delta: the rows that reached disk since
+            ids = self.candidates[at:at + limit]
+            found, values, last = self.cold.get(ids.numpy())
+            ids, after = ids[torch.from_numpy(found)].numpy(), at + limit
+            if after >= self.candidates.numel():
+                after = None
+        elif self.disk_end is None:
+            return self._empty(), 0
+        else:  # the whole disk, in id order
+            ids, values, last, after = self.cold.page(at, limit)
+            if after is not None and after > self.disk_end:
+                after = None
+        block = self._not_given(self._disk_block(ids, values, last, since))
+        if after is None:
+            return block, 0
+        self.disk_at = after
+        return block, -(after + 2)
+
+    def _owe(self, block: RowBlock) -> None:
+        """Rows leaving the disk for RAM (`block`, as they were on disk) during an
+        export: record those it may still owe (see the module doc)."""
+        if self.given is None or not block.ids.numel():
+            return
+        owed = block.ids
+        if self.since is not None:
+            owed = owed[block.last >= self.since]
+        if self.disk_pass:  # those the pass has not reached
+            if self.candidates is not None:
+                owed = owed[torch.isin(owed, self.candidates[self.disk_at:])]
+            else:
+                owed = owed[owed >= self.disk_at]
+        if owed.numel():
+            self.owed.append(owed)
+
+    def _pay_owed(self) -> RowBlock:
+        """The rows the export owes (`_owe`) and has not given yet, from the tier that
+        holds each now; given from then on."""
+        if not self.owed or self.given is None:
+            return self._empty()
+        ids = torch.unique(torch.cat(self.owed))
+        self.owed = []
+        ids = ids[~self.given.among(ids)]
+        ram = self.hot.present(ids)
+        _, on_disk = self._from_disk(ids[~ram])
+        owed = _joined([self.hot.block_of(ids[ram]), on_disk])
+        self.given.add(owed.ids)
+        return owed
 
     def _arrived(self, since: int | None) -> torch.Tensor | None:
         """The ids that reached disk at clock >= `since` (sorted, distinct), or None when
@@ -467,6 +531,7 @@ class TieredTable:
 
     def _end_disk_pass(self) -> None:
         self.given, self.disk_pass, self.candidates = None, False, None
+        self.owed, self.disk_at = [], 0
         if self.arrivals is not None and self.watermark is not None:
             # The next delta is of the rows updated since this export's mark.
             self.arrivals.trim(self.watermark)

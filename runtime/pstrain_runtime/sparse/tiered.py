@@ -485,8 +485,10 @@ class TieredTable:
         if self.since is not None:
             owed = owed[block.last >= self.since]
         if self.disk_pass:  # those the pass has not reached
-            if self.candidates is not None:
-                owed = owed[torch.isin(owed, self.candidates[self.disk_at:])]
+            if self.candidates is not None:  # (sorted: a search, not a scan of them all)
+                ahead = self.candidates[self.disk_at:]
+                at = torch.searchsorted(ahead, owed).clamp(max=max(0, ahead.numel() - 1))
+                owed = owed[ahead[at] == owed] if ahead.numel() else owed[:0]
             else:
                 owed = owed[owed >= self.disk_at]
         if owed.numel():

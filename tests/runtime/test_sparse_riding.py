@@ -91,6 +91,35 @@ def test_one_async_worker_rides_and_equals_plain_pytorch(
         assert calls["sparse push"] >= STEPS
 
 
+def test_a_pull_sends_to_every_server_then_reads_every_reply_on_its_thread(
+        servers: list[PSServer], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over the data plane a pull's calls (one per server) are all in flight from the
+    caller's thread, no thread hop; a refusal by one server raises, and every
+    connection stays usable (the other reply is read or its connection closed)."""
+    transports = [connect(s.address, "tcp") for s in servers]
+    job = training(steps=3, batchSize=BATCH, mode="async", seed=3,
+                   optimizer={"name": "adagrad", "learningRate": 0.1})
+    spec = sparse_tasks.run_job(job, transports)[0].sparse.specs["items"]
+    fresh = [connect(s.address, "tcp") for s in servers]
+    client = SparseClient(fresh, "ns")
+    try:
+        ids = torch.arange(sparse_tasks.ITEMS)
+        want = client.pull(spec, ids)
+        monkeypatch.setattr(client.pool, "submit", lambda *a, **k: pytest.fail("a hop"))
+        for _ in range(3):
+            assert torch.equal(client.pull(spec, ids), want)
+        links = [len(t._data._idle) for t in fresh]
+        outside = torch.tensor([0, 1, sparse_tasks.ITEMS + 1, sparse_tasks.ITEMS + 2])
+        with pytest.raises(PSError, match="sparse pull"):
+            client.pull(spec, outside)
+        assert torch.equal(client.pull(spec, ids), want)
+        assert [len(t._data._idle) for t in fresh] <= [n + 1 for n in links]
+    finally:
+        client.close()
+        for t in [*fresh, *transports]:
+            t.close()
+
+
 # ---------------------------------------------------------------------- the server
 
 

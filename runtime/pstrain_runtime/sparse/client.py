@@ -64,12 +64,33 @@ class SparseClient:
 
     def _call(self, ps: int, header: dict[str, Any], tensors: Sequence[torch.Tensor] = ()
               ) -> tuple[dict[str, Any], list[Frame]]:
-        reply = self.transports[ps].sparse(encode({**header, "namespace": self.namespace},
-                                                  tensors))
-        if not reply:
+        return self._reply(ps, self.transports[ps].sparse(self._request(header, tensors)))
+
+    def _request(self, header: dict[str, Any], tensors: Sequence[torch.Tensor]) -> Encoded:
+        return encode({**header, "namespace": self.namespace}, tensors)
+
+    @staticmethod
+    def _reply(ps: int, frames: list[Frame]) -> tuple[dict[str, Any], list[Frame]]:
+        if not frames:
             raise PSError("INTERNAL", f"parameter server {ps} answered a sparse call with "
                           "no frame")
-        return header_of(reply), reply[1:]
+        return header_of(frames), frames[1:]
+
+    def _at_once(self, calls: Mapping[int, tuple[dict[str, Any], Sequence[torch.Tensor]]]
+                 ) -> Iterator[tuple[int, dict[str, Any], list[Frame]]]:
+        """One call to each server in `calls`, all in flight at once from this thread
+        where the transports allow (the data plane: every request sent, then every
+        reply read; no thread hop), else one after another. Yields (server, header,
+        frames) in the order of `calls`."""
+        sent = []
+        for ps, (header, tensors) in calls.items():
+            send = getattr(self.transports[ps], "sparse_sent", None)
+            sent.append((ps, send(self._request(header, tensors)) if send else None))
+        for ps, finish in sent:
+            if finish is None:
+                yield (ps, *self._call(ps, *calls[ps]))
+            else:
+                yield (ps, *self._reply(ps, finish()))
 
     def _split(self, ids: torch.Tensor) -> list[torch.Tensor]:
         """`split_by_owner` of `ids`, taken from the last pull's when `ids` is one of
@@ -105,26 +126,38 @@ class SparseClient:
         positions = [self._split(i) for i in ids]
         self._pulled_splits = list(zip(ids, positions, strict=True))
 
-        def one(ps: int) -> None:
-            for call in self._pull_calls(specs, [p[ps] for p in positions]):
-                reply, frames = self._call(ps, {"op": "pull", "tables": [
-                    {"name": specs[k].name, "count": int(c.numel())} for k, c in call],
-                    **({"versions": True} if versions else {})},
+        def request(call: list[tuple[int, torch.Tensor]]
+                    ) -> tuple[dict[str, Any], list[torch.Tensor]]:
+            return ({"op": "pull", "tables": [{"name": specs[k].name, "count": int(c.numel())}
+                                              for k, c in call],
+                     **({"versions": True} if versions else {})},
                     [ids[k].index_select(0, c) for k, c in call])
-                self.generations[ps] = int(reply.get("generation", 0))
-                if len(frames) != len(call) * (2 if versions else 1):
-                    raise PSError("INTERNAL", f"parameter server {ps} answered a pull of "
-                                  f"{len(call)} tables with {len(frames)} frames")
-                for n, (k, chunk) in enumerate(call):
-                    put_rows(outs[k], chunk, self._checked(ps, frames[n], torch.float32,
-                                                           specs[k], chunk, "rows"))
-                    if versions:
-                        put_rows(counts[k], chunk, self._checked(
-                            ps, frames[len(call) + n], torch.int32, specs[k], chunk,
-                            "versions"))
 
-        self._each(one, [ps for ps in range(self.num_ps)
-                         if ps in also or any(p[ps].numel() for p in positions)])
+        def take(ps: int, call: list[tuple[int, torch.Tensor]], reply: dict[str, Any],
+                 frames: list[Frame]) -> None:
+            self.generations[ps] = int(reply.get("generation", 0))
+            if len(frames) != len(call) * (2 if versions else 1):
+                raise PSError("INTERNAL", f"parameter server {ps} answered a pull of "
+                              f"{len(call)} tables with {len(frames)} frames")
+            for n, (k, chunk) in enumerate(call):
+                put_rows(outs[k], chunk, self._checked(ps, frames[n], torch.float32,
+                                                       specs[k], chunk, "rows"))
+                if versions:
+                    put_rows(counts[k], chunk, self._checked(
+                        ps, frames[len(call) + n], torch.int32, specs[k], chunk,
+                        "versions"))
+
+        servers = [ps for ps in range(self.num_ps)
+                   if ps in also or any(p[ps].numel() for p in positions)]
+        per_ps = {ps: self._pull_calls(specs, [p[ps] for p in positions]) for ps in servers}
+        if len(servers) > 1 and all(len(calls) == 1 for calls in per_ps.values()):
+            # The usual case: one call per server, all in flight from this thread.
+            for ps, reply, frames in self._at_once({ps: request(per_ps[ps][0])
+                                                    for ps in servers}):
+                take(ps, per_ps[ps][0], reply, frames)
+        else:
+            self._each(lambda ps: [take(ps, call, *self._call(ps, *request(call)))
+                                   for call in per_ps[ps]], servers)
         return outs, counts
 
     def _pull_calls(self, specs: Sequence[TableSpec], positions: Sequence[torch.Tensor]

@@ -579,12 +579,25 @@ class DataClient:
         reply.frames = self._exchange(op, frames, reply, owned)
         return reply
 
+    def send(self, op: int, frames: Iterable[bytes | memoryview],
+             owned: bool = False) -> CallReply:
+        """`call` with the request sent now, its reply read when its frames are asked
+        for: one thread can have a request in flight to each of several servers. A
+        reply never read closes its connection (it is not reused with data pending)."""
+        reply = CallReply()
+        reply.frames = self._exchange(op, frames, reply, owned, mark_sent=True)
+        next(reply.frames)  # sends, then stops before the reply
+        return reply
+
     def _exchange(self, op: int, frames: Iterable[bytes | memoryview],
-                  reply: CallReply, owned: bool) -> Iterator[memoryview | np.ndarray]:
+                  reply: CallReply, owned: bool, mark_sent: bool = False
+                  ) -> Iterator[memoryview | np.ndarray]:
         link = self._take()
         reusable = False
         try:
             link.send_frames(frames, op=op)
+            if mark_sent:
+                yield memoryview(b"")  # (`send`'s stop, not a frame)
             received = link.frames(owned)
             while reply.reader is None:
                 frame = next(received, None)

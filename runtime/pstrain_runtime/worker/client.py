@@ -280,6 +280,15 @@ class TcpTransport(GrpcTransport):
             return None
         return list(data.call(dataplane.OP_PUSH_PULL_SPARSE, [message, *rider], owned=True))
 
+    def sparse_sent(self, frames: Encoded) -> Callable[[], list[Frame]] | None:
+        """`sparse` in two halves: the request sent now, and a function that reads the
+        reply (None, nothing sent: no data plane, call `sparse`)."""
+        data = self._data_client()
+        if data is None:
+            return None
+        reply = data.send(dataplane.OP_SPARSE, frames, owned=True)
+        return lambda: list(reply)
+
     def close(self) -> None:
         with self._data_lock:
             if self._data is not None:

@@ -40,12 +40,17 @@ def one_thread() -> None:
 def counting(monkeypatch: pytest.MonkeyPatch, cls: type) -> Counter[str]:
     """Counts of the tensor calls the trainers' transports of class `cls` make."""
     calls: Counter[str] = Counter()
-    for name in ("push_pull_small", "push_pull_sparse", "sparse"):
+    # (The data plane's calls in two halves count as the calls they make.)
+    names = ("push_pull_small", "push_pull_sparse", "sparse", "push_pull_sent",
+             "sparse_sent")
+    for name in (n for n in names if hasattr(cls, n)):
         original = getattr(cls, name)
 
         def counted(self: Any, *args: Any, _name: str = name, _f: Any = original) -> Any:
-            if _name == "sparse":
+            if _name in ("sparse", "sparse_sent"):
                 calls["sparse " + str(header_of(args[0]).get("op"))] += 1
+            elif _name == "push_pull_sent":
+                calls["push_pull_sparse" if args[1] is not None else "push_pull_small"] += 1
             else:
                 calls[_name] += 1
             return _f(self, *args)

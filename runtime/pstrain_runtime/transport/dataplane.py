@@ -623,8 +623,13 @@ class DataClient:
     def unary(self, op: int, frames: Iterable[bytes | memoryview],
               parse: Callable[[bytes], object]) -> object:
         """A call answered by one message."""
+        return self.one_message(op, self.call(op, frames), parse)
+
+    def one_message(self, op: int, frames: Iterable[memoryview | np.ndarray],
+                    parse: Callable[[bytes], object]) -> object:
+        """The one message of a reply to `op` (a `call`'s or a `send`'s)."""
         reply = None
-        for frame in self.call(op, frames):
+        for frame in frames:
             if reply is not None:
                 raise PSError("INTERNAL", f"{self.address}: {OPS[op]} answered more "
                               "than one message")

@@ -280,6 +280,21 @@ class TcpTransport(GrpcTransport):
             return None
         return list(data.call(dataplane.OP_PUSH_PULL_SPARSE, [message, *rider], owned=True))
 
+    def push_pull_sent(self, message: bytes, rider: Encoded | None
+                       ) -> Callable[[], bytes | list[Frame]] | None:
+        """`push_pull_small` (with a `rider`: `push_pull_sparse`) in two halves: the
+        request sent now, and a function that reads the reply (the dense message; with
+        a rider, the reply's frames). None, nothing sent: no data plane."""
+        data = self._data_client()
+        if data is None:
+            return None
+        if rider is None:
+            small = data.send(dataplane.OP_PUSH_PULL_SMALL, [message])
+            return lambda: data.one_message(dataplane.OP_PUSH_PULL_SMALL, small,  # type: ignore[return-value]
+                                            bytes)
+        both = data.send(dataplane.OP_PUSH_PULL_SPARSE, [message, *rider], owned=True)
+        return lambda: list(both)
+
     def sparse_sent(self, frames: Encoded) -> Callable[[], list[Frame]] | None:
         """`sparse` in two halves: the request sent now, and a function that reads the
         reply (None, nothing sent: no data plane, call `sparse`)."""
@@ -456,37 +471,53 @@ class ShardedClient:
         the rider goes in the same call where the transport has one and the shard is
         small, else as its own call after this one when the push was applied (None:
         it was not sent)."""
+        return self._push_pull_begun(ps, grads, params, worker, step, rider, send=False)()
+
+    def _push_pull_begun(self, ps: int, grads: Mapping[str, torch.Tensor],
+                         params: Mapping[str, torch.Tensor], worker: int, step: int,
+                         rider: Encoded | None, send: bool
+                         ) -> Callable[[], tuple[pb.PushReply, int, list[Frame] | None]]:
+        """`push_pull_one` in two halves: with `send`, a small shard's request goes now
+        where the transport can (`TcpTransport.push_pull_sent`); the function returned
+        reads the reply, or makes the whole call."""
         shard = self.shards[ps]
         targets = [wire.byte_view(_piece_view(params[p.param], p)) for p in shard]
         frames = self.push_frames(ps, grads, worker, step)
         transport = self.transports[ps]
-        carried: list[Frame] | None = None
-        if sum(t.nbytes for t in targets) <= self.small_bytes:
-            # One message each way: a unary call costs far less than two streams.
-            message = wire.encode_batch(frames)
-            both = (transport.push_pull_sparse(message, rider) if rider is not None
-                    else None)
-            if both is not None:
-                dense, carried = riding.split_reply(both, f"parameter server {ps}")
+        # One message each way for a small shard: a unary call costs far less than two
+        # streams.
+        message = wire.encode_batch(frames) if self._small(ps) else None
+        begin = getattr(transport, "push_pull_sent", None) if send else None
+        sent = begin(message, rider) if begin is not None and message is not None else None
+
+        def finish() -> tuple[pb.PushReply, int, list[Frame] | None]:
+            carried: list[Frame] | None = None
+            if message is None:
+                replies = transport.push_pull(frames)
             else:
-                dense = transport.push_pull_small(message)
-            try:
-                reply = wire.decode_batch(dense)
-            except wire.WireError as exc:
-                raise PSError("DATA_LOSS", f"push_pull: {exc}") from exc
-            frames = iter(reply)
-        else:
-            frames = transport.push_pull(frames)
-        header = self._read(frames, shard, targets)
-        if not header.HasField("push_reply"):
-            raise PSError("INTERNAL", "the server answered a PushPull without the push's "
-                          "reply")
-        self.generations[ps] = header.generation
-        if ps == 0:
-            self.last_pull_workers = header.num_workers
-        if rider is not None and carried is None and header.push_reply.applied:
-            carried = transport.sparse(rider)
-        return header.push_reply, int(header.global_step), carried
+                got = (sent() if sent is not None else
+                       transport.push_pull_sparse(message, rider) if rider is not None
+                       else None)
+                if isinstance(got, list):  # the dense reply and the rider's
+                    dense, carried = riding.split_reply(got, f"parameter server {ps}")
+                else:
+                    dense = got if got is not None else transport.push_pull_small(message)
+                try:
+                    replies = iter(wire.decode_batch(dense))
+                except wire.WireError as exc:
+                    raise PSError("DATA_LOSS", f"push_pull: {exc}") from exc
+            header = self._read(replies, shard, targets)
+            if not header.HasField("push_reply"):
+                raise PSError("INTERNAL", "the server answered a PushPull without the "
+                              "push's reply")
+            self.generations[ps] = header.generation
+            if ps == 0:
+                self.last_pull_workers = header.num_workers
+            if rider is not None and carried is None and header.push_reply.applied:
+                carried = transport.sparse(rider)
+            return header.push_reply, int(header.global_step), carried
+
+        return finish
 
     def push_pull(self, grads: Mapping[str, torch.Tensor], params: Mapping[str, torch.Tensor],
                   worker: int = 0, step: int | Sequence[int] = 0,
@@ -497,16 +528,32 @@ class ShardedClient:
         `pull` after `push` would read them; `last_pull_steps` is updated the same way.
         `params` must not be in use (e.g. by backward) while this runs. `riders`: per
         server, a sparse push's frames to carry (`push_pull_one`); the sparse replies'
-        frames are left in `rider_replies` (per server; None: not sent)."""
+        frames are left in `rider_replies` (per server; None: not sent). Over the data
+        plane with small shards every request is sent, then every reply read, from this
+        thread (no thread hop); else the calls run on threads."""
         steps = [step] * len(self.transports) if isinstance(step, int) else list(step)
         riders = list(riders) if riders is not None else [None] * len(self.transports)
-        # Wait for every server even when one fails: none may write into `params` later.
-        results = self._all(lambda ps: self.push_pull_one(ps, grads, params, worker,
-                                                          steps[ps], riders[ps]),
-                            wait_all=True)
+        if len(self.transports) > 1 and all(
+                hasattr(t, "push_pull_sent") and self._small(ps)
+                for ps, t in enumerate(self.transports)):
+            # Only this thread writes into `params`: a failure stops every write.
+            begun = [self._push_pull_begun(ps, grads, params, worker, steps[ps],
+                                           riders[ps], send=True)
+                     for ps in range(len(self.transports))]
+            results = [finish() for finish in begun]
+        else:
+            # Wait for every server even when one fails: none may write into `params`
+            # later.
+            results = self._all(lambda ps: self.push_pull_one(ps, grads, params, worker,
+                                                              steps[ps], riders[ps]),
+                                wait_all=True)
         self.last_pull_steps = [pulled for _, pulled, _ in results]
         self.rider_replies = [carried for _, _, carried in results]
         return [reply for reply, _, _ in results]
+
+    def _small(self, ps: int) -> bool:
+        """Whether server `ps`'s shard goes in one message each way."""
+        return sum(p.nbytes for p in self.shards[ps]) <= self.small_bytes
 
     # ----------------------------------------------------------------- chief
     def init(self, params: Mapping[str, torch.Tensor], optimizer: OptimizerConfig, *,

@@ -661,16 +661,19 @@ def test_a_frame_of_many_small_tensors_goes_out_in_several_sendmsg_calls(
         torch.testing.assert_close(out[name], params[name] - grads[name])
 
 
-@pytest.mark.parametrize("small_bytes", [1 << 20, 16], ids=["one-message", "streams"])
+@pytest.mark.parametrize(("kind", "small_bytes"), [("tcp", 1 << 20), ("tcp", 16),
+                                                   ("grpc", 1 << 20)],
+                         ids=["one-message", "streams", "grpc"])
 def test_a_push_pull_to_several_servers_runs_on_the_callers_thread(
-        start_server, open_transport, monkeypatch, small_bytes: int) -> None:
+        start_server, open_transport, monkeypatch, kind: str, small_bytes: int) -> None:
     """Over the data plane with small shards, every server's request is sent, then
-    every reply read, from the caller's thread (no thread hop); larger shards stream,
-    one call per server on threads. Both push, then read back, every shard."""
+    every reply read, from the caller's thread (no thread hop); larger shards, and
+    gRPC, make one call per server on threads (still all at once). Each way pushes,
+    then reads back, every shard."""
     from pstrain_runtime.worker import client as worker_client
 
     shapes = {"a": (40, 3), "b": (50,), "c": (7, 7)}
-    transports = [open_transport(start_server(ps_index=i).address) for i in range(2)]
+    transports = [open_transport(start_server(ps_index=i).address, kind) for i in range(2)]
     placement = build_placement(param_specs(shapes), 2, None)
     client = worker_client.ShardedClient(transports, placement, NS, small_bytes=small_bytes)
     assert all(client.shards)
@@ -682,7 +685,7 @@ def test_a_push_pull_to_several_servers_runs_on_the_callers_thread(
     grads = randn(shapes, 2)
     out = zeros(shapes)
     assert all(reply.applied for reply in client.push_pull(grads, out))
-    assert bool(hops) == (small_bytes == 16)
+    assert bool(hops) == (small_bytes == 16 or kind == "grpc")
     for name in shapes:
         torch.testing.assert_close(out[name], params[name] - grads[name])
 

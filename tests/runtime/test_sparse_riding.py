@@ -125,6 +125,26 @@ def test_a_pull_sends_to_every_server_then_reads_every_reply_on_its_thread(
             t.close()
 
 
+def test_a_pull_over_grpc_still_calls_every_server_at_once(servers: list[PSServer]) -> None:
+    """gRPC has no call in two halves: a pull's calls run on threads, all at once."""
+    transports = [connect(s.address, "grpc") for s in servers]
+    job = training(steps=2, batchSize=BATCH, mode="async", seed=3,
+                   optimizer={"name": "adagrad", "learningRate": 0.1})
+    spec = sparse_tasks.run_job(job, transports)[0].sparse.specs["items"]
+    transports += [connect(s.address, "grpc") for s in servers]
+    client = SparseClient(transports[2:], "ns")
+    hops: list[object] = []
+    real = client.pool.submit
+    client.pool.submit = lambda *a, **k: hops.append(a) or real(*a, **k)  # type: ignore[method-assign]
+    try:
+        assert client.pull(spec, torch.arange(sparse_tasks.ITEMS)).shape[0] == sparse_tasks.ITEMS
+        assert hops
+    finally:
+        client.close()
+        for t in transports:
+            t.close()
+
+
 # ---------------------------------------------------------------------- the server
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from ..ps.store import PSError
+from ..transport.dataplane import on_data_plane
 from .cache import Lookup, RowCache
 from .ids import split_by_owner
 from . import riding
@@ -78,10 +79,10 @@ class SparseClient:
 
     def _at_once(self, calls: Mapping[int, tuple[dict[str, Any], Sequence[torch.Tensor]]]
                  ) -> Iterator[tuple[int, dict[str, Any], list[Frame]]]:
-        """One call to each server in `calls`, all in flight at once from this thread
-        where the transports allow (the data plane: every request sent, then every
-        reply read; no thread hop), else one after another. Yields (server, header,
-        frames) in the order of `calls`."""
+        """One call to each server in `calls` (transports `on_data_plane`), all in
+        flight at once from this thread: every request sent, then every reply read (no
+        thread hop; a transport that lost its data plane meanwhile makes its call when
+        its turn comes). Yields (server, header, frames) in the order of `calls`."""
         sent = []
         for ps, (header, tensors) in calls.items():
             send = getattr(self.transports[ps], "sparse_sent", None)
@@ -150,7 +151,8 @@ class SparseClient:
         servers = [ps for ps in range(self.num_ps)
                    if ps in also or any(p[ps].numel() for p in positions)]
         per_ps = {ps: self._pull_calls(specs, [p[ps] for p in positions]) for ps in servers}
-        if len(servers) > 1 and all(len(calls) == 1 for calls in per_ps.values()):
+        if len(servers) > 1 and all(len(per_ps[ps]) == 1 and on_data_plane(self.transports[ps])
+                                    for ps in servers):
             # The usual case: one call per server, all in flight from this thread.
             for ps, reply, frames in self._at_once({ps: request(per_ps[ps][0])
                                                     for ps in servers}):

@@ -493,6 +493,13 @@ def split_host(address: str) -> str:
     return address.rpartition(":")[0].strip("[]")
 
 
+def on_data_plane(transport: object) -> bool:
+    """Whether a worker's `transport` makes its calls over the data plane, where one
+    thread can have a call in flight to each server (`TcpTransport.has_data_plane`)."""
+    check = getattr(transport, "has_data_plane", None)
+    return check is not None and bool(check())
+
+
 class CallReply:
     """The response frames of a `DataClient.call`: an iterator, and a `wire.DirectChunks`
     source. Once `read_chunks_into` is called, the call's exchange reads the remaining

@@ -35,6 +35,7 @@ from ..sparse import riding
 from ..sparse import service as sparse_service
 from ..sparse.protocol import Encoded, Frame
 from ..transport import auth, dataplane, wire
+from ..transport.dataplane import on_data_plane
 from ..transport.tls import TlsFiles
 from .placement import Piece, Placement
 
@@ -279,6 +280,10 @@ class TcpTransport(GrpcTransport):
         if data is None:
             return None
         return list(data.call(dataplane.OP_PUSH_PULL_SPARSE, [message, *rider], owned=True))
+
+    def has_data_plane(self) -> bool:
+        """Whether calls go over the data plane (its `..._sent` halves work)."""
+        return self._data_client() is not None
 
     def push_pull_sent(self, message: bytes, rider: Encoded | None
                        ) -> Callable[[], bytes | list[Frame]] | None:
@@ -534,8 +539,7 @@ class ShardedClient:
         steps = [step] * len(self.transports) if isinstance(step, int) else list(step)
         riders = list(riders) if riders is not None else [None] * len(self.transports)
         if len(self.transports) > 1 and all(
-                hasattr(t, "push_pull_sent") and self._small(ps)
-                for ps, t in enumerate(self.transports)):
+                on_data_plane(t) and self._small(ps) for ps, t in enumerate(self.transports)):
             # Only this thread writes into `params`: a failure stops every write.
             begun = [self._push_pull_begun(ps, grads, params, worker, steps[ps],
                                            riders[ps], send=True)

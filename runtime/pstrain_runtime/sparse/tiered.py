@@ -49,7 +49,7 @@ Invariants (each id has its row in at most one tier):
   disk when it began or since, not given yet, for a delta updated at or after
   `since`; during the disk pass only those the pass has not reached) and gives them
   with its next page, from whichever tier holds them then (8 bytes an id until then;
-  a page carries the rows that came back since the last one beside its own).
+  the page gives as many fewer rows of its own).
 """
 
 from __future__ import annotations

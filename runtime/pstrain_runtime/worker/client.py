@@ -500,9 +500,11 @@ class ShardedClient:
             if message is None:
                 replies = transport.push_pull(frames)
             else:
-                got = (sent() if sent is not None else
-                       transport.push_pull_sparse(message, rider) if rider is not None
-                       else None)
+                got: bytes | list[Frame] | None = None
+                if sent is not None:
+                    got = sent()
+                elif rider is not None:  # (None: the transport has no riding call)
+                    got = transport.push_pull_sparse(message, rider)
                 if isinstance(got, list):  # the dense reply and the rider's
                     dense, carried = riding.split_reply(got, f"parameter server {ps}")
                 else:

@@ -96,11 +96,12 @@ def test_one_async_worker_rides_and_equals_plain_pytorch(
         assert calls["sparse push"] >= STEPS
 
 
-def test_a_pull_sends_to_every_server_then_reads_every_reply_on_its_thread(
+def test_a_pull_or_push_sends_to_every_server_then_reads_every_reply_on_its_thread(
         servers: list[PSServer], monkeypatch: pytest.MonkeyPatch) -> None:
     """Over the data plane a pull's calls (one per server) are all in flight from the
     caller's thread, no thread hop; a refusal by one server raises, and every
-    connection stays usable (the other reply is read or its connection closed)."""
+    connection stays usable (the other reply is read or its connection closed). A push
+    of its own (sync mode's) goes the same way."""
     transports = [connect(s.address, "tcp") for s in servers]
     job = training(steps=3, batchSize=BATCH, mode="async", seed=3,
                    optimizer={"name": "adagrad", "learningRate": 0.1})
@@ -119,6 +120,11 @@ def test_a_pull_sends_to_every_server_then_reads_every_reply_on_its_thread(
             client.pull(spec, outside)
         assert torch.equal(client.pull(spec, ids), want)
         assert [len(t._data._idle) for t in fresh] <= [n + 1 for n in links]
+        # A push of its own (sync mode's) goes the same way.
+        replies = client.push({spec.name: (ids, torch.zeros(ids.numel(), spec.embedding_dim))},
+                              worker=0, steps=[0, 0], versions=True)
+        assert [r["ps"] for r in replies] == [0, 1]
+        assert sum(sum(v.numel() for _, _, v in r["versions"]) for r in replies) == ids.numel()
     finally:
         client.close()
         for t in [*fresh, *transports]:

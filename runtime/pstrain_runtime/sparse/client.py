@@ -232,17 +232,32 @@ class SparseClient:
         the parts."""
         per_ps = self._push_calls(grads, worker, steps, versions)
 
+        def request(entries: list[Entry], header: dict[str, Any]
+                    ) -> tuple[dict[str, Any], list[torch.Tensor]]:
+            return header, [t for _, ids, rows in entries for t in (ids, rows)]
+
+        def answer(ps: int, reply: dict[str, Any], pushed: list[Entry]) -> dict[str, Any]:
+            return {**reply, "ps": ps, **({"versions": pushed} if versions else {})}
+
+        servers = [ps for ps in range(self.num_ps) if per_ps[ps]]
+        if len(servers) > 1 and all(len(per_ps[ps]) == 1 and on_data_plane(self.transports[ps])
+                                    for ps in servers):
+            # The usual case: one call per server, all in flight from this thread.
+            return [answer(ps, reply, _pushed_versions(ps, per_ps[ps][0][0], frames)
+                           if versions else [])
+                    for ps, reply, frames in self._at_once({ps: request(*per_ps[ps][0])
+                                                            for ps in servers})]
+
         def one(ps: int) -> dict[str, Any]:
             reply: dict[str, Any] = {}
             pushed: list[Entry] = []
             for entries, header in per_ps[ps]:
-                reply, frames = self._call(ps, header, [
-                    t for _, ids, rows in entries for t in (ids, rows)])
+                reply, frames = self._call(ps, *request(entries, header))
                 if versions:
                     pushed.extend(_pushed_versions(ps, entries, frames))
-            return {**reply, "ps": ps, **({"versions": pushed} if versions else {})}
+            return answer(ps, reply, pushed)
 
-        return self._each(one, [ps for ps in range(self.num_ps) if per_ps[ps]])
+        return self._each(one, servers)
 
     def riders(self, grads: Mapping[str, tuple[torch.Tensor, torch.Tensor]], worker: int,
                steps: Sequence[int], versions: bool = False

@@ -77,6 +77,12 @@ class SparseClient:
                           "no frame")
         return header_of(frames), frames[1:]
 
+    def _at_once_fits(self, servers: Sequence[int], per_ps: Any) -> bool:
+        """Whether `_at_once` serves these servers' calls (`per_ps[ps]`: a list each):
+        the usual case, several servers, one call each, all on the data plane."""
+        return len(servers) > 1 and all(
+            len(per_ps[ps]) == 1 and on_data_plane(self.transports[ps]) for ps in servers)
+
     def _at_once(self, calls: Mapping[int, tuple[dict[str, Any], Sequence[torch.Tensor]]]
                  ) -> Iterator[tuple[int, dict[str, Any], list[Frame]]]:
         """One call to each server in `calls` (transports `on_data_plane`), all in
@@ -151,9 +157,7 @@ class SparseClient:
         servers = [ps for ps in range(self.num_ps)
                    if ps in also or any(p[ps].numel() for p in positions)]
         per_ps = {ps: self._pull_calls(specs, [p[ps] for p in positions]) for ps in servers}
-        if len(servers) > 1 and all(len(per_ps[ps]) == 1 and on_data_plane(self.transports[ps])
-                                    for ps in servers):
-            # The usual case: one call per server, all in flight from this thread.
+        if self._at_once_fits(servers, per_ps):
             for ps, reply, frames in self._at_once({ps: request(per_ps[ps][0])
                                                     for ps in servers}):
                 take(ps, per_ps[ps][0], reply, frames)
@@ -240,9 +244,7 @@ class SparseClient:
             return {**reply, "ps": ps, **({"versions": pushed} if versions else {})}
 
         servers = [ps for ps in range(self.num_ps) if per_ps[ps]]
-        if len(servers) > 1 and all(len(per_ps[ps]) == 1 and on_data_plane(self.transports[ps])
-                                    for ps in servers):
-            # The usual case: one call per server, all in flight from this thread.
+        if self._at_once_fits(servers, per_ps):
             return [answer(ps, reply, _pushed_versions(ps, per_ps[ps][0][0], frames)
                            if versions else [])
                     for ps, reply, frames in self._at_once({ps: request(*per_ps[ps][0])

@@ -82,6 +82,15 @@ def unique_inverse(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(unique), torch.from_numpy(inverse.reshape(-1))
 
 
+def in_sorted(ids: torch.Tensor, among: torch.Tensor) -> torch.Tensor:
+    """Which of `ids` are in `among` (int64, sorted ascending): a binary search of
+    each, not a pass over all of `among` per id (bool [n])."""
+    if not among.numel():
+        return torch.zeros(ids.shape, dtype=torch.bool)
+    at = torch.searchsorted(among, ids).clamp_(max=among.numel() - 1)
+    return among[at] == ids
+
+
 def index_hash(keys: np.ndarray) -> np.ndarray:
     """A second, independent mix for a server's id->slot hash map (the owner rule's
     low bits are equal for every id one server holds)."""

@@ -69,6 +69,7 @@ import torch
 
 from .. import allocator
 from .cold import MAX_MEMORY, MIN_MEMORY, ColdStore, release_free_memory
+from .ids import in_sorted
 from .index import DIRECT_MAX_IDS, DIRECT_MAX_SERVERS
 from .rowopt import coalesce
 from .scatter import put_rows
@@ -218,11 +219,7 @@ class GivenIds:
 
     def among(self, ids: torch.Tensor) -> torch.Tensor:
         """Which of `ids` were given (bool)."""
-        hit = np.zeros(ids.numel(), dtype=bool)
-        if len(self.run):
-            pos = np.minimum(np.searchsorted(self.run, ids.numpy()), len(self.run) - 1)
-            hit = self.run[pos] == ids.numpy()
-        out = torch.from_numpy(hit)
+        out = in_sorted(ids, torch.from_numpy(self.run))
         if self.recent:
             out |= torch.isin(ids, torch.cat(self.recent))
         return out
@@ -485,10 +482,8 @@ class TieredTable:
         if self.since is not None:
             owed = owed[block.last >= self.since]
         if self.disk_pass:  # those the pass has not reached
-            if self.candidates is not None:  # (sorted: a search, not a scan of them all)
-                ahead = self.candidates[self.disk_at:]
-                at = torch.searchsorted(ahead, owed).clamp(max=max(0, ahead.numel() - 1))
-                owed = owed[ahead[at] == owed] if ahead.numel() else owed[:0]
+            if self.candidates is not None:  # (sorted)
+                owed = owed[in_sorted(owed, self.candidates[self.disk_at:])]
             else:
                 owed = owed[owed >= self.disk_at]
         if owed.numel():

@@ -67,6 +67,7 @@ NAMESPACED = frozenset({
     ("scheduling.volcano.sh", "podgroups"),
     ("scheduling.x-k8s.io", "podgroups"),
     ("pstrain.io", "trainingjobs/status"),
+    ("pstrain.io", "trainingjobs/finalizers"),
     ("", "pods"),
     ("", "pods/log"),
     ("", "pods/status"),

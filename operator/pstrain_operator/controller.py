@@ -63,11 +63,12 @@ from .reconcile import (
     unapplied,
 )
 from .observe import observe_pod
-from .refusals import cleared, record_refusal
+from .refusals import cleared, record_refusal, wait_left
 from .security import (
     ensure_auth_secret,
     ensure_network_policy,
     ensure_own_key_secret,
+    network_policy_name,
     probe_security,
     stored_worker_keys,
 )
@@ -209,20 +210,8 @@ class Reconciler:
             return decide_invalid(old_status, [p.message for p in problems],
                                   meta.get("generation"), now)
         job = job.model_copy(update={"status": old_status})
-        # The credentials Secret exists before any pod that mounts it (created if absent;
-        # never rewritten). Its worker key lets the progress probe in.
-        # So does its NetworkPolicy, when the operator makes one per job.
         running = old_status.phase not in c.TERMINAL_PHASES
-        refused_secret: KubeError | None = None
-        try:
-            keys = (ensure_auth_secret(self.kube, job)
-                    if job.spec.security.authentication and running else None)
-        except KubeError as exc:
-            if exc.namespace_terminating:
-                raise
-            keys, refused_secret = None, exc
-        if self.network_policy and running:
-            ensure_network_policy(self.kube, job, self.operator_namespace)
+        keys, refused = self._prepare(job, old_status, now) if running else (None, None)
         pods = [observe_pod(p) for p in self.kube.list_pods(job.namespace, job_selector(job.name))]
         observed_pods = tuple(p for p in pods if p is not None)
         service = self.kube.service_exists(job.namespace, job.name)
@@ -249,18 +238,45 @@ class Reconciler:
         plan = decide(Observed(job, observed_pods, service, now, progress, checkpoint,
                                server_workers(reply)),
                       self.pod_settings, self.progress_interval)
-        if refused_secret is not None:
-            plan = self._without_pods(plan, security.secret_name(job.name), refused_secret)
+        if refused is not None:
+            plan = self._without_pods(plan, *refused)
         if plan.status.phase == "Running" and has_status and plan.requeue_after is not None:
             soon = progress_interval_for(plan.status, self.progress_interval)
             plan = replace(plan, requeue_after=min(plan.requeue_after, soon))
         return plan
 
-    def _without_pods(self, plan: Plan, secret: str, exc: KubeError) -> Plan:
-        """The plan without its creates (pods, the Service), the Secret's refusal in the
-        status (with back-off), as for a create the API server refused."""
+    def _prepare(self, job: TrainingJob, old_status: TrainingJobStatus, now: datetime,
+                 ) -> tuple[Any, tuple[str, KubeError] | None]:
+        """What exists before any pod: the credentials Secret, which the pods mount
+        (created if absent, never rewritten; its worker key lets the progress probe
+        in), then the job's NetworkPolicy when the operator makes one per job. Returns
+        the keys, and the object the API server refused with its refusal, if any.
+        After a refusal of either, nothing is tried until its back-off has passed."""
+        secret = f"Secret/{security.secret_name(job.name)}"
+        policy = f"NetworkPolicy/{network_policy_name(job.name)}"
+        refusal = old_status.create_refusal
+        if (refusal is not None and refusal.object in (secret, policy)
+                and wait_left(old_status, job.metadata.generation, now) > 0):
+            return None, None
+        keys, obj = None, secret
+        try:
+            if job.spec.security.authentication:
+                keys = ensure_auth_secret(self.kube, job)
+            obj = policy
+            if self.network_policy:
+                ensure_network_policy(self.kube, job, self.operator_namespace)
+        except KubeError as exc:
+            if exc.namespace_terminating:
+                raise
+            return keys, (obj, exc)
+        return keys, None
+
+    def _without_pods(self, plan: Plan, obj: str, exc: KubeError) -> Plan:
+        """The plan without its creates (pods, the Service), the refusal of `obj` (made
+        before them) in the status with back-off, as for a create the API server
+        refused."""
         skipped = {a.name for a in plan.actions if isinstance(a, CreatePod | CreateService)}
-        return self._refused(plan, skipped, f"Secret/{secret}", exc)
+        return self._refused(plan, skipped, obj, exc)
 
     def _refused(self, plan: Plan, skipped: set[str], obj: str, exc: KubeError) -> Plan:
         """The plan as carried out without the creates of `skipped`, with the refusal of

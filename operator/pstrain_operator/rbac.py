@@ -12,6 +12,10 @@ Who needs what:
   (`pstrain.io/...`); the operator gets a job afresh on each reconcile and deletes it
   when ttlSecondsAfterFinished has passed.
 - trainingjobs/status: the operator's single status write (JSON merge patch).
+- trainingjobs/finalizers: never called. The operator's children name their job with
+  `blockOwnerDeletion: true`, and a cluster with the OwnerReferencesPermissionEnforcement
+  admission plugin (OpenShift's default) refuses that from anyone who may not `update`
+  the owner's finalizers: without it no job of such a cluster would get a single pod.
 - pods: kopf lists/watches them (pod events wake the owning job); the operator lists
   them by label selector, creates and deletes them.
 - services: the operator gets and creates the headless Service.
@@ -41,6 +45,7 @@ Permission = tuple[str, str, tuple[str, ...]]
 PERMISSIONS: Final[tuple[Permission, ...]] = (
     ("pstrain.io", "trainingjobs", ("get", "list", "watch", "patch", "delete")),
     ("pstrain.io", "trainingjobs/status", ("patch",)),
+    ("pstrain.io", "trainingjobs/finalizers", ("update",)),
     ("", "pods", ("list", "watch", "create", "delete")),
     ("", "services", ("get", "create")),
     ("", "secrets", ("get", "create")),

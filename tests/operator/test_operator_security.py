@@ -295,6 +295,68 @@ def test_the_executor_makes_one_network_policy_per_job_when_enabled(enabled: boo
     assert kube.calls.count(("create", "NetworkPolicy/j-pstrain-ps")) == int(enabled)
 
 
+OWNER_REFS = ("cannot set blockOwnerDeletion if an ownerReference refers to a resource you "
+              "can't set finalizers on")
+
+
+@pytest.mark.parametrize("kind", ["Secret", "NetworkPolicy"])
+def test_a_refused_secret_or_network_policy_is_reported_and_no_pod_is_made(
+        kind: str) -> None:
+    """What the API server refuses before any pod (here as OwnerReferencesPermission-
+    Enforcement refuses an operator without `update` on trainingjobs/finalizers) is the
+    job's CreateRejected condition and one Warning, with back-off, not a blank row."""
+    from pstrain_operator.kube import KubeError
+
+    from .test_operator_controller import Clock, conditions
+
+    kube, events, status, clock = FakeKube(), Recorder(), FakeStatus(), Clock()
+    kube.add_job(make_job().body())
+    op = make_reconciler(kube, events, status)
+    op.clock, op.network_policy, op.operator_namespace = clock, True, "pstrain-system"
+    name = {"Secret": "j-pstrain-auth", "NetworkPolicy": "j-pstrain-ps"}[kind]
+    message = f'{kind.lower()}s "{name}" is forbidden: {OWNER_REFS}'
+    tried: list[str] = []
+
+    def create(manifest: Mapping[str, Any]) -> bool:
+        if manifest["kind"] == kind:
+            tried.append(manifest["metadata"]["name"])
+            raise KubeError(403, f"POST returned 403: {message}", message)
+        return FakeKube.create(kube, manifest)
+
+    kube.create = create  # type: ignore[method-assign]
+    assert op.reconcile("ns", "j") == 5.0
+    assert tried == [name] and kube.pod_names() == [] and not kube.services
+    st = kube.jobs[("ns", "j")]["status"]
+    assert st["createRefusal"]["object"] == f"{kind}/{name}"
+    assert st["createRefusal"]["code"] == 403
+    assert OWNER_REFS in conditions(kube)["CreateRejected"]["message"]
+    assert events.reasons().count("CreateRejected") == 1
+
+    clock.seconds = 2  # a pod or job event meanwhile: no new attempt is reported
+    op.reconcile("ns", "j")
+    assert events.reasons() == [] and kube.pod_names() == [] and tried == [name]
+
+    # The operator's role is mended: the next try makes it, then the pods follow.
+    kube.create = FakeKube.create.__get__(kube)  # type: ignore[method-assign]
+    clock.seconds = 5
+    op.reconcile("ns", "j")
+    assert kube.pod_names() == ["j-ps-0"]
+    assert conditions(kube)["CreateRejected"]["status"] == "False"
+    assert (kube.secrets if kind == "Secret" else kube.network_policies)[("ns", name)]
+
+
+def test_a_job_failed_by_a_refused_network_policy_names_no_pod() -> None:
+    from pstrain_api.model import CreateRefusal
+    from pstrain_operator.steps.refused_creates import refusal_cause
+
+    cluster = kubernetes_cluster_spec(make_job().build())
+    for obj, pod, role in (("NetworkPolicy/j-pstrain-ps", "", ""),
+                           ("Secret/j-pstrain-auth", "", ""), ("Service/j", "", ""),
+                           ("Pod/j-ps-0", "j-ps-0", "ps")):
+        cause = refusal_cause(cluster, CreateRefusal(object=obj, message=OWNER_REFS))
+        assert (cause.pod, cause.role, cause.message) == (pod, role, OWNER_REFS)
+
+
 def test_settings_turn_the_network_policy_off_and_know_their_namespace() -> None:
     from pstrain_operator.settings import load_settings
 

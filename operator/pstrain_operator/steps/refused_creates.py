@@ -31,8 +31,12 @@ def give_up(p: Pass) -> Plan | None:
 
 
 def refusal_cause(cluster: ClusterSpec, refusal: CreateRefusal) -> FailureCause:
-    """The root cause of a job failed by refused creates: the refused pod and its role."""
-    refused = refusal.object.split("/")[-1]
+    """The root cause of a job failed by refused creates: the refused pod and its role
+    (neither when what was refused is the job's Secret, Service or NetworkPolicy; the
+    message names it)."""
+    kind, _, refused = refusal.object.rpartition("/")
     role = next((t.role for t in cluster.tasks() if cluster.replica_name(t) == refused), "")
-    return FailureCause(role=role, pod=refused, reason=refusals.R_CREATE_REJECTED,
+    pod = refused if kind in ("", "Pod") else ""
+    return FailureCause(role=role if pod else "", pod=pod,
+                        reason=refusals.R_CREATE_REJECTED,
                         message=refusal.message)

@@ -15,7 +15,11 @@ CONNECT_DEADLINE_S = 60.0
 
 def serve_ps(ps_index: int, port: int, timeout_s: float, token: bytes | None = None) -> None:
     """Run one parameter server on 127.0.0.1:`port` until a client's Shutdown RPC (or
-    `timeout_s`); with `token`, it checks that job token's keys on every call."""
+    `timeout_s`); with `token`, it checks that job token's keys on every call. The
+    process's allocator is set as `pstrain replica` sets a server's."""
+    from pstrain_runtime import allocator
+
+    allocator.tune("ps")
     server = start_ps(ps_index, port, token)
     if not server.wait(timeout_s):
         server.stop(grace=0)
@@ -145,12 +149,16 @@ def run_trainer(training, namespace: str, worker: int, num_workers: int,  # noqa
                 ports: Sequence[int], emit=None, progress_interval: float = 1.0,  # noqa: ANN001
                 overlap: bool = False):  # noqa: ANN201
     """One trainer of one job: chief when worker == 0; `overlap` is `pstrain replica
-    --overlap`. Returns (TrainResult, seconds from the start of `run()` to its end)."""
+    --overlap`. The process's allocator is set as `pstrain replica` sets a trainer's.
+    Returns (TrainResult, seconds from the start of `run()` to its end)."""
     import time
 
+    from pstrain_runtime import allocator
     from pstrain_runtime.worker.client import connect
     from pstrain_runtime.worker.context import WorkerRole
     from pstrain_runtime.worker.trainer import Trainer
+
+    allocator.tune("trainer")
 
     role = WorkerRole(namespace=namespace, worker=worker, num_workers=num_workers)
     trainer = Trainer(training, role,

@@ -192,8 +192,10 @@ def build_pod(
         "restartPolicy": "Never",
     })
     pod_spec.setdefault("enableServiceLinks", False)
-    if restricted:
+    if restricted:  # each container of the template's without a securityContext too
         pod_spec.setdefault("securityContext", copy.deepcopy(RESTRICTED_POD_SECURITY))
+        for other in pod_spec["containers"][1:] + pod_spec.get("initContainers", []):
+            other.setdefault("securityContext", copy.deepcopy(RESTRICTED_CONTAINER_SECURITY))
 
     meta = template.get("metadata") or {}
     annotations = dict(meta.get("annotations") or {})

@@ -13,6 +13,7 @@ from pstrain_api.cluster import Task, kubernetes_cluster_spec, local_cluster_spe
 from pstrain_operator.build import (
     ANNOTATION_APPLIED_SPEC,
     ANNOTATION_SPEC_HASH,
+    RESTRICTED_CONTAINER_SECURITY,
     build_pod,
     build_service,
     spec_hash,
@@ -169,6 +170,27 @@ def test_template_security_context_wins_and_none_setting_drops_default() -> None
     bare = build_pod(job, cluster, Task("worker", 1), PodSettings(pod_security="none"))
     assert "securityContext" not in bare["spec"]["containers"][0]
     assert "securityContext" not in bare["spec"]
+
+
+def test_the_restricted_default_covers_sidecars_and_init_containers() -> None:
+    """Each container the template leaves without a securityContext gets the default
+    (the "restricted" standard checks every container); one that sets its own keeps it."""
+    own = {"runAsUser": 1000}
+    job = make_job().template("worker", sidecars=[{"name": "log", "image": "busybox"},
+                                                  {"name": "own", "image": "busybox",
+                                                   "securityContext": own}],
+                              spec={"initContainers": [{"name": "fetch", "image": "busybox"}]}
+                              ).build()
+    cluster = kubernetes_cluster_spec(job)
+    spec = build_pod(job, cluster, Task("worker", 1), PodSettings())["spec"]
+    contexts = {ctr["name"]: ctr.get("securityContext")
+                for ctr in spec["containers"] + spec["initContainers"]}
+    assert contexts == {"pstrain": RESTRICTED_CONTAINER_SECURITY,
+                        "log": RESTRICTED_CONTAINER_SECURITY, "own": own,
+                        "fetch": RESTRICTED_CONTAINER_SECURITY}
+    bare = build_pod(job, cluster, Task("worker", 1), PodSettings(pod_security="none"))
+    assert [ctr.get("securityContext") for ctr in bare["spec"]["containers"]
+            + bare["spec"]["initContainers"]] == [None, None, own, None]
 
 
 def test_headless_service_whole_object() -> None:

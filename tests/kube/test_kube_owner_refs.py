@@ -4,9 +4,8 @@ default in OpenShift): only someone allowed to `update` the owner's `finalizers`
 Every object the operator makes names its TrainingJob that way.
 
 ../shared/k8s runs its API server without that plugin, so this module starts a second
-kube-apiserver beside it with the plugin on: the same binary, flags, certificates and
-etcd as the running one (read from its command line), its own port and its own etcd
-prefix (a world of its own, with no controller-manager). The chart is installed there
+kube-apiserver beside it with the plugin on (`apiserver.second_api_server`: a world of
+its own, with no controller-manager). The chart is installed there
 and the real `pstrain operator` runs with a token of the chart's ServiceAccount, so the
 API server judges exactly what the chart grants. Pods stay Pending (no node): the
 tests are about what the API server lets the operator make.
@@ -15,9 +14,7 @@ tests are about what the API server lets the operator make.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -27,16 +24,15 @@ from pathlib import Path
 import pytest
 
 from pstrain_operator.rbac import PERMISSIONS
-from pstrain_runtime.local.processes import find_free_ports
 from tests.operator.conftest import OperatorProcess
 
+from .apiserver import second_api_server, token_kubeconfig
 from .conftest import ROOT, Cluster, wait_until
 from .test_kube_chart import Release, install
 
 PLUGIN = "OwnerReferencesPermissionEnforcement"
 REFUSED = "cannot set blockOwnerDeletion"
 FINALIZERS = ("pstrain.io", "trainingjobs/finalizers", ("update",))
-START_TIMEOUT = 60
 WAIT = 60  # seconds for the operator to act on a job (its first retry comes after 5 s)
 
 
@@ -68,83 +64,25 @@ class Enforcing:
         return "\n--- operator\n" + "\n".join(lines[-30:])
 
 
-def _second_api_server(cluster: Cluster, work: Path) -> tuple[subprocess.Popen[bytes], Path]:
-    """kube-apiserver as the running one is, with the plugin on, on a port and an etcd
-    prefix of its own; returns the process and an admin kubeconfig for it."""
-    pid = (cluster.state / "apiserver.pid").read_text().strip()
-    argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").decode().split("\0")
-    cwd = os.readlink(f"/proc/{pid}/cwd")
-    [port] = find_free_ports(1)
-    old_port = argv[argv.index("--secure-port") + 1]
-    argv[argv.index("--secure-port") + 1] = str(port)
-    argv += ["--etcd-prefix", f"/pstrain-owner-refs-{uuid.uuid4().hex[:8]}",
-             "--enable-admission-plugins", PLUGIN]
-    log = open(work / "apiserver.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-    log.close()
-    kubeconfig = work / "admin.kubeconfig"
-    kubeconfig.write_text(cluster.kubeconfig.read_text().replace(
-        f"127.0.0.1:{old_port}", f"127.0.0.1:{port}"))
-    kubeconfig.chmod(0o600)
-    return proc, kubeconfig
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-
-
-def _token_kubeconfig(admin: Path, release: Release, work: Path) -> Path:
-    """A kubeconfig that logs in as the chart's ServiceAccount (a bound token)."""
-    sa = release.service_account.rsplit(":", 1)[1]
-    token = release.cluster.kubectl("create", "token", sa, "--duration", "1h",
-                                    namespace=release.namespace).stdout.strip()
-    config = json.loads(subprocess.run(
-        ["kubectl", "config", "view", "--raw", "--flatten", "-o", "json"],
-        env={**os.environ, "KUBECONFIG": str(admin)}, capture_output=True, text=True,
-        timeout=30, check=True).stdout)
-    config["users"] = [{"name": "operator", "user": {"token": token}}]
-    for context in config["contexts"]:
-        context["context"]["user"] = "operator"
-    path = work / "operator.kubeconfig"
-    path.write_text(json.dumps(config))
-    path.chmod(0o600)
-    return path
-
-
 @pytest.fixture(scope="module")
 def enforcing(cluster: Cluster) -> Iterator[Enforcing]:
     work = Path(tempfile.mkdtemp(prefix="pstrain-owner-refs-"))
-    proc, admin = _second_api_server(cluster, work)
-    operator: OperatorProcess | None = None
     try:
-        second = Cluster(admin, cluster.state)
-
-        def ready() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(f"kube-apiserver exited {proc.returncode}:\n"
-                                     + (work / "apiserver.log").read_text()[-3000:])
-            return second.kubectl("--request-timeout=2s", "get", "--raw", "/readyz",
-                                  check=False).returncode == 0
-
-        wait_until("the second kube-apiserver", ready, timeout=START_TIMEOUT)
-        release = install(second)  # its crds/ make the TrainingJob CRD here
-        wait_until("the CRD to be served", lambda: second.kubectl(
-            "get", "trainingjobs", "-A", check=False).returncode == 0, timeout=START_TIMEOUT)
-        operator = OperatorProcess(_token_kubeconfig(admin, release, work), work,
-                                   extra_env={"PSTRAIN_OPERATOR_NAMESPACES": ""})
-        operator.start()
-        yield Enforcing(second, release, operator)
+        with second_api_server(cluster, work, "--enable-admission-plugins", PLUGIN) as second:
+            release = install(second)  # its crds/ make the TrainingJob CRD here
+            wait_until("the CRD to be served", lambda: second.kubectl(
+                "get", "trainingjobs", "-A", check=False).returncode == 0, timeout=WAIT)
+            kubeconfig = token_kubeconfig(second, release.service_account,
+                                          work / "operator.kubeconfig")
+            operator = OperatorProcess(kubeconfig, work,
+                                       extra_env={"PSTRAIN_OPERATOR_NAMESPACES": ""})
+            try:  # (stopped while its API server still answers)
+                operator.start()
+                yield Enforcing(second, release, operator)
+            finally:
+                operator.stop()
     finally:
-        if operator is not None:
-            operator.stop()
-        _stop(proc)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _rules_without_finalizers() -> list[dict[str, object]]:

@@ -1,0 +1,126 @@
+"""Leader election on a real API server: two `pstrain operator` processes with
+`leaderElection.enabled` (kopf peering through the chart's ClusterKopfPeering), each
+logged in with a token of the chart's ServiceAccount, so the API server judges what
+the chart grants. The one of the higher (random) peering priority leads and the other
+waits; the leader makes a job's pods; once it stops, the other takes over and makes the
+next job's.
+
+The chart and its cluster-scoped peering object live on a second kube-apiserver
+(`apiserver.second_api_server`), a world of their own that no other test's operator
+watches. Pods stay Pending (no node): the tests are about who acts.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.operator.conftest import OperatorProcess
+
+from .apiserver import second_api_server, token_kubeconfig
+from .conftest import ROOT, Cluster, wait_until
+from .test_kube_chart import install
+
+PAUSED = "Pausing operations in favour of"
+RESUMED = "Resuming operations after the pause"
+WAIT = 60
+
+
+@dataclass
+class Peers:
+    cluster: Cluster
+    operators: list[OperatorProcess]
+
+    def log(self, op: OperatorProcess) -> str:
+        return op.log_tail(100_000)
+
+    def apply_job(self, name: str) -> str:
+        """The digits example as job `name` in a namespace of its own; the namespace."""
+        namespace = f"lead-{uuid.uuid4().hex[:8]}"
+        self.cluster.kubectl("create", "namespace", namespace)
+        self.cluster.kubectl("create", "serviceaccount", "default", namespace=namespace)
+        text = (ROOT / "examples" / "digits.yaml").read_text()
+        self.cluster.kubectl("apply", "--server-side", "-f", "-", namespace=namespace,
+                             input=text.replace("name: digits", f"name: {name}", 1))
+        return namespace
+
+    def wait(self, what: str, predicate: Any) -> Any:
+        """wait_until, with both operators' logs and the peering in its failure."""
+        try:
+            return wait_until(what, predicate, timeout=WAIT)
+        except AssertionError as exc:
+            tails = "\n".join(f"--- operator {k}\n" + "\n".join(
+                line for line in op.log_tail(300).splitlines() if " DEBUG " not in line)
+                for k, op in enumerate(self.operators))
+            peering = self.cluster.kubectl("get", "clusterkopfpeering/pstrain", "-o",
+                                           "yaml", check=False).stdout
+            raise AssertionError(f"{exc}\n{tails}\n--- peering\n{peering}") from None
+
+    def wait_for_pod(self, namespace: str, name: str) -> None:
+        self.wait(f"pod {name}", lambda: self.cluster.kubectl(
+            "get", "pod", name, namespace=namespace, check=False).returncode == 0)
+
+
+@pytest.fixture(scope="module")
+def peers(cluster: Cluster) -> Iterator[Peers]:
+    work = Path(tempfile.mkdtemp(prefix="pstrain-leader-"))
+    operators: list[OperatorProcess] = []
+    try:
+        with second_api_server(cluster, work) as second:
+            release = install(second, {"leaderElection": {"enabled": True}})
+            second.kubectl("get", "clusterkopfpeering/pstrain")  # the chart made it
+            wait_until("the CRD to be served", lambda: second.kubectl(
+                "get", "trainingjobs", "-A", check=False).returncode == 0, timeout=WAIT)
+            kubeconfig = token_kubeconfig(second, release.service_account,
+                                          work / "operator.kubeconfig")
+            try:  # (stopped while their API server still answers)
+                for k in range(2):
+                    (work / f"op{k}").mkdir()
+                    operators.append(OperatorProcess(
+                        kubeconfig, work / f"op{k}",
+                        extra_env={"PSTRAIN_OPERATOR_NAMESPACES": "",
+                                   "PSTRAIN_OPERATOR_LEADER_ELECTION": "true"}))
+                    operators[-1].start()
+                yield Peers(second, operators)
+            finally:
+                for op in operators:
+                    op.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def priority(log: str) -> int:
+    found = re.search(r"peering priority (\d+)", log)
+    assert found, "the operator did not say its peering priority"
+    return int(found.group(1))
+
+
+def acting(log: str) -> bool:
+    """kopf starts a peer paused, logs when it resumes, and logs a pause only when it
+    was acting; the last of those says whether it acts."""
+    return log.rfind(RESUMED) > log.rfind(PAUSED)
+
+
+def test_one_operator_leads_and_the_other_takes_over_when_it_stops(peers: Peers) -> None:
+    follower, leader = sorted(peers.operators, key=lambda op: priority(peers.log(op)))
+    peers.wait("the operator of the higher priority alone to act", lambda: acting(
+        peers.log(leader)) and not acting(peers.log(follower)))
+
+    namespace = peers.apply_job("led")
+    peers.wait_for_pod(namespace, "led-ps-0")
+    assert f"{namespace}/led" in peers.log(leader)
+    assert namespace not in peers.log(follower)  # it waited
+
+    leader.stop()  # a clean exit takes its record out of the peering at once
+    peers.wait("the other operator to resume", lambda: RESUMED in peers.log(follower))
+    namespace = peers.apply_job("after")
+    peers.wait_for_pod(namespace, "after-ps-0")
+    assert f"{namespace}/after" in peers.log(follower)

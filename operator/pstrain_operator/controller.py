@@ -251,19 +251,21 @@ class Reconciler:
         (created if absent, never rewritten; its worker key lets the progress probe
         in), then the job's NetworkPolicy when the operator makes one per job. Returns
         the keys, and the object the API server refused with its refusal, if any.
-        After a refusal of either, nothing is tried until its back-off has passed."""
+        After a refusal of either, it (and what comes after it) is not tried again
+        until its back-off has passed."""
         secret = f"Secret/{security.secret_name(job.name)}"
         policy = f"NetworkPolicy/{network_policy_name(job.name)}"
         refusal = old_status.create_refusal
-        if (refusal is not None and refusal.object in (secret, policy)
-                and wait_left(old_status, job.metadata.generation, now) > 0):
+        waiting = (refusal.object if refusal is not None
+                   and wait_left(old_status, job.metadata.generation, now) > 0 else None)
+        if waiting == secret:
             return None, None
         keys, obj = None, secret
         try:
             if job.spec.security.authentication:
                 keys = ensure_auth_secret(self.kube, job)
             obj = policy
-            if self.network_policy:
+            if self.network_policy and waiting != policy:
                 ensure_network_policy(self.kube, job, self.operator_namespace)
         except KubeError as exc:
             if exc.namespace_terminating:

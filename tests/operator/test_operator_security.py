@@ -333,8 +333,12 @@ def test_a_refused_secret_or_network_policy_is_reported_and_no_pod_is_made(
     assert events.reasons().count("CreateRejected") == 1
 
     clock.seconds = 2  # a pod or job event meanwhile: no new attempt is reported
+    calls = len(kube.calls)
     op.reconcile("ns", "j")
     assert events.reasons() == [] and kube.pod_names() == [] and tried == [name]
+    # The Secret, made before the policy, is still read (its key lets the probe in).
+    read = ("get", "Secret/j-pstrain-auth") in kube.calls[calls:]
+    assert read == (kind == "NetworkPolicy")
 
     # The operator's role is mended: the next try makes it, then the pods follow.
     kube.create = FakeKube.create.__get__(kube)  # type: ignore[method-assign]

@@ -1,11 +1,11 @@
 """Leader election on a real API server: two `pstrain operator` processes with
-`leaderElection.enabled` (kopf peering through the chart's ClusterKopfPeering), each
-logged in with a token of the chart's ServiceAccount, so the API server judges what
-the chart grants. The one of the higher (random) peering priority leads and the other
-waits; the leader makes a job's pods; once it stops, the other takes over and makes the
-next job's.
+`leaderElection.enabled` (kopf peering), each logged in with a token of the chart's
+ServiceAccount so that the API server judges what the chart grants, serving all
+namespaces (the chart's ClusterKopfPeering) or two listed ones (its KopfPeering in
+each). The one of the higher (random) peering priority leads and the other waits; the
+leader makes a job's pods; once it stops, the other takes over and makes the next job's.
 
-The chart and its cluster-scoped peering object live on a second kube-apiserver
+The chart and its peering objects live on a second kube-apiserver
 (`apiserver.second_api_server`), a world of their own that no other test's operator
 watches. Pods stay Pending (no node): the tests are about who acts.
 """
@@ -38,45 +38,64 @@ WAIT = 60
 class Peers:
     cluster: Cluster
     operators: list[OperatorProcess]
+    namespaces: list[str]  # where jobs go: the watched ones ([] when all are)
 
     def log(self, op: OperatorProcess) -> str:
         return op.log_tail(100_000)
 
-    def apply_job(self, name: str) -> str:
-        """The digits example as job `name` in a namespace of its own; the namespace."""
-        namespace = f"lead-{uuid.uuid4().hex[:8]}"
-        self.cluster.kubectl("create", "namespace", namespace)
-        self.cluster.kubectl("create", "serviceaccount", "default", namespace=namespace)
+    def apply_job(self, name: str, k: int) -> str:
+        """The digits example as job `name` in the k-th watched namespace (or a new one
+        when all are watched); that namespace."""
+        if self.namespaces:
+            namespace = self.namespaces[k]
+        else:
+            namespace = job_namespace(self.cluster)
         text = (ROOT / "examples" / "digits.yaml").read_text()
         self.cluster.kubectl("apply", "--server-side", "-f", "-", namespace=namespace,
                              input=text.replace("name: digits", f"name: {name}", 1))
         return namespace
 
     def wait(self, what: str, predicate: Any) -> Any:
-        """wait_until, with both operators' logs and the peering in its failure."""
+        """wait_until, with both operators' logs and the peerings in its failure."""
         try:
             return wait_until(what, predicate, timeout=WAIT)
         except AssertionError as exc:
             tails = "\n".join(f"--- operator {k}\n" + "\n".join(
                 line for line in op.log_tail(300).splitlines() if " DEBUG " not in line)
                 for k, op in enumerate(self.operators))
-            peering = self.cluster.kubectl("get", "clusterkopfpeering/pstrain", "-o",
-                                           "yaml", check=False).stdout
-            raise AssertionError(f"{exc}\n{tails}\n--- peering\n{peering}") from None
+            peerings = self.cluster.kubectl("get", "clusterkopfpeerings,kopfpeerings", "-A",
+                                            "-o", "yaml", check=False).stdout
+            raise AssertionError(f"{exc}\n{tails}\n--- peerings\n{peerings}") from None
 
     def wait_for_pod(self, namespace: str, name: str) -> None:
         self.wait(f"pod {name}", lambda: self.cluster.kubectl(
             "get", "pod", name, namespace=namespace, check=False).returncode == 0)
 
 
-@pytest.fixture(scope="module")
-def peers(cluster: Cluster) -> Iterator[Peers]:
+def job_namespace(cluster: Cluster) -> str:
+    """A new namespace with the `default` ServiceAccount a job's pods run as (made
+    here: no controller-manager serves this API server)."""
+    namespace = f"lead-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl("create", "namespace", namespace)
+    cluster.kubectl("create", "serviceaccount", "default", namespace=namespace)
+    return namespace
+
+
+@pytest.fixture(scope="module", params=["all-namespaces", "namespaced"])
+def peers(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Peers]:
+    """The chart with leader election, serving all namespaces (one ClusterKopfPeering)
+    or two listed ones (a KopfPeering and a Role in each), and two operators."""
     work = Path(tempfile.mkdtemp(prefix="pstrain-leader-"))
     operators: list[OperatorProcess] = []
     try:
         with second_api_server(cluster, work) as second:
-            release = install(second, {"leaderElection": {"enabled": True}})
-            second.kubectl("get", "clusterkopfpeering/pstrain")  # the chart made it
+            watched = ([job_namespace(second) for _ in range(2)]
+                       if request.param == "namespaced" else [])
+            release = install(second, {"leaderElection": {"enabled": True},
+                                       "watchNamespaces": watched})
+            for namespace in watched or [None]:  # the chart made the peering objects
+                second.kubectl("get", "kopfpeering/pstrain" if namespace
+                               else "clusterkopfpeering/pstrain", namespace=namespace)
             wait_until("the CRD to be served", lambda: second.kubectl(
                 "get", "trainingjobs", "-A", check=False).returncode == 0, timeout=WAIT)
             kubeconfig = token_kubeconfig(second, release.service_account,
@@ -86,10 +105,10 @@ def peers(cluster: Cluster) -> Iterator[Peers]:
                     (work / f"op{k}").mkdir()
                     operators.append(OperatorProcess(
                         kubeconfig, work / f"op{k}",
-                        extra_env={"PSTRAIN_OPERATOR_NAMESPACES": "",
+                        extra_env={"PSTRAIN_OPERATOR_NAMESPACES": ",".join(watched),
                                    "PSTRAIN_OPERATOR_LEADER_ELECTION": "true"}))
                     operators[-1].start()
-                yield Peers(second, operators)
+                yield Peers(second, operators, watched)
             finally:
                 for op in operators:
                     op.stop()
@@ -105,7 +124,8 @@ def priority(log: str) -> int:
 
 def acting(log: str) -> bool:
     """kopf starts a peer paused, logs when it resumes, and logs a pause only when it
-    was acting; the last of those says whether it acts."""
+    was acting; the last of those says whether it acts (in every namespace it serves:
+    one peer has one priority everywhere)."""
     return log.rfind(RESUMED) > log.rfind(PAUSED)
 
 
@@ -114,13 +134,15 @@ def test_one_operator_leads_and_the_other_takes_over_when_it_stops(peers: Peers)
     peers.wait("the operator of the higher priority alone to act", lambda: acting(
         peers.log(leader)) and not acting(peers.log(follower)))
 
-    namespace = peers.apply_job("led")
+    namespace = peers.apply_job("led", 0)
     peers.wait_for_pod(namespace, "led-ps-0")
     assert f"{namespace}/led" in peers.log(leader)
-    assert namespace not in peers.log(follower)  # it waited
+    assert f"{namespace}/led" not in peers.log(follower)  # it waited
 
+    seen = len(peers.log(follower))
     leader.stop()  # a clean exit takes its record out of the peering at once
-    peers.wait("the other operator to resume", lambda: RESUMED in peers.log(follower))
-    namespace = peers.apply_job("after")
+    peers.wait("the other operator to resume",
+               lambda: RESUMED in peers.log(follower)[seen:])
+    namespace = peers.apply_job("after", 1)
     peers.wait_for_pod(namespace, "after-ps-0")
     assert f"{namespace}/after" in peers.log(follower)

@@ -2,8 +2,10 @@
 server run otherwise (an admission plugin on) or a world of their own (cluster-scoped
 objects no other test may see): the same binary, flags, certificates and etcd as the
 running one (read from its command line), its own port and its own etcd prefix, and no
-controller-manager. Also: a kubeconfig that logs in with a ServiceAccount's token, to
-run the real operator as the chart's ServiceAccount.
+controller-manager. Also what the tests on it share: a kubeconfig that logs in with a
+ServiceAccount's token (to run the real operator as the chart's ServiceAccount), a job
+namespace, the digits example as a named job, and an operator's log without its DEBUG
+lines.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ from pathlib import Path
 
 from pstrain_runtime.local.processes import find_free_ports
 
-from .conftest import Cluster, wait_until
+from tests.operator.conftest import OperatorProcess
+
+from .conftest import ROOT, Cluster, wait_until
 
 START_TIMEOUT = 60
+EXAMPLE = ROOT / "examples" / "digits.yaml"
 
 
 @contextmanager
@@ -83,3 +88,30 @@ def token_kubeconfig(cluster: Cluster, user: str, path: Path) -> Path:
     path.write_text(json.dumps(config))
     path.chmod(0o600)
     return path
+
+
+def wait_for_crd(cluster: Cluster) -> None:
+    """Until TrainingJobs are served (the chart's crds/ made the CRD just now)."""
+    wait_until("the CRD to be served", lambda: cluster.kubectl(
+        "get", "trainingjobs", "-A", check=False).returncode == 0, timeout=START_TIMEOUT)
+
+
+def job_namespace(cluster: Cluster, prefix: str) -> str:
+    """A new namespace with the `default` ServiceAccount a job's pods run as (made
+    here: no controller-manager serves a second API server)."""
+    namespace = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl("create", "namespace", namespace)
+    cluster.kubectl("create", "serviceaccount", "default", namespace=namespace)
+    return namespace
+
+
+def apply_example(cluster: Cluster, namespace: str, name: str) -> None:
+    """The digits example as job `name` in `namespace`."""
+    text = EXAMPLE.read_text().replace("name: digits", f"name: {name}", 1)
+    cluster.kubectl("apply", "--server-side", "-f", "-", input=text, namespace=namespace)
+
+
+def operator_log(op: OperatorProcess, lines: int = 30) -> str:
+    """The last `lines` of an operator's log that are not DEBUG lines."""
+    kept = [line for line in op.log_tail(400).splitlines() if " DEBUG " not in line]
+    return "\n".join(kept[-lines:])

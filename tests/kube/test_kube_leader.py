@@ -15,7 +15,6 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +24,9 @@ import pytest
 
 from tests.operator.conftest import OperatorProcess
 
-from .apiserver import second_api_server, token_kubeconfig
-from .conftest import ROOT, Cluster, wait_until
+from .apiserver import (apply_example, job_namespace, operator_log, second_api_server,
+                        token_kubeconfig, wait_for_crd)
+from .conftest import Cluster, wait_until
 from .test_kube_chart import install
 
 PAUSED = "Pausing operations in favour of"
@@ -46,13 +46,9 @@ class Peers:
     def apply_job(self, name: str, k: int) -> str:
         """The digits example as job `name` in the k-th watched namespace (or a new one
         when all are watched); that namespace."""
-        if self.namespaces:
-            namespace = self.namespaces[k]
-        else:
-            namespace = job_namespace(self.cluster)
-        text = (ROOT / "examples" / "digits.yaml").read_text()
-        self.cluster.kubectl("apply", "--server-side", "-f", "-", namespace=namespace,
-                             input=text.replace("name: digits", f"name: {name}", 1))
+        namespace = self.namespaces[k] if self.namespaces else job_namespace(
+            self.cluster, "lead")
+        apply_example(self.cluster, namespace, name)
         return namespace
 
     def wait(self, what: str, predicate: Any) -> Any:
@@ -60,9 +56,8 @@ class Peers:
         try:
             return wait_until(what, predicate, timeout=WAIT)
         except AssertionError as exc:
-            tails = "\n".join(f"--- operator {k}\n" + "\n".join(
-                line for line in op.log_tail(300).splitlines() if " DEBUG " not in line)
-                for k, op in enumerate(self.operators))
+            tails = "\n".join(f"--- operator {k}\n" + operator_log(op, 300)
+                               for k, op in enumerate(self.operators))
             peerings = self.cluster.kubectl("get", "clusterkopfpeerings,kopfpeerings", "-A",
                                             "-o", "yaml", check=False).stdout
             raise AssertionError(f"{exc}\n{tails}\n--- peerings\n{peerings}") from None
@@ -70,15 +65,6 @@ class Peers:
     def wait_for_pod(self, namespace: str, name: str) -> None:
         self.wait(f"pod {name}", lambda: self.cluster.kubectl(
             "get", "pod", name, namespace=namespace, check=False).returncode == 0)
-
-
-def job_namespace(cluster: Cluster) -> str:
-    """A new namespace with the `default` ServiceAccount a job's pods run as (made
-    here: no controller-manager serves this API server)."""
-    namespace = f"lead-{uuid.uuid4().hex[:8]}"
-    cluster.kubectl("create", "namespace", namespace)
-    cluster.kubectl("create", "serviceaccount", "default", namespace=namespace)
-    return namespace
 
 
 @pytest.fixture(scope="module", params=["all-namespaces", "namespaced"])
@@ -89,15 +75,14 @@ def peers(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Peers]:
     operators: list[OperatorProcess] = []
     try:
         with second_api_server(cluster, work) as second:
-            watched = ([job_namespace(second) for _ in range(2)]
+            watched = ([job_namespace(second, "lead") for _ in range(2)]
                        if request.param == "namespaced" else [])
             release = install(second, {"leaderElection": {"enabled": True},
                                        "watchNamespaces": watched})
             for namespace in watched or [None]:  # the chart made the peering objects
                 second.kubectl("get", "kopfpeering/pstrain" if namespace
                                else "clusterkopfpeering/pstrain", namespace=namespace)
-            wait_until("the CRD to be served", lambda: second.kubectl(
-                "get", "trainingjobs", "-A", check=False).returncode == 0, timeout=WAIT)
+            wait_for_crd(second)
             kubeconfig = token_kubeconfig(second, release.service_account,
                                           work / "operator.kubeconfig")
             try:  # (stopped while their API server still answers)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +25,9 @@ import pytest
 from pstrain_operator.rbac import PERMISSIONS
 from tests.operator.conftest import OperatorProcess
 
-from .apiserver import second_api_server, token_kubeconfig
-from .conftest import ROOT, Cluster, wait_until
+from .apiserver import (apply_example, job_namespace, operator_log, second_api_server,
+                        token_kubeconfig, wait_for_crd)
+from .conftest import Cluster, wait_until
 from .test_kube_chart import Release, install
 
 PLUGIN = "OwnerReferencesPermissionEnforcement"
@@ -46,22 +46,13 @@ class Enforcing:
     operator: OperatorProcess
 
     def namespace(self) -> str:
-        """A namespace for a job, with the `default` ServiceAccount its pods run as
-        (made here: no controller-manager serves this API server)."""
-        name = f"own-{uuid.uuid4().hex[:8]}"
-        self.cluster.kubectl("create", "namespace", name)
-        self.cluster.kubectl("create", "serviceaccount", "default", namespace=name)
-        return name
+        return job_namespace(self.cluster, "own")
 
     def apply_job(self, namespace: str, name: str) -> None:
-        text = (ROOT / "examples" / "digits.yaml").read_text()
-        self.cluster.kubectl("apply", "--server-side", "-f", "-", input=text.replace(
-            "name: digits", f"name: {name}", 1), namespace=namespace)
+        apply_example(self.cluster, namespace, name)
 
     def diagnostics(self) -> str:
-        lines = [line for line in self.operator.log_tail(400).splitlines()
-                 if " DEBUG " not in line]
-        return "\n--- operator\n" + "\n".join(lines[-30:])
+        return "\n--- operator\n" + operator_log(self.operator)
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +61,7 @@ def enforcing(cluster: Cluster) -> Iterator[Enforcing]:
     try:
         with second_api_server(cluster, work, "--enable-admission-plugins", PLUGIN) as second:
             release = install(second)  # its crds/ make the TrainingJob CRD here
-            wait_until("the CRD to be served", lambda: second.kubectl(
-                "get", "trainingjobs", "-A", check=False).returncode == 0, timeout=WAIT)
+            wait_for_crd(second)
             kubeconfig = token_kubeconfig(second, release.service_account,
                                           work / "operator.kubeconfig")
             operator = OperatorProcess(kubeconfig, work,

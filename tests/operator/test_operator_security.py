@@ -18,8 +18,10 @@ from prometheus_client import generate_latest
 
 from pstrain_api import security
 from pstrain_api.cluster import kubernetes_cluster_spec
+from pstrain_api.model import CreateRefusal
 from pstrain_operator import rbac
 from pstrain_operator.build import build_pod, owner_reference
+from pstrain_operator.kube import KubeError
 from pstrain_operator.security import (
     build_auth_secret,
     ensure_auth_secret,
@@ -27,11 +29,12 @@ from pstrain_operator.security import (
     worker_keys,
 )
 from pstrain_operator.settings import PodSettings
+from pstrain_operator.steps.refused_creates import refusal_cause
 
 from ..chart.helm import K8S_VERSION
 from .fake_kube import FakeKube
 from .op_builders import make_job
-from .test_operator_controller import FakeStatus, Recorder, make_reconciler
+from .test_operator_controller import Clock, FakeStatus, Recorder, conditions, make_reconciler
 
 TOKEN = bytes(range(32))
 KEYS = security.derive_keys(TOKEN)
@@ -305,10 +308,6 @@ def test_a_refused_secret_or_network_policy_is_reported_and_no_pod_is_made(
     """What the API server refuses before any pod (here as OwnerReferencesPermission-
     Enforcement refuses an operator without `update` on trainingjobs/finalizers) is the
     job's CreateRejected condition and one Warning, with back-off, not a blank row."""
-    from pstrain_operator.kube import KubeError
-
-    from .test_operator_controller import Clock, conditions
-
     kube, events, status, clock = FakeKube(), Recorder(), FakeStatus(), Clock()
     kube.add_job(make_job().body())
     op = make_reconciler(kube, events, status)
@@ -350,9 +349,6 @@ def test_a_refused_secret_or_network_policy_is_reported_and_no_pod_is_made(
 
 
 def test_a_job_failed_by_a_refused_network_policy_names_no_pod() -> None:
-    from pstrain_api.model import CreateRefusal
-    from pstrain_operator.steps.refused_creates import refusal_cause
-
     cluster = kubernetes_cluster_spec(make_job().build())
     for obj, pod, role in (("NetworkPolicy/j-pstrain-ps", "", ""),
                            ("Secret/j-pstrain-auth", "", ""), ("Service/j", "", ""),

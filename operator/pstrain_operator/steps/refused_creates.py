@@ -35,8 +35,7 @@ def refusal_cause(cluster: ClusterSpec, refusal: CreateRefusal) -> FailureCause:
     (neither when what was refused is the job's Secret, Service or NetworkPolicy; the
     message names it)."""
     kind, _, refused = refusal.object.rpartition("/")
-    role = next((t.role for t in cluster.tasks() if cluster.replica_name(t) == refused), "")
     pod = refused if kind in ("", "Pod") else ""
-    return FailureCause(role=role if pod else "", pod=pod,
-                        reason=refusals.R_CREATE_REJECTED,
+    role = next((t.role for t in cluster.tasks() if cluster.replica_name(t) == pod), "")
+    return FailureCause(role=role, pod=pod, reason=refusals.R_CREATE_REJECTED,
                         message=refusal.message)

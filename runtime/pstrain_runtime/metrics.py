@@ -25,6 +25,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from .proto import ps_pb2 as pb
+from .ps.store import small_frames
 from .transport import wire
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
@@ -119,9 +120,11 @@ class MeteredStore:
             yield frame
 
     def push_pull_small(self, message: bytes, timeout: float | None = None,
-                        gone: Any = None) -> bytes:
-        frames = wire.decode_batch(message)
-        return wire.encode_batch(self.push_pull(iter(frames), timeout, gone=gone))
+                        **kwargs: Any) -> bytes:
+        """The store's `push_pull_small` (every keyword it takes: `gone`, a riding
+        sparse push's `after_push`), counted as its `push_pull`."""
+        return wire.encode_batch(self.push_pull(iter(small_frames(message)), timeout,
+                                                **kwargs))
 
 
 class WorkerMetrics:

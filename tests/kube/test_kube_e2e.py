@@ -387,10 +387,10 @@ def test_kubectl_scale_adds_a_worker_that_trains(e2e: E2E, ns: Namespace) -> Non
     ns.kubectl("delete", "tj", JOB, "--wait=false")
 
 
-def chief_events(ns: Namespace, kind: str) -> list[dict[str, Any]]:
+def chief_events(ns: Namespace, kind: str, job: str = JOB) -> list[dict[str, Any]]:
     """The runtime's events of `kind` in the log of the chief's current pod."""
     out = []
-    for line in pod_log(ns.name, f"{JOB}-worker-0").splitlines():
+    for line in pod_log(ns.name, f"{job}-worker-0").splitlines():
         if line.startswith("PSTRAIN_EVENT "):
             event = json.loads(line.split(" ", 1)[1])
             if event["event"] == kind:
@@ -403,8 +403,8 @@ def set_suspend(ns: Namespace, value: bool) -> None:
                json.dumps({"spec": {"runPolicy": {"suspend": value}}}))
 
 
-def step_beyond(ns: Namespace, step: int) -> bool:
-    return ((status(ns).get("progress") or {}).get("globalStep") or 0) > step
+def step_beyond(ns: Namespace, step: int, job: str = JOB) -> bool:
+    return ((status(ns, job).get("progress") or {}).get("globalStep") or 0) > step
 
 
 @pytest.mark.timeout(150)
@@ -465,6 +465,83 @@ def test_a_deleted_ps_pod_is_recovered(e2e: E2E, ns: Namespace, tmp_path: Path) 
     assert pod(ns, f"{JOB}-worker-0")["metadata"]["uid"] == chief_uid  # not restarted
     reasons = {e["reason"] for e in job_events(ns)}
     assert "CreatedPS" in reasons, reasons
+
+
+def disk_tier_job(checkpoint: Path) -> dict[str, Any]:
+    """examples/ctr.yaml, small, with uniform ids over 104,000 rows of dim 8 (about
+    6.6 MB with Adagrad's state) on one server whose memory budget is 4 MiB: the rows
+    beyond it live in an emptyDir, as docs/sparse.md declares it."""
+    return {
+        "apiVersion": c.API_VERSION, "kind": c.KIND,
+        "metadata": {"name": "ctrdisk"},
+        "spec": {
+            "replicas": {
+                "ps": {"replicas": 1, "template": {"spec": {
+                    "containers": [{"name": c.MAIN_CONTAINER, "volumeMounts": [
+                        {"name": "rows", "mountPath": "/var/lib/pstrain/rows"}]}],
+                    "volumes": [{"name": "rows", "emptyDir": {}}]}}},
+                "worker": {"replicas": 1}},
+            "training": {
+                "entrypoint": "pstrain_runtime.examples.ctr:make_task",
+                "args": {"rows": 4000, "embedding_dim": 8, "zipf": 0, "eval_size": 512},
+                "steps": 200000, "batchSize": 64, "mode": "async",
+                "optimizer": {"name": "adagrad", "learningRate": 0.05},
+                "evalIntervalSteps": 100000,
+                "checkpoint": {"directory": str(checkpoint), "intervalSteps": 50},
+                "sparseStorage": {"serverMemory": "4Mi",
+                                  "directory": "/var/lib/pstrain/rows"}},
+            "runPolicy": {"activeDeadlineSeconds": 600},
+        },
+    }
+
+
+def disk_rows(ns: Namespace, pod_name: str) -> list[Path]:
+    """The disk tier's files in a PS pod's emptyDir (what kubelet.py set up for it)."""
+    obj = pod(ns, pod_name)
+    assert obj is not None, f"{pod_name} is gone"
+    root = pod_dir(ns.name, pod_name) / "volumes" / obj["metadata"]["uid"] / "rows"
+    return sorted(root.glob("pstrain-ps0/rows-*/*")) if root.is_dir() else []
+
+
+@pytest.mark.timeout(180)
+def test_a_ps_with_a_disk_tier_restarted_on_a_new_node_restores_from_the_checkpoint(
+        e2e: E2E, ns: Namespace, tmp_path: Path) -> None:
+    """Issue 25 goal 4 on a real API server: the disk tier is declared in the PS's pod
+    template (an emptyDir), the server keeps the rows beyond its budget there; its pod
+    deleted, the new pod gets a new, empty emptyDir (as on a new node), and the chief
+    restores the server's rows from the last checkpoint; the new server's rows beyond
+    its budget go to its new volume, and training goes on with the same chief."""
+    job, ps, chief = "ctrdisk", "ctrdisk-ps-0", "ctrdisk-worker-0"
+    running_job(e2e, ns, disk_tier_job(tmp_path / "ckpt"), min_step=120, timeout=120)
+    wait_for(e2e, ns, "a checkpoint", lambda: chief_events(ns, "checkpoint", job), timeout=60)
+    old = pod(ns, ps)
+    assert old is not None
+    spilled = wait_for(e2e, ns, "rows on the PS's disk tier", lambda: disk_rows(ns, ps),
+                       timeout=30)
+    old_volume = spilled[0].parents[2]
+    chief_uid = pod(ns, chief)["metadata"]["uid"]  # type: ignore[index]
+    ns.kubectl("delete", "pod", ps, "--wait=false")
+
+    def replaced() -> bool:
+        p = pod(ns, ps)
+        return bool(p and p["metadata"]["uid"] != old["metadata"]["uid"]
+                    and p["status"].get("phase") == "Running")
+
+    wait_for(e2e, ns, "a new PS pod", replaced, timeout=60)
+    restored = wait_for(e2e, ns, "the chief to restore the new PS",
+                        lambda: chief_events(ns, "restored", job), timeout=90)
+    assert restored[-1]["servers"] == [0] and restored[-1]["step"] >= 50, restored
+    wait_for(e2e, ns, "training beyond the restored step",
+             lambda: step_beyond(ns, restored[-1]["step"], job), timeout=60)
+    # The new server's rows beyond its budget are on its own, new volume.
+    fresh = wait_for(e2e, ns, "rows on the new PS's disk tier", lambda: disk_rows(ns, ps),
+                     timeout=30)
+    assert fresh[0].parents[2] != old_volume, (fresh[0], old_volume)
+    final = status(ns, job)
+    assert final["phase"] == "Running", final
+    assert pod(ns, chief)["metadata"]["uid"] == chief_uid  # type: ignore[index]
+    assert (final.get("progress") or {}).get("sparseRows", 0) > 0, final
+    ns.kubectl("delete", "tj", job, "--wait=false")
 
 
 @pytest.mark.timeout(120)

@@ -170,3 +170,68 @@ def test_a_taken_metrics_port_does_not_stop_the_replica(capsys) -> None:
         assert metrics_registry({"PSTRAIN_METRICS_PORT": str(port)}) is None
     assert "no /metrics: cannot serve" in capsys.readouterr().err
     assert metrics_registry({}) is None
+
+
+def test_the_metered_store_takes_every_keyword_of_the_store() -> None:
+    """A replica with metrics (every pod on Kubernetes) serves through MeteredStore: each
+    call it wraps must take what the store's own takes, or the server fails the call
+    (it did: a riding sparse push's `after_push`)."""
+    import inspect
+
+    from pstrain_runtime.ps.store import ParameterStore
+
+    for name, method in vars(MeteredStore).items():
+        if name.startswith("_") or not hasattr(ParameterStore, name):
+            continue
+        ours = inspect.signature(method).parameters.values()
+        if any(p.kind is p.VAR_KEYWORD for p in ours):
+            continue
+        theirs = inspect.signature(getattr(ParameterStore, name)).parameters
+        missing = set(theirs) - {p.name for p in ours}
+        assert not missing, f"MeteredStore.{name} does not take {sorted(missing)}"
+
+
+@pytest.mark.timeout(120)
+def test_sparse_training_through_the_metered_store_equals_plain_pytorch() -> None:
+    """Async sparse training over the data plane (each step's rows ride on the dense
+    push_pull) with both servers behind MeteredStore, as a replica with metrics runs
+    them: the same rows and weights as the plain PyTorch loop, every push counted."""
+    import torch
+
+    from pstrain_runtime.optim import OptimizerConfig
+    from pstrain_runtime.ps.server import PSServer
+    from pstrain_runtime.ps.store import ParameterStore
+    from pstrain_runtime.sparse.client import SparseClient
+    from pstrain_runtime.worker.client import connect
+
+    from . import sparse_tasks
+    from .builders import training
+    from .test_sparse_trainer import BATCH, STEPS, reference
+
+    torch.set_num_threads(1)
+    registries = [CollectorRegistry(), CollectorRegistry()]
+    servers = [PSServer("127.0.0.1:0", ps_index=i,
+                        store=MeteredStore(ParameterStore(i), PSMetrics(registries[i])))
+               for i in range(2)]
+    for server in servers:
+        server.start()
+    try:
+        job = training(steps=STEPS, batchSize=BATCH, mode="async", seed=3,
+                       optimizer={"name": "adagrad", "learningRate": 0.1})
+        chief = sparse_tasks.run_job(job, [connect(s.address, "tcp") for s in servers])[0]
+        ref = reference(OptimizerConfig.from_model(job.optimizer), STEPS, seed=3)
+        client = SparseClient([connect(s.address, "tcp") for s in servers], "ns")
+        try:
+            torch.testing.assert_close(
+                client.pull(chief.sparse.specs["items"], torch.arange(sparse_tasks.ITEMS)),
+                ref.items.weight.detach(), rtol=1e-6, atol=1e-6)
+        finally:
+            client.close()
+    finally:
+        for server in servers:
+            server.stop(0)
+    for name, weight in ref.head.named_parameters():
+        torch.testing.assert_close(chief.mirror[f"head.{name}"], weight.detach(),
+                                   rtol=1e-6, atol=1e-6)
+    for registry in registries:
+        assert value(registry, "pstrain_ps_pushes_applied_total") == STEPS

@@ -52,6 +52,14 @@ __all__ = ["GRAD_DTYPES", "MAX_WAIT", "SLOT_SEPARATOR", "WAIT_SLICE", "Bucket", 
            "optimizer_to_pb", "physical_memory"]
 
 
+def small_frames(message: bytes) -> list[memoryview]:
+    """The frames of a `push_pull_small` request; a malformed one is INVALID_ARGUMENT."""
+    try:
+        return wire.decode_batch(message)
+    except wire.WireError as exc:
+        raise invalid(f"push_pull: {exc}") from exc
+
+
 class ParameterStore:
     """All namespaces of one parameter server."""
 
@@ -138,12 +146,8 @@ class ParameterStore:
                         gone: Gone | None = None,
                         after_push: Callable[[pb.PushReply], None] | None = None) -> bytes:
         """`push_pull` with the whole stream batched in one message each way."""
-        try:
-            frames = wire.decode_batch(message)
-        except wire.WireError as exc:
-            raise invalid(f"push_pull: {exc}") from exc
-        return wire.encode_batch(self.push_pull(iter(frames), timeout, gone=gone,
-                                                after_push=after_push))
+        return wire.encode_batch(self.push_pull(iter(small_frames(message)), timeout,
+                                                gone=gone, after_push=after_push))
 
     def _push(self, header: pb.StreamHeader, messages: Iterator[bytes],
               timeout: float | None, gone: Gone | None) -> pb.PushReply:

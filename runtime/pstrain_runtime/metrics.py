@@ -62,9 +62,12 @@ class PSMetrics:
 
 def _counted(frames: Iterator[bytes], add: Callable[[float], None],
              first: list[bytes] | None = None) -> Iterator[bytes]:
+    """`frames`, each counted by `add`; `first`: the first frame (the stream's header)
+    is kept there, copied (the data plane reuses a frame's buffer once the next one is
+    read)."""
     for frame in frames:
         if first is not None and not first:
-            first.append(frame)
+            first.append(bytes(frame))
         add(len(frame))
         yield frame
 

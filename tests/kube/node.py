@@ -7,8 +7,9 @@ a server that binds 0.0.0.0 (what a parameter server does in a pod, whose networ
 namespace is its own) would collide with the next one. A shim `pstrain` first on the
 kubelet's PATH plays the pod's network namespace: it binds a parameter server (and
 the replica's /metrics) to its pod IP (`$KUBELET_POD_IP`, PSTRAIN_BIND_ADDRESS) and
-keeps each replica to one CPU thread, then runs the real `pstrain`. Nothing else
-differs from a cluster: the pods are the operator's, unchanged.
+keeps each replica to one CPU thread, then runs the real `pstrain`; shims `python` and
+`python3` do the same for a pod's own program (a socket bound to 0.0.0.0 binds the pod
+IP). Nothing else differs from a cluster: the pods are the operator's, unchanged.
 
 kubelet.py runs the pods of every namespace (its --namespace takes one): the module
 that starts it should be the only one with pods then (the test run's modules run one
@@ -66,19 +67,56 @@ def write_shim(directory: Path) -> Path:
 # kubelet.py runs pods in the host's network namespace: a server of a pod binds the
 # pod's own IP, as 0.0.0.0 would in the pod's network namespace.
 import os, sys
+# Before anything imports torch: OpenMP reads its thread count once, when torch loads.
+for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "{ENV_NUM_THREADS}"):
+    os.environ.setdefault(name, "1")
 ip = os.environ.get("KUBELET_POD_IP")
 if ip:
     os.environ.setdefault("PSTRAIN_BIND_ADDRESS", ip + ":{c.REPLICA_PORT}")
     import pstrain_runtime.metrics as metrics
     serve = metrics.start_http_server
     metrics.start_http_server = lambda port, addr="", **kw: serve(port, addr=ip, **kw)
-for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "{ENV_NUM_THREADS}"):
-    os.environ.setdefault(name, "1")
 from pstrain_api.cli import main
 sys.exit(main())
 """)
     shim.chmod(0o755)
+    write_python_shim(directory)
     return shim
+
+
+SITECUSTOMIZE = """# kubelet.py runs pods in the host's network namespace: 0.0.0.0 in a pod is the
+# pod's own IP.
+import os
+import socket
+
+_ip = os.environ.get("KUBELET_POD_IP")
+if _ip:
+    _bind = socket.socket.bind
+
+    def _pod_bind(self, address):
+        if (self.family == socket.AF_INET and isinstance(address, tuple)
+                and address[0] in ("", "0.0.0.0")):
+            address = (_ip, *address[1:])
+        return _bind(self, address)
+
+    socket.socket.bind = _pod_bind
+"""
+
+
+def write_python_shim(directory: Path) -> None:
+    """`python` and `python3` for the pods' own programs (a container whose command is
+    `python -m ...`, as examples/tf-config-program.yaml's): this Python with a
+    sitecustomize that binds a socket asked for 0.0.0.0 (every interface: the pod's
+    own, in a pod) to the pod's IP instead."""
+    site = directory / "site"
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    for name in ("python", "python3"):
+        shim = directory / name
+        shim.write_text(f"""#!/bin/sh
+PYTHONPATH="{site}${{PYTHONPATH:+:$PYTHONPATH}}" exec {sys.executable} "$@"
+""")
+        shim.chmod(0o755)
 
 
 class Kubelet:

@@ -1,6 +1,6 @@
 """End to end on a real API server: the real `pstrain operator` and `kubelet.py` (a test
 node running pods as local processes, see tests/kube/node.py) drive TrainingJobs of the
-digits example, as a user would with kubectl.
+digits and CTR examples, and every example as written, as a user would with kubectl.
 
 One kubelet and one operator serve the whole module; the operator serves a pool of
 namespaces made before it starts, one per test. Every wait is bounded and waits for a
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from pstrain_api import constants as c
 from pstrain_api import security
@@ -31,7 +32,13 @@ from tests.operator.conftest import OperatorProcess
 from .conftest import Cluster, Namespace, wait_until
 from .node import Kubelet, PodWatch, Pool, pod_dir, pod_log
 
-POOL_SIZE = 8  # namespaces: one per test (the two on the finished digits job share one)
+# Run as written: every example but those that need what this node has not: a GPU,
+# TensorFlow's image with a ConfigMap, the repository's own examples/ folder in the
+# pods (digits-files: its header says so).
+EXAMPLES = sorted(p for p in (Path(__file__).parents[2] / "examples").glob("*.yaml")
+                  if p.stem not in ("gpu", "tf-ps", "digits-files"))
+# Namespaces: one per test (the two on the finished digits job share one).
+POOL_SIZE = 9 + len(EXAMPLES)
 JOB = "digits"
 
 pytestmark = pytest.mark.skipif(
@@ -537,11 +544,22 @@ def test_a_ps_with_a_disk_tier_restarted_on_a_new_node_restores_from_the_checkpo
     fresh = wait_for(e2e, ns, "rows on the new PS's disk tier", lambda: disk_rows(ns, ps),
                      timeout=30)
     assert fresh[0].parents[2] != old_volume, (fresh[0], old_volume)
-    final = status(ns, job)
-    assert final["phase"] == "Running", final
+    # Starting until the new server is Ready again, then Running.
+    final = wait_phase(e2e, ns, ("Running",), timeout=30, name=job)
     assert pod(ns, chief)["metadata"]["uid"] == chief_uid  # type: ignore[index]
     assert (final.get("progress") or {}).get("sparseRows", 0) > 0, final
     ns.kubectl("delete", "tj", job, "--wait=false")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_the_example_succeeds_as_written(e2e: E2E, ns: Namespace, path: Path) -> None:
+    """`kubectl apply -f examples/NAME.yaml`, as the README and the examples' own
+    headers tell a user: the job reaches Succeeded."""
+    ns.kubectl("apply", "-f", str(path))
+    name = yaml.safe_load(path.read_text())["metadata"]["name"]
+    final = wait_phase(e2e, ns, ("Succeeded", "Failed"), timeout=150, name=name)
+    assert final["phase"] == "Succeeded", f"{final}{e2e.diagnostics(ns)}"
 
 
 @pytest.mark.timeout(120)

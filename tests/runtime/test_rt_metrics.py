@@ -126,10 +126,15 @@ def test_metrics_are_served_over_http() -> None:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("transport", ["tcp", "grpc"])
-def test_a_real_job_through_the_metered_store_and_client(transport: str) -> None:
+@pytest.mark.parametrize("job", ["async", "sync", "large"])
+def test_a_real_job_through_the_metered_store_and_client(transport: str, job: str) -> None:
     """The proxies stand in for the store (gRPC service and TCP data plane) and the
-    client of a real job."""
+    client of a real job: async (small pushes batched in one message), sync (pushes
+    streamed: the data plane reuses a frame's buffer, and the store once read the
+    header's after it was overwritten), and a model whose tensors stream in chunks
+    (examples/synthetic-large.yaml's, smaller)."""
     pytest.importorskip("sklearn")
+    from pstrain_runtime.examples.synthetic import make_task
     from pstrain_runtime.ps.server import PSServer
     from pstrain_runtime.ps.store import ParameterStore
     from pstrain_runtime.worker.client import connect
@@ -142,8 +147,14 @@ def test_a_real_job_through_the_metered_store_and_client(transport: str) -> None
     server = PSServer("127.0.0.1:0", store=MeteredStore(ParameterStore(0),
                                                          PSMetrics(ps_registry)))
     server.start()
-    training = digits_training(steps=20, transport=transport)
-    trainer = Trainer(training, WorkerRole("ns", 0, 1), [connect(server.address, transport)])
+    task = None
+    training = digits_training(steps=20, transport=transport,
+                               mode="sync" if job == "sync" else "async")
+    if job == "large":
+        training = training.model_copy(update={"batch_size": 8})
+        task = make_task(hidden=1024, layers=2)
+    trainer = Trainer(training, WorkerRole("ns", 0, 1), [connect(server.address, transport)],
+                      task=task)
     trainer.client = MeteredClient(trainer.client, WorkerMetrics(worker_registry),
                                    training.batch_size)
     try:

@@ -156,7 +156,9 @@ class ReplicaSpec(ApiModel):
         "server is ready). Auto: the pstrain runtime's gRPC health service when the "
         "template sets no command, else a TCP connection to the replica port, as "
         "`tf.distribute.Server` serves; a readinessProbe in the template overrides it. "
-        "GRPCHealth, TCP: that check. None: ready once started.",
+        "GRPCHealth, TCP: that check (with spec.security.tls a pod's gRPC health check "
+        "is a TCP check: a kubelet's gRPC probe speaks plaintext only). None: ready once "
+        "started.",
     )
 
     @model_validator(mode="after")

@@ -151,18 +151,21 @@ def metrics_env(spec: ReplicaSpec) -> dict[str, str]:
     return {c.ENV_METRICS_PORT: str(c.METRICS_PORT)} if runs_pstrain_runtime(spec) else {}
 
 
-def readiness_probe(spec: ReplicaSpec, task: Task) -> dict[str, Any] | None:
+def readiness_probe(spec: ReplicaSpec, task: Task, tls: bool = False
+                    ) -> dict[str, Any] | None:
     """The main container's readinessProbe: the role's readiness gate
     (pstrain_api.readiness) as a probe. A parameter server is probed on its replica port
     by default (workers start once every PS is Ready); other roles only when the user
-    asks for a check by `readiness` or a probe of their own."""
+    asks for a check by `readiness` or a probe of their own. With `tls` (the job's
+    spec.security.tls) the gRPC health check is a TCP check of the port: a kubelet's
+    gRPC probe speaks plaintext only, which a TLS-only server never answers."""
     gate = readiness_gate(spec)
     if gate == c.GATE_PROBE:
         return copy.deepcopy(user_probe(spec))
     if gate == c.GATE_NONE or (task.role != c.ROLE_PS and spec.readiness == "Auto"):
         return None
     check: dict[str, Any] = (
-        {"grpc": {"port": c.REPLICA_PORT}} if gate == c.GATE_GRPC
+        {"grpc": {"port": c.REPLICA_PORT}} if gate == c.GATE_GRPC and not tls
         else {"tcpSocket": {"port": c.REPLICA_PORT}})
     return {**check, "periodSeconds": 2, "failureThreshold": 3}
 
@@ -182,6 +185,9 @@ def build_pod(
     user_containers = pod_spec.get("containers") or [{"name": c.MAIN_CONTAINER}]
     own_env = {**data_plane_env(task), **startup_env(job, task), **metrics_env(spec)}
     main = _main_container(user_containers[0], spec, task, env, own_env, settings, restricted)
+    probe = readiness_probe(spec, task, tls=job.spec.security.tls is not None)
+    if probe is not None:
+        main["readinessProbe"] = probe
     pod_spec["containers"] = [main] + [_with_cluster_env(s, env) for s in user_containers[1:]]
     if pod_spec.get("initContainers"):
         pod_spec["initContainers"] = [_with_cluster_env(i, env)
@@ -223,8 +229,9 @@ def _main_container(user: dict[str, Any], spec: ReplicaSpec, task: Task,
                     env: dict[str, str], own_env: dict[str, str], settings: PodSettings,
                     restricted: bool) -> dict[str, Any]:
     """The replica's own container: the template's first container with the cluster-spec
-    environment first, pstrain's ports and readiness probe, the GPU limit, and the
-    defaults (runtime image, `pstrain replica`, restrictive security context)."""
+    environment first, pstrain's ports, the GPU limit, and the defaults (runtime image,
+    `pstrain replica`, restrictive security context); `build_pod` adds the readiness
+    probe."""
     main = copy.deepcopy(user)
     main["name"] = c.MAIN_CONTAINER
     main.setdefault("image", settings.runtime_image)
@@ -245,9 +252,6 @@ def _main_container(user: dict[str, Any], spec: ReplicaSpec, task: Task,
         ]
     if not main["ports"]:
         del main["ports"]
-    probe = readiness_probe(spec, task)
-    if probe is not None:
-        main["readinessProbe"] = probe
     if restricted:
         main.setdefault("securityContext", copy.deepcopy(RESTRICTED_CONTAINER_SECURITY))
     return main

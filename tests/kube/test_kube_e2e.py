@@ -38,7 +38,7 @@ from .node import Kubelet, PodWatch, Pool, pod_dir, pod_log
 EXAMPLES = sorted(p for p in (Path(__file__).parents[2] / "examples").glob("*.yaml")
                   if p.stem not in ("gpu", "tf-ps", "digits-files"))
 # Namespaces: one per test (the two on the finished digits job share one).
-POOL_SIZE = 9 + len(EXAMPLES)
+POOL_SIZE = 10 + len(EXAMPLES)
 JOB = "digits"
 
 pytestmark = pytest.mark.skipif(
@@ -370,6 +370,26 @@ def metric(address: str, name: str) -> float | None:
         if line.startswith(name + " "):
             return float(line.split()[1])
     return None
+
+
+@pytest.mark.timeout(150)
+def test_a_job_with_tls_starts_and_succeeds(e2e: E2E, ns: Namespace, tmp_path: Path) -> None:
+    """spec.security.tls names a kubernetes.io/tls Secret (as cert-manager would issue
+    for `*.<job>.<namespace>.svc`): the servers serve TLS only, so their readiness
+    probe is a TCP check (a kubelet's gRPC probe speaks plaintext only, and the job
+    never started), and the job trains to Succeeded over TLS."""
+    pytest.importorskip("cryptography")
+    from tests.runtime.tls_certs import write_tls_dir
+
+    certs = write_tls_dir(tmp_path / "tls", dns_names=(f"*.{JOB}.{ns.name}.svc",))
+    ns.kubectl("create", "secret", "generic", "digits-tls", "--type=kubernetes.io/tls",
+               *(f"--from-file={f}={certs / f}" for f in ("tls.crt", "tls.key", "ca.crt")))
+    job = digits_job(steps=300, workers=1)
+    job["spec"]["security"] = {"tls": {"secretName": "digits-tls"}}
+    ns.apply(job)
+    final = wait_phase(e2e, ns, ("Succeeded", "Failed"), timeout=120)
+    assert final["phase"] == "Succeeded", f"{final}{e2e.diagnostics(ns)}"
+    assert final["progress"]["globalStep"] == 300, final
 
 
 @pytest.mark.timeout(150)

@@ -32,15 +32,26 @@ PROBES = [
     ("no-gate-ps", "ps", {"readiness": "None"}, {"command": TF}, None),
     ("asked-worker-tcp", "worker", {"readiness": "TCP"}, {"command": TF}, TCP),
 ]
+# With spec.security.tls the gRPC health check is a TCP check: a kubelet's gRPC probe
+# speaks plaintext only, and the servers serve TLS only.
+TLS_PROBES = [
+    ("tls-runtime-ps-tcp", "ps", {}, {}, TCP),
+    ("tls-asked-grpc-ps-tcp", "ps", {"readiness": "GRPCHealth"}, {}, TCP),
+    ("tls-own-probe-ps", "ps", {}, {"readinessProbe": OWN}, OWN),
+    ("tls-program-ps-tcp", "ps", {}, {"command": TF}, TCP),
+]
 
 
-@pytest.mark.parametrize(("role", "fields", "template", "probe"),
-                         [pytest.param(*rest, id=i) for i, *rest in PROBES])
+@pytest.mark.parametrize(("role", "fields", "template", "probe", "tls"),
+                         [pytest.param(*rest, False, id=i) for i, *rest in PROBES]
+                         + [pytest.param(*rest, True, id=i) for i, *rest in TLS_PROBES])
 def test_readiness_probe_fits_the_program(role: str, fields: dict[str, Any],
                                           template: dict[str, Any],
-                                          probe: dict[str, Any] | None) -> None:
+                                          probe: dict[str, Any] | None, tls: bool) -> None:
     builder = make_job().template(role, **template) if template else make_job()
     builder.data["spec"]["replicas"][role].update(fields)
+    if tls:
+        builder.data["spec"]["security"] = {"tls": {"secretName": "job-tls"}}
     job = builder.build()
     pod = build_pod(job, kubernetes_cluster_spec(job), Task(role, 0), PodSettings())
     assert pod["spec"]["containers"][0].get("readinessProbe") == probe

@@ -1,5 +1,6 @@
-"""Test certificates: a CA and a server certificate for 127.0.0.1 and localhost, written
-as a kubernetes.io/tls Secret would be mounted (tls.crt, tls.key, ca.crt)."""
+"""Test certificates: a CA and a server certificate for 127.0.0.1 and localhost (or other
+names), written as a kubernetes.io/tls Secret would be mounted (tls.crt, tls.key,
+ca.crt)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ def _name(common: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
 
 
-def write_tls_dir(directory: Path, ca_name: str = "pstrain test CA") -> Path:
-    """A fresh CA and a server certificate it signed, in `directory`."""
+def write_tls_dir(directory: Path, ca_name: str = "pstrain test CA",
+                  dns_names: tuple[str, ...] = ("localhost",)) -> Path:
+    """A fresh CA and a server certificate it signed for `dns_names` and 127.0.0.1, in
+    `directory`."""
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = (x509.CertificateBuilder().subject_name(_name(ca_name)).issuer_name(_name(ca_name))
@@ -34,8 +37,8 @@ def write_tls_dir(directory: Path, ca_name: str = "pstrain test CA") -> Path:
             .not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + datetime.timedelta(days=1))
             .add_extension(x509.SubjectAlternativeName([
-                x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                critical=False)
+                *(x509.DNSName(name) for name in dns_names),
+                x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
             .sign(ca_key, hashes.SHA256()))
     directory.mkdir(parents=True, exist_ok=True)
     pem = serialization.Encoding.PEM

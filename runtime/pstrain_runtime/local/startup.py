@@ -22,10 +22,12 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from pstrain_api import constants as c
 from pstrain_api.cluster import ClusterSpec
 from pstrain_api.model import TrainingJob
 from pstrain_api.quote import describe
 from pstrain_api.readiness import runs_pstrain_runtime
+from pstrain_api.template import main_container
 
 from .processes import DEFAULT_REPLICA_COMMAND
 from .supervisor import Level
@@ -134,6 +136,9 @@ def startup_notices(job: TrainingJob, spec: ClusterSpec, gpus: Mapping[str, str]
     if job.spec.security.tls is not None:
         notices.append(("warning", "spec.security.tls names a Kubernetes Secret; pstrain "
                                    "run cannot read it and runs on loopback without TLS."))
+    pod_only = pod_only_notice(job)
+    if pod_only:
+        notices.append(("warning", pod_only))
     if gpus:
         notices.append(("info", "GPUs: " + ", ".join(f"{n}={d}" for n, d in gpus.items()
                                                      if d)))
@@ -150,6 +155,35 @@ def startup_notices(job: TrainingJob, spec: ClusterSpec, gpus: Mapping[str, str]
     elif may_scale(job):
         notices.append(("info", scale_hint(job)))
     return notices
+
+
+def pod_only_notice(job: TrainingJob) -> str | None:
+    """What the pod templates of roles that run a program of the user's own ask of a
+    container and a local run cannot give: an image, volume mounts. Their commands run
+    on this machine as written, so a program that lives in that image or volume is not
+    found (examples/tf-ps.yaml)."""
+    asks: dict[str, list[str]] = {}
+    for role in c.ROLES:
+        try:
+            spec = job.replica_spec(role)
+        except KeyError:
+            continue
+        if runs_pstrain_runtime(spec):
+            continue
+        main = main_container(spec.template)
+        what = [f"image {main['image']}"] if main.get("image") else []
+        mounts = [m.get("mountPath") for m in main.get("volumeMounts") or []]
+        if mounts:
+            what.append("volumes at " + ", ".join(str(m) for m in mounts))
+        if what:
+            asks.setdefault(" and ".join(what), []).append(role)
+    if not asks:
+        return None
+    parts = [f"the {', '.join(roles)} template{'s' if len(roles) > 1 else ''} "
+             f"{'set' if len(roles) > 1 else 'sets'} {what}" for what, roles in asks.items()]
+    return ("; ".join(parts) + ": pstrain run uses neither (its replicas run this "
+            "machine's Python and files), so a program that lives there is not found "
+            "locally; run the job on a cluster")
 
 
 def may_scale(job: TrainingJob) -> bool:

@@ -118,3 +118,30 @@ def test_scale_hint_names_the_bounds():
         "pstrain scale j --replicas N")
     assert scale_hint(make_job("j").model()).startswith(
         "change the worker count while it runs (1 or more workers)")
+
+
+def test_a_program_in_an_image_or_volume_is_named_before_it_fails_locally() -> None:
+    """examples/tf-ps.yaml runs `python /app/train.py` from TensorFlow's image with the
+    program mounted at /app: `pstrain run` has neither, so it says so in one warning
+    before the replicas fail to find the program; a role that runs the pstrain
+    runtime (whose template only mounts, say, a disk tier's volume) is not named."""
+    from pstrain_api.validate import load_job
+    from pstrain_runtime.local.startup import pod_only_notice
+
+    notice = pod_only_notice(load_job(ROOT / "examples" / "tf-ps.yaml"))
+    assert notice is not None and "\n" not in notice
+    assert notice.startswith("the ps, worker, chief templates set image "
+                             "tensorflow/tensorflow:2.16.1 and volumes at /app: pstrain run "
+                             "uses neither"), notice
+    builder = make_job("j")
+    builder.set("spec.replicas.ps.template", {"spec": {"containers": [
+        {"name": "pstrain", "image": "my/runtime:1",
+         "volumeMounts": [{"name": "rows", "mountPath": "/var/lib/rows"}]}],
+        "volumes": [{"name": "rows", "emptyDir": {}}]}})
+    assert pod_only_notice(builder.model()) is None
+    builder.set("spec.replicas.worker.template", {"spec": {"containers": [
+        {"name": "pstrain", "command": TF, "image": "my/program:2"}]}})
+    assert pod_only_notice(builder.model()) == (
+        "the worker template sets image my/program:2: pstrain run uses neither (its "
+        "replicas run this machine's Python and files), so a program that lives there is "
+        "not found locally; run the job on a cluster")

@@ -65,6 +65,7 @@ from .reconcile import (
 from .observe import observe_pod
 from .refusals import cleared, record_refusal, wait_left
 from .security import (
+    check_tls_secret,
     ensure_auth_secret,
     ensure_network_policy,
     ensure_own_key_secret,
@@ -247,30 +248,37 @@ class Reconciler:
 
     def _prepare(self, job: TrainingJob, old_status: TrainingJobStatus, now: datetime,
                  ) -> tuple[Any, tuple[str, KubeError] | None]:
-        """What exists before any pod: the credentials Secret, which the pods mount
-        (created if absent, never rewritten; its worker key lets the progress probe
-        in), then the job's NetworkPolicy when the operator makes one per job. Returns
-        the keys, and the object the API server refused with its refusal, if any.
-        After a refusal of either, it (and what comes after it) is not tried again
-        until its back-off has passed."""
+        """What exists before any pod, in order: the credentials Secret, which the pods
+        mount (created if absent, never rewritten; its worker key lets the progress
+        probe in), the TLS Secret the job names (read: complete?), then the job's
+        NetworkPolicy when the operator makes one per job. Returns the keys, and the
+        object refused with its refusal, if any. After a refusal, that object and what
+        comes after it are not tried again until its back-off has passed."""
         secret = f"Secret/{security.secret_name(job.name)}"
-        policy = f"NetworkPolicy/{network_policy_name(job.name)}"
+        steps: list[tuple[str, Callable[[], Any]]] = []
+        if job.spec.security.authentication:
+            steps.append((secret, lambda: ensure_auth_secret(self.kube, job)))
+        if job.spec.security.tls is not None:
+            steps.append((f"Secret/{job.spec.security.tls.secret_name}",
+                          lambda: check_tls_secret(self.kube, job)))
+        if self.network_policy:
+            steps.append((f"NetworkPolicy/{network_policy_name(job.name)}",
+                          lambda: ensure_network_policy(self.kube, job,
+                                                        self.operator_namespace)))
         refusal = old_status.create_refusal
         waiting = (refusal.object if refusal is not None
                    and wait_left(old_status, job.metadata.generation, now) > 0 else None)
-        if waiting == secret:
-            return None, None
-        keys, obj = None, secret
-        try:
-            if job.spec.security.authentication:
-                keys = ensure_auth_secret(self.kube, job)
-            obj = policy
-            if self.network_policy and waiting != policy:
-                ensure_network_policy(self.kube, job, self.operator_namespace)
-        except KubeError as exc:
-            if exc.namespace_terminating:
-                raise
-            return keys, (obj, exc)
+        names = [obj for obj, _ in steps]
+        keys = None
+        for obj, step in steps[:names.index(waiting) if waiting in names else None]:
+            try:
+                got = step()
+            except KubeError as exc:
+                if exc.namespace_terminating:
+                    raise
+                return keys, (obj, exc)
+            if obj == secret:
+                keys = got
         return keys, None
 
     def _without_pods(self, plan: Plan, obj: str, exc: KubeError) -> Plan:

@@ -182,6 +182,29 @@ def ensure_auth_secret(kube: Kube, job: TrainingJob) -> dict[str, bytes]:
     return worker_keys(secret or {})
 
 
+def check_tls_secret(kube: Kube, job: TrainingJob) -> None:
+    """The TLS Secret the job names (spec.security.tls.secretName) exists and holds
+    every file the pods mount (tls.crt, tls.key, ca.crt); else KubeError, and no pod
+    is created (a kubelet would leave each pod in ContainerCreating, and the job would
+    only say it waits for its servers). Read each reconcile: cert-manager may issue it
+    after the job is made."""
+    tls = job.spec.security.tls
+    if tls is None:
+        return
+    where = f"spec.security.tls.secretName is {tls.secret_name!r}"
+    secret = kube.get_secret(job.namespace, tls.secret_name)
+    if secret is None:
+        raise KubeError(404, f"{where}; no Secret of that name in namespace "
+                        f"{job.namespace}: the pods wait for it (a kubernetes.io/tls "
+                        "Secret with tls.crt, tls.key and ca.crt)")
+    data = secret.get("data") or {}
+    missing = [key for key in security.TLS_FILES if not data.get(key)]
+    if missing:
+        raise KubeError(422, f"{where}; that Secret holds no {' or '.join(missing)}, "
+                        "and the pods need all of tls.crt, tls.key and ca.crt (the CA "
+                        "every replica trusts): the pods wait for it")
+
+
 def _volume_mount(volume: str, path: str) -> dict[str, Any]:
     return {"name": volume, "mountPath": path, "readOnly": True}
 

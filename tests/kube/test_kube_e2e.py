@@ -375,18 +375,25 @@ def metric(address: str, name: str) -> float | None:
 @pytest.mark.timeout(150)
 def test_a_job_with_tls_starts_and_succeeds(e2e: E2E, ns: Namespace, tmp_path: Path) -> None:
     """spec.security.tls names a kubernetes.io/tls Secret (as cert-manager would issue
-    for `*.<job>.<namespace>.svc`): the servers serve TLS only, so their readiness
-    probe is a TCP check (a kubelet's gRPC probe speaks plaintext only, and the job
-    never started), and the job trains to Succeeded over TLS."""
+    for `*.<job>.<namespace>.svc`): until it exists the job says so and makes no pod;
+    then the servers serve TLS only, so their readiness probe is a TCP check (a
+    kubelet's gRPC probe speaks plaintext only, and the job never started), and the
+    job trains to Succeeded over TLS."""
     pytest.importorskip("cryptography")
     from tests.runtime.tls_certs import write_tls_dir
 
+    job = digits_job(steps=300, workers=1)
+    job["spec"]["security"] = {"tls": {"secretName": "digits-tls"}}
+    ns.apply(job)  # before its Secret, as when cert-manager has not issued it yet
+    rejected = wait_for(e2e, ns, "the missing Secret in the job's conditions", lambda: [
+        cond for cond in status(ns).get("conditions") or []
+        if cond["type"] == "CreateRejected" and cond["status"] == "True"], timeout=30)
+    assert ("spec.security.tls.secretName is 'digits-tls'; no Secret of that name"
+            in rejected[0]["message"]), rejected
+    assert not ns.get_json("pods")["items"]
     certs = write_tls_dir(tmp_path / "tls", dns_names=(f"*.{JOB}.{ns.name}.svc",))
     ns.kubectl("create", "secret", "generic", "digits-tls", "--type=kubernetes.io/tls",
                *(f"--from-file={f}={certs / f}" for f in ("tls.crt", "tls.key", "ca.crt")))
-    job = digits_job(steps=300, workers=1)
-    job["spec"]["security"] = {"tls": {"secretName": "digits-tls"}}
-    ns.apply(job)
     final = wait_phase(e2e, ns, ("Succeeded", "Failed"), timeout=120)
     assert final["phase"] == "Succeeded", f"{final}{e2e.diagnostics(ns)}"
     assert final["progress"]["globalStep"] == 300, final

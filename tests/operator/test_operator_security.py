@@ -348,6 +348,39 @@ def test_a_refused_secret_or_network_policy_is_reported_and_no_pod_is_made(
     assert (kube.secrets if kind == "Secret" else kube.network_policies)[("ns", name)]
 
 
+def test_a_missing_or_incomplete_tls_secret_is_named_and_no_pod_is_made() -> None:
+    """spec.security.tls names a Secret that does not exist yet (cert-manager issues it
+    after the job is made), then one without ca.crt: the job says so in its
+    CreateRejected condition, one Warning each, no pod (a kubelet would leave every pod
+    in ContainerCreating); once the Secret holds all three files the pods follow."""
+    kube, events, status, clock = FakeKube(), Recorder(), FakeStatus(), Clock()
+    kube.add_job(make_job().security(tls={"secretName": "cert"}).body())
+    op = make_reconciler(kube, events, status)
+    op.clock = clock
+    op.reconcile("ns", "j")
+    assert kube.pod_names() == [] and not kube.services
+    st = kube.jobs[("ns", "j")]["status"]
+    assert st["createRefusal"]["object"] == "Secret/cert"
+    message = conditions(kube)["CreateRejected"]["message"]
+    assert ("spec.security.tls.secretName is 'cert'; no Secret of that name in namespace "
+            "ns") in message and "\n" not in message
+    assert events.reasons().count("CreateRejected") == 1
+
+    pem = base64.b64encode(b"PEM").decode()
+    kube.secrets[("ns", "cert")] = {"data": {"tls.crt": pem, "tls.key": pem}}
+    clock.seconds = 5
+    op.reconcile("ns", "j")
+    assert kube.pod_names() == []
+    assert ("spec.security.tls.secretName is 'cert'; that Secret holds no ca.crt"
+            in conditions(kube)["CreateRejected"]["message"])
+
+    kube.secrets[("ns", "cert")]["data"]["ca.crt"] = pem
+    clock.seconds = 30
+    op.reconcile("ns", "j")
+    assert kube.pod_names() == ["j-ps-0"]
+    assert conditions(kube)["CreateRejected"]["status"] == "False"
+
+
 def test_a_job_failed_by_a_refused_network_policy_names_no_pod() -> None:
     cluster = kubernetes_cluster_spec(make_job().build())
     for obj, pod, role in (("NetworkPolicy/j-pstrain-ps", "", ""),

@@ -377,8 +377,8 @@ def test_a_job_with_tls_starts_and_succeeds(e2e: E2E, ns: Namespace, tmp_path: P
     """spec.security.tls names a kubernetes.io/tls Secret (as cert-manager would issue
     for `*.<job>.<namespace>.svc`): until it exists the job says so and makes no pod;
     then the servers serve TLS only, so their readiness probe is a TCP check (a
-    kubelet's gRPC probe speaks plaintext only, and the job never started), and the
-    job trains to Succeeded over TLS."""
+    kubelet's gRPC probe speaks plaintext only: with it the servers never turned
+    Ready), and the job trains to Succeeded over TLS."""
     pytest.importorskip("cryptography")
     from tests.runtime.tls_certs import write_tls_dir
 

@@ -181,8 +181,8 @@ def pod_only_notice(job: TrainingJob) -> str | None:
         return None
     parts = [f"the {', '.join(roles)} template{'s' if len(roles) > 1 else ''} "
              f"{'set' if len(roles) > 1 else 'sets'} {what}" for what, roles in asks.items()]
-    return ("; ".join(parts) + ": pstrain run uses neither (its replicas run this "
-            "machine's Python and files), so a program that lives there is not found "
+    return ("; ".join(parts) + ", which a local run does not use (its replicas run "
+            "this machine's Python and files): a program that lives there is not found "
             "locally; run the job on a cluster")
 
 

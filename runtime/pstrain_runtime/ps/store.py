@@ -49,7 +49,7 @@ from .waits import MAX_WAIT, WAIT_SLICE, Gone, wait_until
 __all__ = ["GRAD_DTYPES", "MAX_WAIT", "SLOT_SEPARATOR", "WAIT_SLICE", "Bucket", "FlatGrads",
            "Gone", "JobReport", "Namespace", "PSError", "ParameterStore", "RunningSum",
            "first_nonfinite", "is_all_finite", "new_generation", "optimizer_from_pb",
-           "optimizer_to_pb", "physical_memory"]
+           "optimizer_to_pb", "physical_memory", "small_frames"]
 
 
 def small_frames(message: bytes) -> list[memoryview]:

@@ -131,8 +131,8 @@ def test_a_program_in_an_image_or_volume_is_named_before_it_fails_locally() -> N
     notice = pod_only_notice(load_job(ROOT / "examples" / "tf-ps.yaml"))
     assert notice is not None and "\n" not in notice
     assert notice.startswith("the ps, worker, chief templates set image "
-                             "tensorflow/tensorflow:2.16.1 and volumes at /app: pstrain run "
-                             "uses neither"), notice
+                             "tensorflow/tensorflow:2.16.1 and volumes at /app, which a "
+                             "local run does not use"), notice
     builder = make_job("j")
     builder.set("spec.replicas.ps.template", {"spec": {"containers": [
         {"name": "pstrain", "image": "my/runtime:1",
@@ -142,6 +142,6 @@ def test_a_program_in_an_image_or_volume_is_named_before_it_fails_locally() -> N
     builder.set("spec.replicas.worker.template", {"spec": {"containers": [
         {"name": "pstrain", "command": TF, "image": "my/program:2"}]}})
     assert pod_only_notice(builder.model()) == (
-        "the worker template sets image my/program:2: pstrain run uses neither (its "
-        "replicas run this machine's Python and files), so a program that lives there is "
-        "not found locally; run the job on a cluster")
+        "the worker template sets image my/program:2, which a local run does not use (its "
+        "replicas run this machine's Python and files): a program that lives there is not "
+        "found locally; run the job on a cluster")

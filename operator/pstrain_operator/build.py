@@ -180,11 +180,10 @@ def build_pod(
     pod_spec: dict[str, Any] = template.get("spec") or {}
     name = cluster.replica_name(task)
     env = cluster.env(task)
-    restricted = settings.pod_security == "restricted"
 
     user_containers = pod_spec.get("containers") or [{"name": c.MAIN_CONTAINER}]
     own_env = {**data_plane_env(task), **startup_env(job, task), **metrics_env(spec)}
-    main = _main_container(user_containers[0], spec, task, env, own_env, settings, restricted)
+    main = _main_container(user_containers[0], spec, task, env, own_env, settings)
     probe = readiness_probe(spec, task, tls=job.spec.security.tls is not None)
     if probe is not None:
         main["readinessProbe"] = probe
@@ -198,10 +197,10 @@ def build_pod(
         "restartPolicy": "Never",
     })
     pod_spec.setdefault("enableServiceLinks", False)
-    if restricted:  # each container of the template's without a securityContext too
+    if settings.pod_security == "restricted":  # each container without one of its own
         pod_spec.setdefault("securityContext", copy.deepcopy(RESTRICTED_POD_SECURITY))
-        for other in pod_spec["containers"][1:] + pod_spec.get("initContainers", []):
-            other.setdefault("securityContext", copy.deepcopy(RESTRICTED_CONTAINER_SECURITY))
+        for ctr in pod_spec["containers"] + pod_spec.get("initContainers", []):
+            ctr.setdefault("securityContext", copy.deepcopy(RESTRICTED_CONTAINER_SECURITY))
 
     meta = template.get("metadata") or {}
     annotations = dict(meta.get("annotations") or {})
@@ -226,12 +225,11 @@ def build_pod(
 
 
 def _main_container(user: dict[str, Any], spec: ReplicaSpec, task: Task,
-                    env: dict[str, str], own_env: dict[str, str], settings: PodSettings,
-                    restricted: bool) -> dict[str, Any]:
+                    env: dict[str, str], own_env: dict[str, str],
+                    settings: PodSettings) -> dict[str, Any]:
     """The replica's own container: the template's first container with the cluster-spec
     environment first, pstrain's ports, the GPU limit, and the defaults (runtime image,
-    `pstrain replica`, restrictive security context); `build_pod` adds the readiness
-    probe."""
+    `pstrain replica`); `build_pod` adds the readiness probe and the security context."""
     main = copy.deepcopy(user)
     main["name"] = c.MAIN_CONTAINER
     main.setdefault("image", settings.runtime_image)
@@ -252,8 +250,6 @@ def _main_container(user: dict[str, Any], spec: ReplicaSpec, task: Task,
         ]
     if not main["ports"]:
         del main["ports"]
-    if restricted:
-        main.setdefault("securityContext", copy.deepcopy(RESTRICTED_CONTAINER_SECURITY))
     return main
 
 

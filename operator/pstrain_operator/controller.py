@@ -250,14 +250,15 @@ class Reconciler:
                  ) -> tuple[Any, tuple[str, KubeError] | None]:
         """What exists before any pod, in order: the credentials Secret, which the pods
         mount (created if absent, never rewritten; its worker key lets the progress
-        probe in), the TLS Secret the job names (read: complete?), then the job's
-        NetworkPolicy when the operator makes one per job. Returns the keys, and the
-        object refused with its refusal, if any. After a refusal, that object and what
-        comes after it are not tried again until its back-off has passed."""
-        secret = f"Secret/{security.secret_name(job.name)}"
+        probe in: the one step that returns something), the TLS Secret the job names
+        (read: complete?), then the job's NetworkPolicy when the operator makes one per
+        job. Returns the keys, and the object refused with its refusal, if any. After a
+        refusal, that object and what comes after it are not tried again until its
+        back-off has passed."""
         steps: list[tuple[str, Callable[[], Any]]] = []
         if job.spec.security.authentication:
-            steps.append((secret, lambda: ensure_auth_secret(self.kube, job)))
+            steps.append((f"Secret/{security.secret_name(job.name)}",
+                          lambda: ensure_auth_secret(self.kube, job)))
         if job.spec.security.tls is not None:
             steps.append((f"Secret/{job.spec.security.tls.secret_name}",
                           lambda: check_tls_secret(self.kube, job)))
@@ -277,8 +278,7 @@ class Reconciler:
                 if exc.namespace_terminating:
                     raise
                 return keys, (obj, exc)
-            if obj == secret:
-                keys = got
+            keys = keys if got is None else got
         return keys, None
 
     def _without_pods(self, plan: Plan, obj: str, exc: KubeError) -> Plan:

@@ -25,7 +25,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from .proto import ps_pb2 as pb
-from .ps.store import small_frames
+from .ps.store import ParameterStore
 from .transport import wire
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
@@ -122,12 +122,9 @@ class MeteredStore:
             self._m.bytes_out.inc(len(frame))
             yield frame
 
-    def push_pull_small(self, message: bytes, timeout: float | None = None,
-                        **kwargs: Any) -> bytes:
-        """The store's `push_pull_small` (every keyword it takes: `gone`, a riding
-        sparse push's `after_push`), counted as its `push_pull`."""
-        return wire.encode_batch(self.push_pull(iter(small_frames(message)), timeout,
-                                                **kwargs))
+    # The store's own batching over the metered `push_pull` (the same keywords, always:
+    # a twin of it once lacked a riding sparse push's `after_push`).
+    push_pull_small = ParameterStore.push_pull_small
 
 
 class WorkerMetrics:

@@ -302,12 +302,16 @@ def running_job(e2e: E2E, ns: Namespace, job: dict[str, Any], min_step: int = 1,
     return wait_for(e2e, ns, f"job {name} to train to step {min_step}", training, timeout)
 
 
+def volume_root(ns: Namespace, pod_name: str, volume: str) -> Path:
+    """Where kubelet.py set up a pod's volume (what its container sees there)."""
+    obj = pod(ns, pod_name)
+    assert obj is not None, f"{pod_name} is gone"
+    return pod_dir(ns.name, pod_name) / "volumes" / obj["metadata"]["uid"] / volume
+
+
 def volume_files(ns: Namespace, pod_name: str, volume: str) -> dict[str, str]:
     """The files kubelet.py wrote for a pod's volume (what its container sees)."""
-    obj = pod(ns, pod_name)
-    assert obj is not None
-    root = pod_dir(ns.name, pod_name) / "volumes" / obj["metadata"]["uid"] / volume
-    return {p.name: p.read_text() for p in root.iterdir()
+    return {p.name: p.read_text() for p in volume_root(ns, pod_name, volume).iterdir()
             if not p.name.startswith("..")}
 
 
@@ -531,9 +535,7 @@ def disk_tier_job(checkpoint: Path) -> dict[str, Any]:
 
 def disk_rows(ns: Namespace, pod_name: str) -> list[Path]:
     """The disk tier's files in a PS pod's emptyDir (what kubelet.py set up for it)."""
-    obj = pod(ns, pod_name)
-    assert obj is not None, f"{pod_name} is gone"
-    root = pod_dir(ns.name, pod_name) / "volumes" / obj["metadata"]["uid"] / "rows"
+    root = volume_root(ns, pod_name, "rows")
     return sorted(root.glob("pstrain-ps0/rows-*/*")) if root.is_dir() else []
 
 

@@ -49,15 +49,7 @@ from .waits import MAX_WAIT, WAIT_SLICE, Gone, wait_until
 __all__ = ["GRAD_DTYPES", "MAX_WAIT", "SLOT_SEPARATOR", "WAIT_SLICE", "Bucket", "FlatGrads",
            "Gone", "JobReport", "Namespace", "PSError", "ParameterStore", "RunningSum",
            "first_nonfinite", "is_all_finite", "new_generation", "optimizer_from_pb",
-           "optimizer_to_pb", "physical_memory", "small_frames"]
-
-
-def small_frames(message: bytes) -> list[memoryview]:
-    """The frames of a `push_pull_small` request; a malformed one is INVALID_ARGUMENT."""
-    try:
-        return wire.decode_batch(message)
-    except wire.WireError as exc:
-        raise invalid(f"push_pull: {exc}") from exc
+           "optimizer_to_pb", "physical_memory"]
 
 
 class ParameterStore:
@@ -146,8 +138,12 @@ class ParameterStore:
                         gone: Gone | None = None,
                         after_push: Callable[[pb.PushReply], None] | None = None) -> bytes:
         """`push_pull` with the whole stream batched in one message each way."""
-        return wire.encode_batch(self.push_pull(iter(small_frames(message)), timeout,
-                                                gone=gone, after_push=after_push))
+        try:
+            frames = wire.decode_batch(message)
+        except wire.WireError as exc:
+            raise invalid(f"push_pull: {exc}") from exc
+        return wire.encode_batch(self.push_pull(iter(frames), timeout, gone=gone,
+                                                after_push=after_push))
 
     def _push(self, header: pb.StreamHeader, messages: Iterator[bytes],
               timeout: float | None, gone: Gone | None) -> pb.PushReply:

@@ -8,6 +8,7 @@ during the scale-down: its exit is expected too."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -68,6 +69,7 @@ class ScaledRun:
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
         watchdog = threading.Timer(RUN_LIMIT, self.proc.kill)
         watchdog.start()
+        self.driver_error: BaseException | None = None  # the scaling thread's, if it broke
         driver = threading.Thread(target=self._drive, daemon=True)
         driver.start()
         try:
@@ -88,6 +90,12 @@ class ScaledRun:
         driver.join(30)
 
     def _drive(self) -> None:
+        try:
+            self._follow_plan()
+        except BaseException as error:  # noqa: BLE001 - reported by the test, not lost
+            self.driver_error = error
+
+    def _follow_plan(self) -> None:
         deadline = time.monotonic() + RUN_LIMIT
         live = 2
         for at_step, replicas, kill in self.plan:
@@ -102,8 +110,10 @@ class ScaledRun:
             self.answers.append((at_step, replicas, answer.ok, answer.message))
             for name in kill:
                 pid = self.pids.get(name)
-                if pid is not None:
-                    os.kill(pid, signal.SIGKILL)
+                # The scale-down may have stopped it already (then there is nothing to kill).
+                with contextlib.suppress(ProcessLookupError):
+                    if pid is not None:
+                        os.kill(pid, signal.SIGKILL)
             if answer.ok and replicas > live:  # the newcomers join before the next change
                 while (time.monotonic() < deadline and self.proc.poll() is None
                        and len(self.joins) - before < replicas - live):
@@ -127,6 +137,7 @@ def test_scale_2_4_1_3_while_training(tmp_path, mode, steps, plan, bar):
     name = f"e-{mode}"
     run = ScaledRun(manifest(tmp_path, name, mode, steps), name, plan, tmp_path / "run")
     output = "\n".join(run.lines[-60:])
+    assert run.driver_error is None, f"the scaling thread broke: {run.driver_error!r}\n{output}"
     assert run.returncode == 0, f"pstrain run exited {run.returncode}:\n{output}"
     refused = [(r, text) for _, r, ok, text in run.answers if not ok]
     assert [(r, ok) for _, r, ok, _ in run.answers if ok] == [(4, True), (1, True),

@@ -6,7 +6,9 @@ in a process group of its own: without checkpoints, with a checkpoint every 100 
 steps (the default interval) and every 20; and, in the same run, the same two
 intervals with every checkpoint written as before chains (`full100`, `full20`: every
 row, on the chief's training thread: the chief's `sparse.chain.MAX_DELTAS` set to 0
-and its writes made at once, as sync mode writes a full link). The variants run in
+and its writes made at once, as sync mode writes a full link); and every 100 steps
+with the rows written through the page cache, as before session 22 (`buffered100`:
+the chief's `sparse.files.DIRECT` off, see `pstrain_runtime.direct_write`). The variants run in
 turn, `ROUNDS` times over, each round in another order (the machine's load drifts).
 Reported:
 
@@ -40,10 +42,14 @@ from .training import (MAX_STEPS, ModelSpec, enough_windows, measured_span, medi
                        window_rates)
 
 TOTAL_ROWS, QUICK_TOTAL_ROWS = 1_000_000, 26_000
-# (name, checkpoint interval or None, every row on the training thread as before chains)
-VARIANTS: tuple[tuple[str, int | None, bool], ...] = (
-    ("none", None, False), ("every100", 100, False), ("every20", 20, False),
-    ("full100", 100, True), ("full20", 20, True))
+# How the chief writes, where not as shipped: "full" (every row on the training
+# thread, as before chains), "buffered" (through the page cache, as before O_DIRECT).
+HOW = {"": "", "full": ", every row on the training thread (as before chains)",
+       "buffered": ", rows written through the page cache (as before session 22)"}
+# (name, checkpoint interval or None, how)
+VARIANTS: tuple[tuple[str, int | None, str], ...] = (
+    ("none", None, ""), ("every100", 100, ""), ("every20", 20, ""),
+    ("full100", 100, "full"), ("full20", 20, "full"), ("buffered100", 100, "buffered"))
 ROUNDS, QUICK_ROUNDS = 3, 1
 ENTRYPOINT = "pstrain_runtime.examples.ctr:make_task"
 
@@ -87,8 +93,12 @@ def _peer(rank: int, ports: list[int], job: dict[str, Any], timeout_s: float,
     barrier.wait(timeout=timeout_s)
     out = None
     if worker == 0:
-        if job["full"]:
+        if job["how"] == "full":
             _write_everything_at_once()
+        if job["how"] == "buffered":
+            from pstrain_runtime.sparse import files
+
+            files.DIRECT = False
         enough = enough_windows(job["window_s"], job["skip"], job["count"])
         sizes: list[int] = []
         cpu: list[float] = []
@@ -115,7 +125,7 @@ def _peer(rank: int, ports: list[int], job: dict[str, Any], timeout_s: float,
     return out
 
 
-def _job(cfg: Config, name: str, interval: int | None, full: bool,
+def _job(cfg: Config, name: str, interval: int | None, how: str,
          directory: Path) -> dict[str, Any]:
     total = QUICK_TOTAL_ROWS if cfg.quick else TOTAL_ROWS
     batch = QUICK_BATCH if cfg.quick else BATCH
@@ -125,16 +135,15 @@ def _job(cfg: Config, name: str, interval: int | None, full: bool,
     if interval is not None:
         training["checkpoint"] = {"directory": str(directory), "intervalSteps": interval}
     window = cfg.train_seconds_per_rep
-    return {"namespace": f"bench/sparse-ckpt-{name}", "training": training, "full": full,
+    return {"namespace": f"bench/sparse-ckpt-{name}", "training": training, "how": how,
             "window_s": window, "skip": cfg.warmup, "count": cfg.repeats,
             "progress_s": min(1.0, window / 4), "per_step": batch}
 
 
-def _figures(cfg: Config, name: str, interval: int | None, full: bool, per_step: int,
+def _figures(cfg: Config, name: str, interval: int | None, how: str, per_step: int,
              got: list[dict[str, Any]]) -> list[Figure]:
     what = ("no checkpoints" if interval is None else
-            f"a checkpoint every {interval} steps"
-            + (", every row on the training thread (as before chains)" if full else ""))
+            f"a checkpoint every {interval} steps{HOW[how]}")
     key = f"sparse_ckpt.{name}"
     rows = size_name(QUICK_TOTAL_ROWS if cfg.quick else TOTAL_ROWS)
     label = f"CTR {rows} rows x {DIM}, async, {PS} PS + {WORKERS} workers, {what}"
@@ -185,12 +194,11 @@ def _round_ratios(cfg: Config, got: dict[str, list[dict[str, Any]]], per_step: i
         return None if per is None else 1.0 / per
 
     figs = []
-    for name, interval, full in VARIANTS[1:]:
-        how = " (every row, on the training thread)" if full else ""
+    for name, interval, how in VARIANTS[1:]:
         for suffix, measure, what in (("vs_none", rate, "samples/s"),
                                       ("cpu_vs_none", cpu, "samples per CPU-second")):
             key = f"sparse_ckpt.{name}.{suffix}"
-            label = f"{what} with a checkpoint every {interval} steps{how} / without"
+            label = f"{what} with a checkpoint every {interval} steps{HOW[how]} / without"
             pairs = [(measure(a), measure(b))
                      for a, b in zip(got[name], got["none"], strict=True)]
             ratios = [a / b for a, b in pairs if a and b]
@@ -210,8 +218,8 @@ def run(cfg: Config) -> list[Figure]:
     try:
         for k in range(QUICK_ROUNDS if cfg.quick else ROUNDS):
             # each round in another order, so that a drift of the load spreads evenly
-            for name, interval, full in VARIANTS[k:] + VARIANTS[:k]:
-                job = jobs[name] = _job(cfg, name, interval, full, directory / f"{name}-{k}")
+            for name, interval, how in VARIANTS[k:] + VARIANTS[:k]:
+                job = jobs[name] = _job(cfg, name, interval, how, directory / f"{name}-{k}")
                 got[name].append(run_group(_peer, PS + WORKERS,
                                            args=(find_free_ports(PS), job,
                                                  cfg.item_time_limit_s,
@@ -222,6 +230,6 @@ def run(cfg: Config) -> list[Figure]:
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     figs: list[Figure] = []
-    for name, interval, full in VARIANTS:
-        figs += _figures(cfg, name, interval, full, jobs[name]["per_step"], got[name])
+    for name, interval, how in VARIANTS:
+        figs += _figures(cfg, name, interval, how, jobs[name]["per_step"], got[name])
     return figs + _round_ratios(cfg, got, jobs["none"]["per_step"])

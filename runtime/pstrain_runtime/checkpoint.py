@@ -34,10 +34,11 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
+from .direct_write import DirectFile
 from .failure import ConfigurationError
 
 FORMAT = "pstrain-checkpoint"
@@ -225,16 +226,26 @@ def _describe(t: torch.Tensor) -> str:
     return f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
 
 
-def write_atomically(path: Path, write: Callable[[BinaryIO], T]) -> T:
+def write_atomically(path: Path, write: Callable[[Any], T], direct: bool = False) -> T:
     """Call `write` on a temporary file beside `path`, fsync it, rename it to `path`:
-    never a half-written file under that name. Returns what `write` returned."""
+    never a half-written file under that name. Returns what `write` returned. With
+    `direct`, the file `write` gets is a `DirectFile` (its `write` only), which goes
+    around the page cache where it can: for large files of rows."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            result = write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
+        if direct:
+            try:
+                out = DirectFile(fd)
+                result = write(out)
+                out.finish()
+            finally:
+                os.close(fd)
+        else:
+            with os.fdopen(fd, "wb") as fh:
+                result = write(fh)
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -48,6 +48,7 @@ CHECKSUMS: dict[str, Callable[[int, Any], int]] = {
     "crc32": lambda crc, data: zlib.crc32(data, crc),  # files written before
 }
 CHECKSUM = "crc32c"  # what files are written with
+DIRECT = True  # around the page cache where the file system allows (see direct_write)
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ def _write_file(path: Path, magic: bytes, header: dict[str, Any],
                 parts: Iterable[Sequence[torch.Tensor]]) -> Written:
     """Write `magic`, `header` and one block per item of `parts` (tensors of equal
     first dimension, the first one's length the block's count) atomically."""
-    def write(raw: BinaryIO) -> Written:
+    def write(raw: Any) -> Written:
         fh, total = _Summing(raw), 0
         fh.write(magic)
         fh.write(json.dumps(header).encode() + b"\n")
@@ -107,7 +108,7 @@ def _write_file(path: Path, magic: bytes, header: dict[str, Any],
         fh.write(_COUNT.pack(0))
         return Written(total, fh.size, fh.crc)
 
-    return write_atomically(path, write)
+    return write_atomically(path, write, direct=DIRECT)
 
 
 def write_rows(path: Path, spec: TableSpec, slots: Sequence[str],

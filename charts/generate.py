@@ -353,6 +353,13 @@ def values_schema() -> dict[str, Any]:
                 "minimum": 1,
                 "maximum": 30,
             },
+            "psLivenessSeconds": {
+                "description": "Seconds a parameter server may leave its gRPC health check "
+                "unanswered before its kubelet kills it (the job's restart policy brings it "
+                "back), 10 to 3600; 0: no liveness probe.",
+                "type": "integer",
+                "anyOf": [{"const": 0}, {"minimum": 10, "maximum": 3600}],
+            },
             "serviceAccount": _obj("The operator's ServiceAccount.", {
                 "create": _bool("Create the ServiceAccount."),
                 "name": _str("Its name; empty means the release's full name."),

@@ -11,7 +11,8 @@ Invariants of every pod:
   in PSTRAIN_METRICS_PORT; a parameter server's also declares the gRPC port and the
   data-plane port and is told the latter in PSTRAIN_DATA_PORT (`data_plane_env`); it is
   probed for
-  readiness as its program allows (`readiness_probe`);
+  readiness as its program allows (`readiness_probe`) and, a PS of the runtime's, for
+  liveness (`liveness_probe`);
 - built from the role's PodTemplateSpec: its first container (named pstrain) is the
   replica's; `command: ["pstrain", "replica"]`, the operator's runtime image and a
   restrictive security context unless the template sets them;
@@ -170,6 +171,32 @@ def readiness_probe(spec: ReplicaSpec, task: Task, tls: bool = False
     return {**check, "periodSeconds": 2, "failureThreshold": 3}
 
 
+LIVENESS_DELAY = 30  # seconds: torch's import and the server's start, on a busy node
+
+
+def liveness_probe(spec: ReplicaSpec, task: Task, tls: bool = False, seconds: int = 60
+                   ) -> dict[str, Any] | None:
+    """The main container's livenessProbe where it can tell a hung server from a busy
+    one: a parameter server whose readiness is pstrain's gRPC health check, without
+    TLS. A server that stops answering it (stopped, deadlocked, stuck in I/O) is killed
+    by its kubelet and brought back by the job's restart policy, restored from the
+    checkpoint; before, it held the job in Starting (or its workers stalled) for good.
+    No probe under TLS (a TCP check passes on a hung process, whose kernel still
+    accepts: the kubelet's gRPC probe speaks no TLS), nor for other roles (the stall
+    watchdog restarts hung workers) or programs of their own.
+
+    `seconds` (the operator's PSTRAIN_OPERATOR_PS_LIVENESS_SECONDS, 0: no probe): how
+    long the check may go unanswered, from LIVENESS_DELAY after the start: checks a
+    sixth of it apart (2 s at least), each given up to 5 s."""
+    if (not seconds or task.role != c.ROLE_PS or tls
+            or readiness_gate(spec) != c.GATE_GRPC):
+        return None
+    period = max(2, seconds // 6)
+    return {"grpc": {"port": c.REPLICA_PORT}, "initialDelaySeconds": LIVENESS_DELAY,
+            "periodSeconds": period, "timeoutSeconds": min(5, period),
+            "failureThreshold": -(-seconds // period)}
+
+
 def build_pod(
     job: TrainingJob, cluster: ClusterSpec, task: Task, settings: PodSettings
 ) -> dict[str, Any]:
@@ -184,9 +211,13 @@ def build_pod(
     user_containers = pod_spec.get("containers") or [{"name": c.MAIN_CONTAINER}]
     own_env = {**data_plane_env(task), **startup_env(job, task), **metrics_env(spec)}
     main = _main_container(user_containers[0], spec, task, env, own_env, settings)
-    probe = readiness_probe(spec, task, tls=job.spec.security.tls is not None)
+    tls = job.spec.security.tls is not None
+    probe = readiness_probe(spec, task, tls)
     if probe is not None:
         main["readinessProbe"] = probe
+    probe = liveness_probe(spec, task, tls, settings.ps_liveness_seconds)
+    if probe is not None and "livenessProbe" not in main:  # a template's own is kept
+        main["livenessProbe"] = probe
     pod_spec["containers"] = [main] + [_with_cluster_env(s, env) for s in user_containers[1:]]
     if pod_spec.get("initContainers"):
         pod_spec["initContainers"] = [_with_cluster_env(i, env)

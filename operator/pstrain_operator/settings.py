@@ -15,13 +15,16 @@ Every setting is an environment variable (what the Helm chart sets) and a flag o
 | PSTRAIN_OPERATOR_JOB_POD_SECURITY    | --job-pod-security    | restricted              |
 | PSTRAIN_OPERATOR_PROGRESS_INTERVAL   | --progress-interval   | 10 (seconds, 1 to 30)   |
 | PSTRAIN_OPERATOR_JOB_NETWORK_POLICY  | --job-network-policy  | true                    |
+| PSTRAIN_OPERATOR_PS_LIVENESS_SECONDS | --ps-liveness-seconds | 60 (0 off, 10 to 3600)  |
 | PSTRAIN_OPERATOR_NAMESPACE           | (downward API)        | "" (unknown)            |
 
 PSTRAIN_OPERATOR_NAMESPACE is the operator's own namespace (the chart sets it from the
 pod's metadata); a job's NetworkPolicy admits the progress probe from it.
 
-The last one is optional tuning (how often training progress is refreshed while a job
-runs); the others are the chart's contract.
+PROGRESS_INTERVAL and PS_LIVENESS_SECONDS are optional tuning (how often training
+progress is refreshed while a job runs; how long a parameter server may leave its health
+check unanswered before its kubelet kills it, see `build.liveness_probe`); the others
+are the chart's contract.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ ENV_JOB_POD_SECURITY = "PSTRAIN_OPERATOR_JOB_POD_SECURITY"
 ENV_PROGRESS_INTERVAL = "PSTRAIN_OPERATOR_PROGRESS_INTERVAL"
 ENV_JOB_NETWORK_POLICY = "PSTRAIN_OPERATOR_JOB_NETWORK_POLICY"
 ENV_OPERATOR_NAMESPACE = "PSTRAIN_OPERATOR_NAMESPACE"
+ENV_PS_LIVENESS = "PSTRAIN_OPERATOR_PS_LIVENESS_SECONDS"
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 PodSecurity = Literal["restricted", "none"]
@@ -63,6 +67,7 @@ class PodSettings:
 
     runtime_image: str = c.DEFAULT_RUNTIME_IMAGE
     pod_security: PodSecurity = "restricted"
+    ps_liveness_seconds: int = 60  # 0: parameter servers get no livenessProbe
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,7 @@ class OperatorSettings:
     progress_interval: float = 10.0
     job_network_policy: bool = True
     operator_namespace: str = ""
+    ps_liveness_seconds: int = 60
 
     @property
     def clusterwide(self) -> bool:
@@ -84,7 +90,7 @@ class OperatorSettings:
 
     @property
     def pods(self) -> PodSettings:
-        return PodSettings(self.runtime_image, self.job_pod_security)
+        return PodSettings(self.runtime_image, self.job_pod_security, self.ps_liveness_seconds)
 
 
 def _port(name: str, raw: str) -> int:
@@ -104,6 +110,18 @@ def _bool(name: str, raw: str) -> bool:
     if value in ("false", "0", "no", "off", ""):
         return False
     raise SettingsError(f"{name} is {quote(raw)}; it must be true or false.")
+
+
+def _liveness(name: str, raw: str) -> int:
+    try:
+        seconds = int(raw)
+    except ValueError as exc:
+        raise SettingsError(f"{name} is {quote(raw)}; it must be a whole number of seconds "
+                            "(0 disables).") from exc
+    if seconds != 0 and not 10 <= seconds <= 3600:
+        raise SettingsError(f"{name} is {seconds}; it must be 0 (no liveness probe) or "
+                            "between 10 and 3600 seconds.")
+    return seconds
 
 
 def _choice(name: str, raw: str, allowed: Sequence[str]) -> str:
@@ -147,6 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
                         f"operator). [{ENV_JOB_NETWORK_POLICY}]")
     parser.add_argument("--progress-interval", help=f"Seconds between training-progress "
                         f"refreshes while a job runs, 1 to 30. [{ENV_PROGRESS_INTERVAL}]")
+    parser.add_argument("--ps-liveness-seconds", help=f"Seconds a parameter server may leave "
+                        f"its gRPC health check unanswered before its kubelet kills it (the "
+                        f"job's restart policy brings it back), 10 to 3600; 0: no liveness "
+                        f"probe. [{ENV_PS_LIVENESS}]")
     return parser
 
 
@@ -191,6 +213,8 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> OperatorSe
                             "is refreshed at least every 30 s).")
     name, raw = pick(args.job_network_policy, ENV_JOB_NETWORK_POLICY, "true")
     network_policy = _bool(name, raw)
+    name, raw = pick(args.ps_liveness_seconds, ENV_PS_LIVENESS, str(defaults.ps_liveness_seconds))
+    liveness = _liveness(name, raw)
     return OperatorSettings(
         job_network_policy=network_policy,
         operator_namespace=environ.get(ENV_OPERATOR_NAMESPACE, "").strip(),
@@ -202,4 +226,5 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> OperatorSe
         log_level=log_level,  # type: ignore[arg-type]
         leader_election=leader,
         job_pod_security=security,  # type: ignore[arg-type]
+        ps_liveness_seconds=liveness,
     )

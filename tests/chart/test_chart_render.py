@@ -77,6 +77,7 @@ CUSTOM = (
     .set("jobPodSecurity", "none")
     .set("progressInterval", 2.5)
     .set("jobNetworkPolicy", False)
+    .set("psLivenessSeconds", 0)
     .set("serviceAccount.annotations", {"iam.gke.io/gcp-service-account": "ml@p.iam"})
     .set("resources", {"requests": {"cpu": "100m", "memory": "200Mi"},
                        "limits": {"cpu": 1, "memory": "400Mi"}})
@@ -269,6 +270,7 @@ def test_default_deployment_env_is_the_operator_contract() -> None:
         {"name": "PSTRAIN_OPERATOR_JOB_POD_SECURITY", "value": "restricted"},
         {"name": "PSTRAIN_OPERATOR_PROGRESS_INTERVAL", "value": "10"},
         {"name": "PSTRAIN_OPERATOR_JOB_NETWORK_POLICY", "value": "true"},
+        {"name": "PSTRAIN_OPERATOR_PS_LIVENESS_SECONDS", "value": "60"},
         OWN_NAMESPACE,
         POD_ID,
     ]
@@ -287,6 +289,7 @@ def test_custom_deployment_env_follows_the_values() -> None:
         {"name": "PSTRAIN_OPERATOR_JOB_POD_SECURITY", "value": "none"},
         {"name": "PSTRAIN_OPERATOR_PROGRESS_INTERVAL", "value": "2.5"},
         {"name": "PSTRAIN_OPERATOR_JOB_NETWORK_POLICY", "value": "false"},
+        {"name": "PSTRAIN_OPERATOR_PS_LIVENESS_SECONDS", "value": "0"},
         OWN_NAMESPACE,
         POD_ID,
         {"name": "HTTPS_PROXY", "value": "http://proxy:3128"},

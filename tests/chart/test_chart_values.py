@@ -132,6 +132,8 @@ TYPOS = [
     ("port", {"metrics": {"port": 0}}),
     ("replicas", {"replicaCount": 0}),
     ("progress-interval", {"progressInterval": 60}),
+    ("ps-liveness-range", {"psLivenessSeconds": 5}),
+    ("ps-liveness-fraction", {"psLivenessSeconds": 30.5}),
 ]
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
+import signal
 import tempfile
 import time
 import urllib.request
@@ -38,8 +40,9 @@ from .node import Kubelet, PodWatch, Pool, pod_dir, pod_log
 EXAMPLES = sorted(p for p in (Path(__file__).parents[2] / "examples").glob("*.yaml")
                   if p.stem not in ("gpu", "tf-ps", "digits-files"))
 # Namespaces: one per test (the two on the finished digits job share one).
-POOL_SIZE = 10 + len(EXAMPLES)
+POOL_SIZE = 11 + len(EXAMPLES)
 JOB = "digits"
+LIVENESS_SECONDS = 12  # the module's operator's PSTRAIN_OPERATOR_PS_LIVENESS_SECONDS
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="kubelet.py must run as root (it edits /etc/hosts and "
@@ -102,6 +105,10 @@ def e2e(cluster: Cluster) -> Iterator[E2E]:
     operator = OperatorProcess(cluster.kubeconfig, work, {
         "PSTRAIN_OPERATOR_NAMESPACES": ",".join(names),
         "PSTRAIN_OPERATOR_PROGRESS_INTERVAL": "1",
+        # Every PS of the module is probed for liveness with this window (the default
+        # is 60 s): short, so that the hung-PS test is, and every other test shows
+        # that a healthy server under load is never killed by it.
+        "PSTRAIN_OPERATOR_PS_LIVENESS_SECONDS": str(LIVENESS_SECONDS),
     })
     try:
         kubelet.start()
@@ -503,6 +510,56 @@ def test_a_deleted_ps_pod_is_recovered(e2e: E2E, ns: Namespace, tmp_path: Path) 
     assert pod(ns, f"{JOB}-worker-0")["metadata"]["uid"] == chief_uid  # not restarted
     reasons = {e["reason"] for e in job_events(ns)}
     assert "CreatedPS" in reasons, reasons
+
+
+def container_pid(e2e: E2E, ns: Namespace, pod_name: str) -> int | None:
+    """The pid of the latest start of a pod's main container, from kubelet.py's log."""
+    pattern = re.compile(rf"{re.escape(ns.name)}/{re.escape(pod_name)}: container "
+                         rf"{c.MAIN_CONTAINER} started, pid (\d+)")
+    found = pattern.findall(e2e.kubelet.log.read_text(errors="replace"))
+    return int(found[-1]) if found else None
+
+
+@pytest.mark.timeout(150)
+def test_a_hung_ps_is_killed_by_its_liveness_probe_and_restored(
+        e2e: E2E, ns: Namespace, tmp_path: Path) -> None:
+    """A parameter server that stops answering (SIGSTOP: its process is there, its port
+    accepts, nothing answers) fails its livenessProbe (the module's operator gives it
+    LIVENESS_SECONDS), its kubelet kills it, the restart policy makes a new PS pod and
+    the chief restores it from the checkpoint, with the same chief. Before, the job
+    stalled for good."""
+    job = digits_job(steps=200000, workers=1, checkpoint=tmp_path / "ckpt",
+                     checkpoint_every=50)
+    job["spec"]["replicas"]["ps"]["template"] = {"spec": {"terminationGracePeriodSeconds": 2}}
+    job["spec"]["runPolicy"]["restartPolicy"] = "OnFailure"
+    running_job(e2e, ns, job, min_step=60)
+    wait_for(e2e, ns, "a checkpoint", lambda: chief_events(ns, "checkpoint"), timeout=30)
+    ps = f"{JOB}-ps-0"
+    probe = pod(ns, ps)["spec"]["containers"][0]["livenessProbe"]
+    assert probe["grpc"]["port"] == c.REPLICA_PORT, probe  # the server defaults service ""
+    old_uid = pod(ns, ps)["metadata"]["uid"]
+    chief_uid = pod(ns, f"{JOB}-worker-0")["metadata"]["uid"]
+    pid = container_pid(e2e, ns, ps)
+    assert pid is not None, e2e.kubelet.tail(40)
+    os.killpg(pid, signal.SIGSTOP)  # hung: alive, its sockets open, silent
+
+    def replaced() -> bool:
+        p = pod(ns, ps)
+        return bool(p and p["metadata"]["uid"] != old_uid
+                    and p["status"].get("phase") == "Running")
+
+    wait_for(e2e, ns, "a new PS pod", replaced, timeout=LIVENESS_SECONDS + 40)
+    assert f"{ns.name}/{ps}: container {c.MAIN_CONTAINER} failed its liveness probe" in (
+        e2e.kubelet.log.read_text(errors="replace"))
+    restored = wait_for(e2e, ns, "the chief to restore the new PS",
+                        lambda: chief_events(ns, "restored"), timeout=90)
+    assert restored[-1]["servers"] == [0] and restored[-1]["step"] >= 50, restored
+    wait_for(e2e, ns, "training beyond the restored step",
+             lambda: step_beyond(ns, restored[-1]["step"]), timeout=60)
+    assert status(ns)["phase"] == "Running"
+    assert pod(ns, f"{JOB}-worker-0")["metadata"]["uid"] == chief_uid  # not restarted
+    restarts = [e for e in job_events(ns) if e["reason"] == "RestartingReplica"]
+    assert restarts and ps in restarts[-1]["message"], restarts
 
 
 def disk_tier_job(checkpoint: Path) -> dict[str, Any]:

@@ -70,6 +70,9 @@ def test_ps_pod_whole_object() -> None:
                           {"name": "metrics", "containerPort": 9400, "protocol": "TCP"}],
                 "readinessProbe": {"grpc": {"port": 2222}, "periodSeconds": 2,
                                    "failureThreshold": 3},
+                "livenessProbe": {"grpc": {"port": 2222}, "initialDelaySeconds": 30,
+                                  "periodSeconds": 10, "timeoutSeconds": 5,
+                                  "failureThreshold": 6},
                 "securityContext": {"allowPrivilegeEscalation": False,
                                     "capabilities": {"drop": ["ALL"]},
                                     "runAsNonRoot": True,
@@ -132,9 +135,10 @@ def test_only_parameter_servers_declare_and_are_told_the_data_port(
     assert all(p["protocol"] == "TCP" for p in main.get("ports", []))
     assert env_of(main).get(c.ENV_DATA_PORT) == data_port
     assert c.ENV_DATA_PORT not in env_of(side)  # only the replica itself binds it
-    # The readiness probe stays on the gRPC port, and only a PS has one.
-    assert main.get("readinessProbe", {}).get("grpc") == (
-        {"port": 2222} if task.role == "ps" else None)
+    # The readiness and liveness probes stay on the gRPC port, and only a PS has them.
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert main.get(probe, {}).get("grpc") == (
+            {"port": 2222} if task.role == "ps" else None)
 
 
 def test_the_shared_cluster_env_leaves_the_data_port_unset() -> None:

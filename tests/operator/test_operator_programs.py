@@ -42,19 +42,71 @@ TLS_PROBES = [
 ]
 
 
+def main_container(role: str, fields: dict[str, Any], template: dict[str, Any],
+                   tls: bool) -> dict[str, Any]:
+    """The main container of replica 0 of `role` in a job (with a separate chief) whose
+    role has `fields` and a template of `template`, with spec.security.tls when `tls`."""
+    builder = make_job().chief()
+    if template:
+        builder.template(role, **template)
+    builder.data["spec"]["replicas"][role].update(fields)
+    if tls:
+        builder.data["spec"]["security"] = {"tls": {"secretName": "job-tls"}}
+    job = builder.build()
+    return build_pod(job, kubernetes_cluster_spec(job), Task(role, 0),
+                     PodSettings())["spec"]["containers"][0]
+
+
 @pytest.mark.parametrize(("role", "fields", "template", "probe", "tls"),
                          [pytest.param(*rest, False, id=i) for i, *rest in PROBES]
                          + [pytest.param(*rest, True, id=i) for i, *rest in TLS_PROBES])
 def test_readiness_probe_fits_the_program(role: str, fields: dict[str, Any],
                                           template: dict[str, Any],
                                           probe: dict[str, Any] | None, tls: bool) -> None:
-    builder = make_job().template(role, **template) if template else make_job()
-    builder.data["spec"]["replicas"][role].update(fields)
-    if tls:
-        builder.data["spec"]["security"] = {"tls": {"secretName": "job-tls"}}
-    job = builder.build()
-    pod = build_pod(job, kubernetes_cluster_spec(job), Task(role, 0), PodSettings())
-    assert pod["spec"]["containers"][0].get("readinessProbe") == probe
+    assert main_container(role, fields, template, tls).get("readinessProbe") == probe
+
+
+LIVE = {"grpc": {"port": 2222}, "initialDelaySeconds": 30, "periodSeconds": 10,
+        "timeoutSeconds": 5, "failureThreshold": 6}
+OWN_LIVE = {"exec": {"command": ["true"]}, "periodSeconds": 30}
+# Only a check that a hung server fails: the runtime's gRPC health service, without TLS
+# (a hung process's kernel still accepts TCP); the template's own livenessProbe is kept.
+LIVENESS = [
+    # id, role, role fields, template, tls, expected livenessProbe of the main container
+    ("runtime-ps-grpc", "ps", {}, {}, False, LIVE),
+    ("runtime-worker-none", "worker", {}, {}, False, None),
+    ("runtime-chief-none", "chief", {}, {}, False, None),
+    ("program-ps-none", "ps", {}, {"command": TF}, False, None),
+    ("program-asked-grpc-ps", "ps", {"readiness": "GRPCHealth"}, {"command": TF}, False, LIVE),
+    ("own-readiness-ps-none", "ps", {}, {"readinessProbe": OWN}, False, None),
+    ("no-gate-ps-none", "ps", {"readiness": "None"}, {}, False, None),
+    ("own-liveness-ps-kept", "ps", {}, {"livenessProbe": OWN_LIVE}, False, OWN_LIVE),
+    ("tls-runtime-ps-none", "ps", {}, {}, True, None),
+    ("tls-own-liveness-ps-kept", "ps", {}, {"livenessProbe": OWN_LIVE}, True, OWN_LIVE),
+]
+
+
+@pytest.mark.parametrize(("role", "fields", "template", "tls", "probe"),
+                         [pytest.param(*rest, id=i) for i, *rest in LIVENESS])
+def test_liveness_probe_only_where_it_tells_a_hung_server(
+        role: str, fields: dict[str, Any], template: dict[str, Any], tls: bool,
+        probe: dict[str, Any] | None) -> None:
+    assert main_container(role, fields, template, tls).get("livenessProbe") == probe
+
+
+@pytest.mark.parametrize(("seconds", "probe"), [
+    (60, LIVE),
+    (10, {**LIVE, "periodSeconds": 2, "timeoutSeconds": 2, "failureThreshold": 5}),
+    (3600, {**LIVE, "periodSeconds": 600, "failureThreshold": 6}),
+    (100, {**LIVE, "periodSeconds": 16, "failureThreshold": 7}),  # 112 s: never less
+    (0, None),
+])
+def test_the_liveness_window_is_the_operators_setting(seconds: int,
+                                                      probe: dict[str, Any] | None) -> None:
+    job = make_job().build()
+    pod = build_pod(job, kubernetes_cluster_spec(job), Task("ps", 0),
+                    PodSettings(ps_liveness_seconds=seconds))
+    assert pod["spec"]["containers"][0].get("livenessProbe") == probe
 
 
 def test_a_tf_config_program_job_succeeds_and_its_servers_are_stopped() -> None:

@@ -59,9 +59,15 @@ def test_environment_and_flags() -> None:
      "(progress is refreshed at least every 30 s)."),
     ({"PSTRAIN_OPERATOR_METRICS_PORT": "9000", "PSTRAIN_OPERATOR_HEALTH_PORT": "9000"},
      "the metrics port and the health port are both 9000; they must differ."),
+    ({"PSTRAIN_OPERATOR_PS_LIVENESS_SECONDS": "5"},
+     "PSTRAIN_OPERATOR_PS_LIVENESS_SECONDS is 5; it must be 0 (no liveness probe) or "
+     "between 10 and 3600 seconds."),
+    ({"PSTRAIN_OPERATOR_PS_LIVENESS_SECONDS": "1m"},
+     "PSTRAIN_OPERATOR_PS_LIVENESS_SECONDS is '1m'; it must be a whole number of seconds "
+     "(0 disables)."),
 ], ids=["port-not-number", "port-range", "bool", "log-level", "security", "namespace",
         "namespace-leading-dash", "namespace-not-ascii", "long-value-shortened", "interval",
-        "same-ports"])
+        "same-ports", "liveness-range", "liveness-not-number"])
 def test_errors_name_the_setting(env: dict[str, str], message: str) -> None:
     with pytest.raises(SettingsError) as err:
         load_settings([], env)
@@ -78,3 +84,15 @@ def test_operator_main_reports_bad_settings(capsys: pytest.CaptureFixture[str]) 
 
     assert operator_main(["--log-level", "loud"]) == 2
     assert "--log-level is 'loud'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "env", "seconds"), [
+    ([], {}, 60),
+    ([], {"PSTRAIN_OPERATOR_PS_LIVENESS_SECONDS": "0"}, 0),
+    (["--ps-liveness-seconds", "120"], {"PSTRAIN_OPERATOR_PS_LIVENESS_SECONDS": "0"}, 120),
+])
+def test_the_ps_liveness_window_reaches_the_pod_builder(argv: list[str], env: dict[str, str],
+                                                        seconds: int) -> None:
+    settings = load_settings(argv, env)
+    assert settings.ps_liveness_seconds == seconds
+    assert settings.pods.ps_liveness_seconds == seconds

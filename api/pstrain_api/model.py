@@ -12,6 +12,7 @@ them and the user would never learn their setting was ignored.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 

@@ -16,7 +16,7 @@ Pure: plain data in, (relative path, sentence) pairs out.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,7 @@ from .quote import MAX_QUOTED, quote
 from . import template as tpl
 from .membership import AT_LEAST_MIN, AT_MOST_MAX
 from .names import (DNS_1035_LABEL, DNS_1035_RULE, DNS_SUBDOMAIN_MAX, LABEL_KEY,
-                    LABEL_KEY_RULE, LABEL_VALUE, NAME_TOO_LONG)
+                    LABEL_KEY_RULE, NAME_TOO_LONG)
 from .template import RESERVED_ENV_RULE
 
 # Kubernetes' own Quantity pattern (resource.Quantity in the OpenAPI definitions),

@@ -129,10 +129,10 @@ def progress_from_status(data: Mapping[str, Any] | None, now: datetime) -> Progr
     if not data:
         return None
     values: dict[str, Any] = {}
-    for field, keys in _KEYS.items():
+    for name, keys in _KEYS.items():
         for key in keys:
             if data.get(key) is not None:
-                values[field] = data[key]
+                values[name] = data[key]
                 break
     if "global_step" not in values:
         return None

@@ -70,12 +70,6 @@ def removed(ns: Namespace, worker: int) -> pb.PushReply:
     return ns.not_applied(worker, removed_note(worker))
 
 
-def join(ns: Namespace, worker: int, step: int) -> None:
-    """`worker` contributed to sync step `step`: a newcomer is waited for from that
-    step on (ns.cond held)."""
-    ns.members = ns.members.joined(worker, step)
-
-
 def set_workers(ns: Namespace, workers: Iterable[int]) -> None:
     """Make `workers` the namespace's live set (the chief's or the operator's control
     call; ns.cond held). A newcomer starts level with the slowest live worker and reads

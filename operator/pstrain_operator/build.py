@@ -174,7 +174,7 @@ def readiness_probe(spec: ReplicaSpec, task: Task, tls: bool = False
 LIVENESS_DELAY = 30  # seconds: torch's import and the server's start, on a busy node
 
 
-def liveness_probe(spec: ReplicaSpec, task: Task, tls: bool = False, seconds: int = 60
+def liveness_probe(spec: ReplicaSpec, task: Task, tls: bool, seconds: int
                    ) -> dict[str, Any] | None:
     """The main container's livenessProbe where it can tell a hung server from a busy
     one: a parameter server whose readiness is pstrain's gRPC health check, without

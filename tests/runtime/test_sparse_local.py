@@ -262,6 +262,39 @@ def test_updates_through_kept_blocks_equal_fresh_ones_bit_for_bit(name: str) -> 
     assert kept.scratch.blocks[0].shape[0] == 32
 
 
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_one_update_of_new_and_held_rows_is_the_row_optimizers_update_bit_for_bit(
+        name: str) -> None:
+    """New rows are created already updated (their initial value and state, updated in
+    one block, written once) and held rows are updated in place, in one call: each
+    row as `apply_rows` on its value before gives it, bit for bit, the optimizer
+    state too, and every updated row's version counts one more update."""
+    from pstrain_runtime.sparse.rowopt import apply_rows
+
+    config = optimizer_from_dict(OPTIMIZERS[name][0], "t")
+    table = RowTable(TableSpec("t", 100, 8, 0.1, optimizer=config))
+    gen = torch.Generator().manual_seed(5)
+    table.apply(torch.arange(0, 40, 2), torch.randn(20, 8, generator=gen), t=1, now=1)
+    ids = torch.arange(30, 60)  # 30..38 even: held; the rest new
+    grads = torch.randn(30, 8, generator=gen)
+    rows = table.read(ids)
+    where = table._where(ids)
+    held = torch.nonzero(where >= 0).reshape(-1)
+    slots = {}  # the held rows' state; new rows start from the initial one
+    for n in table.slot_names:
+        slots[n] = torch.full((30, 8), config.initial_accumulator_value if n == "sum" else 0.0)
+        slots[n][held] = table.slots[n][where[held]]
+    before = table.versions(ids)
+    apply_rows(config, rows, grads, slots, 2)
+    assert table.apply(ids, grads, t=2, now=2) == 30
+    assert torch.equal(table.read(ids), rows)
+    where = table._where(ids)
+    for n in table.slot_names:
+        assert torch.equal(table.slots[n][where], slots[n])
+    assert torch.equal(table.versions(ids), before + 1)
+    assert table.last[where].tolist() == [2] * 30
+
+
 @pytest.mark.parametrize(("ids", "grads", "message"), [
     (torch.tensor([1, 10]), torch.ones(2, 3), "ids must be in 0..9"),
     (torch.tensor([-1, 2]), torch.ones(2, 3), "ids must be >= 0"),

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..optim import OptimizerConfig
 from .fresh import RecentReads
 from .index import EMPTY, MIN_CAPACITY, index_for
 from .rowopt import apply_rows, coalesce
@@ -163,18 +164,41 @@ class RowTable:
         self.used += fresh
         return torch.cat([taken_t, new_t])
 
-    def _create(self, ids: torch.Tensor, now: int) -> torch.Tensor:
-        """Rows for `ids` (unique, absent), set to their initial values."""
+    def _create_updated(self, ids: torch.Tensor, grads: torch.Tensor, t: int, now: int
+                        ) -> None:
+        """Rows for `ids` (unique, absent): their initial values and fresh optimizer
+        state with the update of `grads` applied, computed in a block and written once
+        (what creating them, then gathering, updating and scattering them back gives:
+        the same arithmetic on the same values, the version 1 of one update)."""
+        opt: OptimizerConfig = self.spec.optimizer  # type: ignore[assignment]
+        rows, slots, spare = self._work(int(ids.numel()))
+        rows.copy_(self.initial.create(ids))  # (maybe a kept read's block: not written)
+        for name, state in slots.items():
+            state.fill_(opt.initial_accumulator_value if name == "sum" else 0.0)
+        apply_rows(opt, rows, grads, slots, t, scratch=spare)
         where = self._take_rows(int(ids.numel()))
-        put_rows(self.rows, where, self.initial.create(ids))
-        fill = self.spec.optimizer.initial_accumulator_value  # type: ignore[union-attr]
-        for name, tensor in self.slots.items():
-            fill_rows(tensor, where, fill if name == "sum" else 0.0)
-        fill_rows(self.last, where, now)
-        fill_rows(self.version, where, 0)
+        self._put(where, rows, slots, now)
+        fill_rows(self.version, where, 1)
         put_rows(self.owner, where, ids)
         self.index.add(ids.numpy(), where.numpy())
-        return where
+
+    def _work(self, n: int) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:
+        """Blocks of `n` rows an update works in: its rows, each optimizer slot and
+        Adagrad's spare (the kept ones when they fit, see `Scratch`)."""
+        blocks = self.scratch.take(n)
+        if blocks is None:
+            return (torch.empty((n, self.dim)),
+                    {name: torch.empty((n, self.dim)) for name in self.slot_names}, None)
+        return blocks[0], {name: blocks[2 + k] for k, name in enumerate(self.slot_names)}, \
+            blocks[1]
+
+    def _put(self, where: torch.Tensor, rows: torch.Tensor, slots: dict[str, torch.Tensor],
+             now: int) -> None:
+        """Write updated rows and their state at `where`, updated at clock `now`."""
+        put_rows(self.rows, where, rows)
+        for name, state in slots.items():
+            put_rows(self.slots[name], where, state)
+        fill_rows(self.last, where, now)
 
     def _where(self, ids: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(self.index.get(ids.numpy()))
@@ -217,30 +241,31 @@ class RowTable:
                 ids, grads, where = self._admit(ids, grads, where)
             absent = where < 0
             if bool(absent.any()):
-                where[absent] = self._create(ids[absent], now)
-            if where.numel():
-                # Gather the rows and their state (into the kept blocks when they fit),
-                # update them, scatter them back.
-                blocks = self.scratch.take(int(where.numel()))
-                if blocks is None:
-                    rows = self.rows.index_select(0, where)
-                    slots = {n: t_.index_select(0, where) for n, t_ in self.slots.items()}
-                    spare = None
-                else:
-                    rows = torch.index_select(self.rows, 0, where, out=blocks[0])
-                    slots = {n: torch.index_select(t_, 0, where, out=blocks[2 + k])
-                             for k, (n, t_) in enumerate(self.slots.items())}
-                    spare = blocks[1]
-                apply_rows(self.spec.optimizer, rows, grads, slots, t,  # type: ignore[arg-type]
-                           scratch=spare)
-                put_rows(self.rows, where, rows)
-                for name, value in slots.items():
-                    put_rows(self.slots[name], where, value)
-                fill_rows(self.last, where, now)
-                version = self.version.numpy()
-                version[where.numpy()] += 1  # (ids coalesced: each row once)
+                new = torch.nonzero(absent).reshape(-1)
+                self._create_updated(ids.index_select(0, new), grads.index_select(0, new),
+                                     t, now)
+                held = torch.nonzero(~absent).reshape(-1)
+                self._update(where.index_select(0, held), grads.index_select(0, held), t,
+                             now)
+            else:
+                self._update(where, grads, t, now)
             self._maybe_sweep(now)
             return int(where.numel())
+
+    def _update(self, where: torch.Tensor, grads: torch.Tensor, t: int, now: int) -> None:
+        """Update the rows at `where` (distinct): gather them and their state, update
+        them, scatter them back."""
+        if not where.numel():
+            return
+        rows, slots, spare = self._work(int(where.numel()))
+        torch.index_select(self.rows, 0, where, out=rows)
+        for name, state in slots.items():
+            torch.index_select(self.slots[name], 0, where, out=state)
+        apply_rows(self.spec.optimizer, rows, grads, slots, t,  # type: ignore[arg-type]
+                   scratch=spare)
+        self._put(where, rows, slots, now)
+        version = self.version.numpy()
+        version[where.numpy()] += 1  # (distinct: each row once)
 
     def _admit(self, ids: torch.Tensor, grads: torch.Tensor, where: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

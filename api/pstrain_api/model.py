@@ -277,9 +277,10 @@ class SparseCache(ApiModel):
     )
     rows: int = Field(
         default=262_144, ge=1, le=2**31 - 1,
-        description="Rows kept per table per worker at most (the rows used least "
-        "recently make room); worker memory per table: about rows x (embedding_dim x 4 "
-        "+ 136) bytes (the rows, their bookkeeping and the id map).",
+        description="Rows kept per table per worker at most (each id has one place, by a "
+        "hash of the id, or the id itself for a fixed-size table of at most this many rows; "
+        "ids sharing a place take turns); worker memory per table: rows x (embedding_dim x "
+        "4 + 24) bytes (the rows and their bookkeeping).",
     )
 
 

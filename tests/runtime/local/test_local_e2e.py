@@ -165,7 +165,7 @@ def test_deadline_writes_a_checkpoint_before_the_job_fails(tmp_path):
     manifest = tmp_path / "digits-deadline.yaml"
     manifest.write_text(yaml.safe_dump(data))
     ckpt = tmp_path / "ckpt"
-    run = Run(manifest, "--checkpoint-dir", str(ckpt), "--timeout", "45", expect=1)
+    run = Run(manifest, "--checkpoint-dir", str(ckpt), "--timeout", "20", expect=1)
     s = run.summary
     assert (s["phase"], s["reason"]) == ("Failed", "DeadlineExceeded"), s
     if not s["steps"]:  # PS 0 held no job yet: nothing to checkpoint, it fails at once

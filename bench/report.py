@@ -23,6 +23,7 @@ ITEM_TITLES = {
     "operator": "5. Operator (against the Kubernetes emulator)",
     "gpu": "6. GPU",
     "ctr": "7. CTR model with sparse embedding tables (2 PS + 2 workers)",
+    "ctr_link": "7a. CTR model over a link of a set rate (a network namespace)",
     "sparse_ckpt": "7b. Sparse checkpoints (CTR 1M rows, 2 PS + 2 workers, async)",
 }
 

@@ -39,6 +39,7 @@ ITEMS: dict[str, str] = {
     "operator": "bench.operator_bench:run",
     "gpu": "bench.gpu:run",
     "ctr": "bench.ctr:run",
+    "ctr_link": "bench.ctr_link:run",
     "sparse_ckpt": "bench.sparse_ckpt:run",
     "sparse_disk": "bench.sparse_disk:run",
     "elastic": "bench.elastic:run",

@@ -35,11 +35,29 @@ from ..transport import auth
 from .checks import check_grads, check_ids
 from .protocol import Encoded, Frame, encode, field, header_of, tensor_of
 from .spec import TableSpec
+from .prefault import should_prefault
 from .table import RowBlock, RowTable
 from .tiered import FIELD as STORAGE_FIELD
-from .tiered import StorageSettings, TieredTable, shard_directory
+from .tiered import ROW_BOOKKEEPING, StorageSettings, TieredTable, shard_directory
 
 Entry = tuple[str, torch.Tensor, torch.Tensor]  # table, ids, grad rows
+
+
+def reserve_rows(spec: TableSpec, num_ps: int) -> int:
+    """Rows a server reserves for its shard of a fixed-size table (about
+    num_embeddings / num_ps, with room for an uneven split); 0 for a dynamic table."""
+    if spec.num_embeddings is None:
+        return 0
+    return math.ceil(spec.num_embeddings / num_ps * 1.05) + 64
+
+
+def reserve_bytes(spec: TableSpec, num_ps: int) -> int:
+    """The memory a server's reserve of `spec` holds once mapped: its rows, their
+    optimizer state and bookkeeping, and a direct id map's 4 bytes an id."""
+    if spec.num_embeddings is None:
+        return 0
+    return (reserve_rows(spec, num_ps) * (spec.row_bytes() + ROW_BOOKKEEPING)
+            + 4 * spec.num_embeddings)
 
 
 class NamespaceTables:
@@ -71,11 +89,14 @@ class NamespaceTables:
                                        root, num_ps=num_ps)
                 except ValueError as exc:
                     raise PSError("INVALID_ARGUMENT", f"{where}: {exc}") from exc
-            # A fixed-size table's shard is about num_embeddings / num_ps rows.
-            reserve = (0 if spec.num_embeddings is None
-                       else math.ceil(spec.num_embeddings / num_ps * 1.05) + 64)
-            return RowTable(spec, reserve=reserve, num_ps=num_ps)
+            return RowTable(spec, reserve=reserve_rows(spec, num_ps), num_ps=num_ps,
+                            prefault=prefault)
 
+        # The new fixed-size tables' reserves are mapped up front when all of them fit
+        # this server's memory (`prefault`); a disk tier's RAM tier never is.
+        new = [spec for spec in specs if reset or spec.name not in self.tables]
+        prefault = root is None and should_prefault(sum(reserve_bytes(spec, num_ps)
+                                                        for spec in new))
         if reset:
             self.close()
             self.tables = {spec.name: make(spec) for spec in specs}
@@ -91,10 +112,9 @@ class NamespaceTables:
                               "another definition; use another namespace for another model")
 
     def close(self) -> None:
-        """Drop the tables' disk rows, if any."""
+        """Drop the tables' disk rows, if any, and stop mapping pages ahead."""
         for table in self.tables.values():
-            if isinstance(table, TieredTable):
-                table.close()
+            table.close()
 
     def apply_step(self, ns: Namespace, step: int, contributors: int) -> None:
         """Apply step `step`'s rows (the store holds ns.cond)."""

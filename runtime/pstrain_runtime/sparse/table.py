@@ -34,7 +34,8 @@ import torch
 
 from ..optim import OptimizerConfig
 from .fresh import RecentReads
-from .index import EMPTY, MIN_CAPACITY, index_for
+from .index import EMPTY, MIN_CAPACITY, DirectIndex, index_for
+from .prefault import Prefault
 from .rowopt import apply_rows, coalesce
 from .scatter import fill_rows, put_rows
 from .spec import ROW_SLOTS, TableSpec
@@ -100,9 +101,12 @@ class RowTable:
     """One shard of one table; `spec.optimizer` must be set (the row optimizer)."""
 
     def __init__(self, spec: TableSpec, reserve: int = 0, num_ps: int = 1,
-                 scratch_bytes: int = SCRATCH_BYTES) -> None:
+                 scratch_bytes: int = SCRATCH_BYTES, prefault: bool = False) -> None:
         """`reserve`: rows to allocate up front (the expected shard of a fixed-size
         table; allocated, not touched, so it saves growing without costing memory).
+        `prefault`: map the reserve's pages (and the id map's) in the background now,
+        holding their memory from the start, so that new rows' first writes do not
+        fault them in one by one during training (`prefault`).
         `num_ps`: how many servers share the table (it picks the id map, `index`).
         `scratch_bytes`: the most each of an update's kept gather blocks may hold
         (`Scratch`: rows, each slot, Adagrad's denominator)."""
@@ -126,8 +130,16 @@ class RowTable:
         self.free: list[int] = []
         self.last_sweep = 0
         self.scratch = Scratch(self.dim, 2 + len(self.slot_names), scratch_bytes)
+        self.prefault: Prefault | None = None
+        self.prefault_rows = reserve if prefault else 0
         if reserve:
             self._grow(reserve)
+            if prefault:
+                blocks = [t[:reserve] for t in (self.rows, *self.slots.values(), self.last,
+                                                self.version, self.owner)]
+                if isinstance(self.index, DirectIndex):
+                    blocks.append(torch.from_numpy(self.index.slots))
+                self.prefault = Prefault(blocks, spec.name)
 
     # ------------------------------------------------------------------ storage
     def _grow(self, need: int) -> None:
@@ -139,6 +151,9 @@ class RowTable:
             capacity = capacity * 3 // 2
         if capacity == self.capacity:
             return
+        if self.prefault is not None:  # (it maps the blocks being replaced)
+            self.prefault.stop()
+            self.prefault = None
 
         def grown(old: torch.Tensor) -> torch.Tensor:
             new = torch.empty((capacity, *old.shape[1:]), dtype=old.dtype)
@@ -302,12 +317,21 @@ class RowTable:
         self.free.extend(gone.tolist())
 
     # ------------------------------------------------------------------ whole table
+    def close(self) -> None:
+        """Stop mapping pages ahead (the table is being replaced or its server stops)."""
+        if self.prefault is not None:
+            self.prefault.stop()
+
     def stats(self) -> TableStats:
         with self.lock:
-            # Rows past `used` were never written (see `_grow`): they hold no memory.
+            # Rows past `used` were never written (see `_grow`): they hold no memory,
+            # unless they are prefaulted.
             per_row = (self.dim * 4 * (1 + len(self.slots)) + self.last.element_size()
                        + self.version.element_size() + self.owner.element_size())
-            held = self.used * per_row + self.index.nbytes
+            mapped = self.used
+            if self.prefault is not None and self.prefault.ok:
+                mapped = max(mapped, self.prefault_rows)
+            held = mapped * per_row + self.index.nbytes
             if self.seen is not None:
                 held += self.seen.nbytes
             return TableStats(rows=self.index.size, bytes=int(held))

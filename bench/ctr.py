@@ -493,8 +493,9 @@ def ddp_throughput(cfg: Config, total: int, batch: int, sparse: bool, ids: str =
 
 def _fill_rows(rank: int, count: int, fixed: bool = False) -> dict[str, float]:
     """A parameter server's row table with Adagrad (one of 2 servers' shard; `fixed`: of
-    a table of 2 x 4 x `count` rows, else a dynamic one), `count` rows created by
-    updates: RSS growth per row, in a process whose allocator is set as a server's."""
+    a table of 2 x `count` rows, reserved and mapped up front as a server does when it
+    fits, else a dynamic one), `count` rows created by updates: RSS growth per row from
+    before the table was made, in a process whose allocator is set as a server's."""
     import gc
 
     from pathlib import Path
@@ -502,10 +503,13 @@ def _fill_rows(rank: int, count: int, fixed: bool = False) -> dict[str, float]:
     import torch
     from pstrain_runtime import allocator
     from pstrain_runtime.optim import OptimizerConfig
+    from pstrain_runtime.sparse.prefault import should_prefault
+    from pstrain_runtime.sparse.service import reserve_bytes, reserve_rows
     from pstrain_runtime.sparse.spec import TableSpec
     from pstrain_runtime.sparse.table import RowTable
 
     allocator.tune("ps")
+    map_wait_s = 120.0  # the reserve's mapping (about a second per GB here)
 
     def rss() -> int:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -513,24 +517,29 @@ def _fill_rows(rank: int, count: int, fixed: bool = False) -> dict[str, float]:
                 return int(line.split()[1]) * 1024
         return 0
 
-    spec = TableSpec(name="t", num_embeddings=8 * count if fixed else None,
+    spec = TableSpec(name="t", num_embeddings=2 * count if fixed else None,
                      embedding_dim=DIM, init_std=0.01,
                      optimizer=OptimizerConfig(name="adagrad", learning_rate=0.05))
-    table = RowTable(spec, reserve=(4 * count if fixed else 0), num_ps=2)
     step = 65_536
     gc.collect()
     before = rss()
-    ids = torch.randperm(count * 4, generator=torch.Generator().manual_seed(0))[:count]
+    ids = torch.randperm(count * 2, generator=torch.Generator().manual_seed(0))[:count]
     grads = torch.full((step, DIM), 0.01)
     gc.collect()
     base = rss()
+    reserve = reserve_rows(spec, 2)
+    table = RowTable(spec, reserve=reserve, num_ps=2,
+                     prefault=should_prefault(reserve_bytes(spec, 2)))
     for t, start in enumerate(range(0, count, step), start=1):
         chunk = ids[start:start + step]
         table.apply(chunk, grads[:len(chunk)], t=t, now=t)
+    if table.prefault is not None:
+        table.prefault.done.wait(map_wait_s)
     gc.collect()
     after = rss()
     return {"rows": float(table.stats().rows), "bytes": float(after - base),
-            "ids_bytes": float(base - before)}
+            "ids_bytes": float(base - before),
+            "prefault": float(table.prefault is not None and table.prefault.ok)}
 
 
 def _bare_worker_rss(rank: int, total_rows: int) -> int:
@@ -561,15 +570,18 @@ def ps_memory_per_row(cfg: Config) -> list[Figure]:
     figs = []
     for fixed, key, what in ((False, "ctr.ps_row_bytes", "a dynamic table"),
                              (True, "ctr.ps_row_bytes.fixed",
-                              f"a fixed-size table of {8 * count:,} ids over 2 servers")):
+                              f"a fixed-size table of {2 * count:,} ids over 2 servers")):
         got = run_group(_fill_rows, 1, args=(count, fixed),
                         timeout_s=cfg.item_time_limit_s)[0]
         per_row = got["bytes"] / max(got["rows"], 1)
+        mapped = ("; its reserve (the expected shard, 5 % more) mapped up front, so the "
+                  "same whatever its live rows" if got.get("prefault") else "")
         figs.append(Figure(key, f"PS memory per row ({DIM} float32 + Adagrad state), "
                            f"{got['rows']:,.0f} rows of {what}", "B", per_row,
                            note=f"raw row + optimizer state: {raw} B, so {per_row / raw:.2f}x "
-                           "raw; RSS growth of the process while the rows are created (its "
-                           "allocator set as a parameter server's)"))
+                           "raw; RSS growth of the process from before the table was made "
+                           "until the rows are created (its allocator set as a parameter "
+                           f"server's){mapped}"))
     return figs
 
 

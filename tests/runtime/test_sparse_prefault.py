@@ -119,6 +119,23 @@ def test_free_bytes_is_the_nearer_of_available_memory_and_the_cgroup_limit(
     (cgroup / "memory.current").write_text("100000\n")
     assert free_bytes(meminfo, cgroup) == 400_000
     assert free_bytes(tmp_path / "none", tmp_path / "none") is None
+    v1 = tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(f"{(1 << 63) - 4096}\n")
+    (v1 / "memory" / "memory.usage_in_bytes").write_text("1000\n")
+    assert free_bytes(meminfo, v1) == 800 * 1024  # v1's "no limit" is a huge number
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("301000\n")
+    assert free_bytes(meminfo, v1) == 300_000
+
+
+def test_it_stops_where_what_is_left_no_longer_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Other processes may take the memory meanwhile (the other servers of `pstrain
+    run` prefaulting theirs): each chunk is mapped only while the rest still fits."""
+    monkeypatch.setattr(prefault, "free_bytes", lambda: 1 << 20)  # 1 MiB free
+    block = torch.empty(16 << 20)
+    job = Prefault([block], "short")
+    assert job.done.wait(WAIT_S)
+    assert job.mapped == 0 and job.fraction() == 0.0 and job.blocks == []
 
 
 def test_a_server_prefaults_fixed_tables_that_fit_and_never_a_disk_tier(

@@ -59,10 +59,19 @@ def _advise(start: int, stop: int, advice: int, align: int = mmap.PAGESIZE) -> b
     return _madvise()(first, last - first, advice) == 0
 
 
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # ("max": no limit)
+
+
 def free_bytes(meminfo: Path = Path("/proc/meminfo"),
                cgroup: Path = Path("/sys/fs/cgroup")) -> int | None:
     """Bytes this process may still take: the machine's available memory, or less
-    where its cgroup (v2) limit is nearer. None where neither can be read."""
+    where its cgroup's limit (v2, or v1's memory controller) is nearer. None where
+    none can be read."""
     got: list[int] = []
     try:
         for line in meminfo.read_text().splitlines():
@@ -70,13 +79,12 @@ def free_bytes(meminfo: Path = Path("/proc/meminfo"),
                 got.append(int(line.split()[1]) * 1024)
     except (OSError, ValueError, IndexError):
         pass
-    try:
-        limit = (cgroup / "memory.max").read_text().strip()
-        if limit != "max":
-            current = int((cgroup / "memory.current").read_text().strip())
-            got.append(max(0, int(limit) - current))
-    except (OSError, ValueError):
-        pass
+    for limit_file, used_file in (("memory.max", "memory.current"),
+                                  ("memory/memory.limit_in_bytes",
+                                   "memory/memory.usage_in_bytes")):
+        limit, used = _read_int(cgroup / limit_file), _read_int(cgroup / used_file)
+        if limit is not None and used is not None and limit < 1 << 60:  # (v1: no limit)
+            got.append(max(0, limit - used))
     return min(got) if got else None
 
 
@@ -101,9 +109,10 @@ def should_prefault(nbytes: int, free: int | None = None) -> bool:
 
 
 class Prefault:
-    """Maps the pages of `blocks` (CPU tensors) in a daemon thread, chunk by chunk.
-    `stop` ends it soon (between chunks) and drops the blocks; `done` says it finished
-    (`mapped` bytes, or False from `ok` if the kernel refused the call)."""
+    """Maps the pages of `blocks` (CPU tensors) in a daemon thread, chunk by chunk,
+    while what is left fits the free memory. `stop` ends it soon (between chunks) and
+    drops the blocks; `done` says it finished (`mapped` bytes; `ok` False if the kernel
+    refused the call)."""
 
     def __init__(self, blocks: list[torch.Tensor], name: str = "") -> None:
         self.blocks = [b for b in blocks if b.numel()]
@@ -126,7 +135,7 @@ class Prefault:
                 stop = (block.data_ptr() + block.numel() * block.element_size()) // page * page
                 _advise(start, stop, MADV_HUGEPAGE, HUGE_PAGE)  # a hint: refusal is fine
                 for at in range(start, stop, CHUNK_BYTES):
-                    if self._stop.is_set():
+                    if self._stop.is_set() or not self._room():
                         return
                     end = min(stop, at + CHUNK_BYTES)
                     if not _advise(at, end, MADV_POPULATE_WRITE):
@@ -143,6 +152,17 @@ class Prefault:
             with _running_lock:
                 _running.discard(self)
             self.done.set()
+
+    def _room(self) -> bool:
+        """Whether what is left to map still fits (other processes on the machine, say
+        the other servers of `pstrain run`, take memory too): if not, stop here, and
+        the rest maps on first write."""
+        free = free_bytes()
+        return free is None or self.total - self.mapped <= FIT_SHARE * free
+
+    def fraction(self) -> float:
+        """The share of the blocks mapped so far (all of them once done unstopped)."""
+        return self.mapped / self.total if self.total else 1.0
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stop.set()

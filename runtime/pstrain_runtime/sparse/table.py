@@ -330,7 +330,7 @@ class RowTable:
                        + self.version.element_size() + self.owner.element_size())
             mapped = self.used
             if self.prefault is not None and self.prefault.ok:
-                mapped = max(mapped, self.prefault_rows)
+                mapped = max(mapped, int(self.prefault.fraction() * self.prefault_rows))
             held = mapped * per_row + self.index.nbytes
             if self.seen is not None:
                 held += self.seen.nbytes

@@ -44,7 +44,9 @@ def test_pages_are_mapped_and_values_kept() -> None:
     assert job.mapped >= block.numel() * 4 - (4 << 20)  # all but partial edge pages
     assert _rss() - before >= 48 << 20
     assert torch.equal(block[:1000], torch.arange(1000, dtype=torch.float32))
-    assert job.blocks == [] and job not in prefault._running
+    assert job not in prefault._running and job.blocks  # kept until stopped
+    job.stop()
+    assert job.blocks == []
 
 
 @linux_only
@@ -77,6 +79,27 @@ def test_growing_past_the_reserve_stops_mapping_the_old_blocks() -> None:
     table.apply(ids, torch.ones((200_000, 16)), t=1, now=1)
     assert table.prefault is None and job.done.is_set() and job.blocks == []
     assert table.stats().rows == 200_000
+
+
+def test_a_process_exits_cleanly_while_its_prefault_maps(tmp_path: Path) -> None:
+    """The thread runs no torch code: an interpreter exiting under it does not abort."""
+    import subprocess
+
+    script = tmp_path / "exit.py"
+    script.write_text(
+        "import sys\n"
+        "from pstrain_runtime.optim import OptimizerConfig\n"
+        "from pstrain_runtime.sparse.spec import TableSpec\n"
+        "from pstrain_runtime.sparse.table import RowTable\n"
+        "spec = TableSpec('t', 400_000, 32, 0.01, optimizer=OptimizerConfig("
+        "name='adagrad', learning_rate=0.05))\n"
+        "table = RowTable(spec, reserve=210_000, num_ps=2, prefault=True)\n"
+        "if len(sys.argv) > 1:\n"
+        "    table.prefault.done.wait(30)\n")
+    for args in ([], ["wait"]) * 3:
+        got = subprocess.run([sys.executable, str(script), *args], capture_output=True,
+                             text=True, timeout=120)
+        assert got.returncode == 0, got.stderr
 
 
 def test_stop_ends_it_and_drops_the_blocks() -> None:
@@ -135,7 +158,7 @@ def test_it_stops_where_what_is_left_no_longer_fits(monkeypatch: pytest.MonkeyPa
     block = torch.empty(16 << 20)
     job = Prefault([block], "short")
     assert job.done.wait(WAIT_S)
-    assert job.mapped == 0 and job.fraction() == 0.0 and job.blocks == []
+    assert job.mapped == 0 and job.fraction() == 0.0
 
 
 def test_a_server_prefaults_fixed_tables_that_fit_and_never_a_disk_tier(

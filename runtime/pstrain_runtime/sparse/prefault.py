@@ -110,13 +110,21 @@ def should_prefault(nbytes: int, free: int | None = None) -> bool:
 
 class Prefault:
     """Maps the pages of `blocks` (CPU tensors) in a daemon thread, chunk by chunk,
-    while what is left fits the free memory. `stop` ends it soon (between chunks) and
-    drops the blocks; `done` says it finished (`mapped` bytes; `ok` False if the kernel
-    refused the call)."""
+    while what is left fits the free memory. `stop` ends it soon (between chunks);
+    `done` says it finished (`mapped` bytes; `ok` False if the kernel refused the call).
+
+    The thread sees only the blocks' page ranges, never a tensor: the blocks are kept
+    alive by this object (`blocks`, dropped by `stop`) in the owner's thread, so no
+    torch code ever runs in the thread (a daemon thread still in C++ code at the
+    interpreter's exit aborts the process)."""
 
     def __init__(self, blocks: list[torch.Tensor], name: str = "") -> None:
+        page = mmap.PAGESIZE
         self.blocks = [b for b in blocks if b.numel()]
-        self.total = sum(b.numel() * b.element_size() for b in self.blocks)
+        self.ranges = [((b.data_ptr() + page - 1) // page * page,
+                        (b.data_ptr() + b.numel() * b.element_size()) // page * page)
+                       for b in self.blocks]
+        self.total = sum(max(0, stop - start) for start, stop in self.ranges)
         self.mapped = 0
         self.ok = True
         self._stop = threading.Event()
@@ -129,10 +137,7 @@ class Prefault:
 
     def _run(self) -> None:
         try:
-            for block in self.blocks:
-                page = mmap.PAGESIZE
-                start = (block.data_ptr() + page - 1) // page * page
-                stop = (block.data_ptr() + block.numel() * block.element_size()) // page * page
+            for start, stop in self.ranges:
                 _advise(start, stop, MADV_HUGEPAGE, HUGE_PAGE)  # a hint: refusal is fine
                 for at in range(start, stop, CHUNK_BYTES):
                     if self._stop.is_set() or not self._room():
@@ -148,7 +153,6 @@ class Prefault:
             self.ok = False
             log.debug("prefault unavailable: %s", exc)
         finally:
-            self.blocks = []
             with _running_lock:
                 _running.discard(self)
             self.done.set()
@@ -165,5 +169,8 @@ class Prefault:
         return self.mapped / self.total if self.total else 1.0
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        """End the mapping (between chunks), then let the blocks go."""
         self._stop.set()
         self.thread.join(timeout_s)
+        if not self.thread.is_alive():
+            self.blocks = []

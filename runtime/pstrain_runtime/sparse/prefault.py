@@ -13,8 +13,9 @@ time of 4 KiB ones and make random gathers cheaper.
 The trade: the server then holds the whole expected shard from the start, as TorchRec
 and a dense table do. `should_prefault` says when to make it: the reserve must fit well
 within the memory this process may still use (its cgroup's limit, the machine's
-available memory), and `PSTRAIN_PREFAULT=0` in a server's environment turns it off. Where the call is missing (another OS, an older kernel) nothing
-happens and rows map on first write as before.
+available memory), and `PSTRAIN_PREFAULT=0` in a server's environment turns it off.
+Where the call is missing (another OS, an older kernel) nothing happens and rows map on
+first write as before.
 """
 
 from __future__ import annotations

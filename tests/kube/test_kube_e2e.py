@@ -443,6 +443,38 @@ def chief_events(ns: Namespace, kind: str, job: str = JOB) -> list[dict[str, Any
     return out
 
 
+ROUTINE_EVENTS = tuple(f'PSTRAIN_EVENT {{"event":"{kind}"'
+                       for kind in ("progress", "loss", "checkpoint"))
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    """The last `lines` lines of a replica's log, its routine events (progress, loss,
+    checkpoint) left out; "" when there is none."""
+    if not path.exists():
+        return ""
+    kept = [line for line in path.read_text(errors="replace").splitlines()
+            if not line.startswith(ROUTINE_EVENTS)]
+    return "\n".join(kept[-lines:])
+
+
+def assert_restored_server_0(ns: Namespace, restored: list[dict[str, Any]],
+                             job: str = JOB) -> None:
+    """The chief's last restore re-initialised server 0 from a checkpoint of step 50 or
+    later. A restore without `servers` is one at the chief's own start: the chief failed
+    and started again, so the message shows why, from the log it left (the log of an
+    earlier pod of that name is kept as pstrain.log.prev; a restarted container's is
+    in pstrain.log, before its restore)."""
+    last = restored[-1]
+    if "servers" not in last:
+        where = pod_dir(ns.name, f"{job}-worker-0")
+        raise AssertionError(
+            f"the chief's last restore was at its own start, not of a replaced server: it "
+            f"failed and started again; restored events {restored}\n"
+            f"--- {where / 'pstrain.log.prev'}\n{log_tail(where / 'pstrain.log.prev')}\n"
+            f"--- {where / 'pstrain.log'}\n{log_tail(where / 'pstrain.log')}")
+    assert last["servers"] == [0] and last["step"] >= 50, restored
+
+
 def set_suspend(ns: Namespace, value: bool) -> None:
     ns.kubectl("patch", "tj", JOB, "--type=merge", "-p",
                json.dumps({"spec": {"runPolicy": {"suspend": value}}}))
@@ -502,7 +534,7 @@ def test_a_deleted_ps_pod_is_recovered(e2e: E2E, ns: Namespace, tmp_path: Path) 
     # goes on from there with the same chief.
     restored = wait_for(e2e, ns, "the chief to restore the new PS",
                         lambda: chief_events(ns, "restored"), timeout=90)
-    assert restored[-1]["servers"] == [0] and restored[-1]["step"] >= 50, restored
+    assert_restored_server_0(ns, restored)
     wait_for(e2e, ns, "training beyond the restored step",
              lambda: step_beyond(ns, restored[-1]["step"]), timeout=60)
     final = status(ns)
@@ -553,7 +585,7 @@ def test_a_hung_ps_is_killed_by_its_liveness_probe_and_restored(
         e2e.kubelet.log.read_text(errors="replace"))
     restored = wait_for(e2e, ns, "the chief to restore the new PS",
                         lambda: chief_events(ns, "restored"), timeout=90)
-    assert restored[-1]["servers"] == [0] and restored[-1]["step"] >= 50, restored
+    assert_restored_server_0(ns, restored)
     wait_for(e2e, ns, "training beyond the restored step",
              lambda: step_beyond(ns, restored[-1]["step"]), timeout=60)
     assert status(ns)["phase"] == "Running"
@@ -623,7 +655,7 @@ def test_a_ps_with_a_disk_tier_restarted_on_a_new_node_restores_from_the_checkpo
     wait_for(e2e, ns, "a new PS pod", replaced, timeout=60)
     restored = wait_for(e2e, ns, "the chief to restore the new PS",
                         lambda: chief_events(ns, "restored", job), timeout=90)
-    assert restored[-1]["servers"] == [0] and restored[-1]["step"] >= 50, restored
+    assert_restored_server_0(ns, restored, job)
     wait_for(e2e, ns, "training beyond the restored step",
              lambda: step_beyond(ns, restored[-1]["step"], job), timeout=60)
     # The new server's rows beyond its budget are on its own, new volume.

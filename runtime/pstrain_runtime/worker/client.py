@@ -41,6 +41,9 @@ from .placement import Piece, Placement
 
 
 RETRIED_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"})
+# A server's refusal of this job's credentials (`transport.auth`): fatal, except while
+# the chief recovers a replaced server (`retry_recovering`).
+AUTH_REFUSED_CODES = frozenset({"UNAUTHENTICATED", "PERMISSION_DENIED"})
 
 
 class Transport(Protocol):
@@ -677,17 +680,67 @@ class ShardedClient:
 
 def retry_unavailable(fn: Callable[[], object], deadline_s: float,
                       clock: Callable[[], float] = time.monotonic,
-                      sleep: Callable[[float], None] = time.sleep) -> object:
+                      sleep: Callable[[float], None] = time.sleep,
+                      codes: frozenset[str] = RETRIED_CODES) -> object:
     """Call fn until it stops failing with UNAVAILABLE (or a server's refusal for now:
-    DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED), with exponential backoff, for at most
-    `deadline_s` seconds; then re-raise the last error."""
+    DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED; or any of `codes`), with exponential
+    backoff, for at most `deadline_s` seconds; then re-raise the last error."""
     end = clock() + deadline_s
     delay = 0.05
     while True:
         try:
             return fn()
         except PSError as exc:
-            if exc.code not in RETRIED_CODES or clock() >= end:
+            if exc.code not in codes or clock() >= end:
                 raise
         sleep(min(delay, max(0.0, end - clock())))
         delay = min(delay * 2, 2.0)
+
+
+def retry_recovering(fn: Callable[[], object], deadline_s: float,
+                     clock: Callable[[], float] = time.monotonic,
+                     sleep: Callable[[float], None] = time.sleep) -> object:
+    """`retry_unavailable` for the chief's recovery of a replaced server, which also
+    retries a refusal of this job's credentials within the same bound: until the name
+    of a replaced server leads to its new pod, a call may reach whatever answers at the
+    old address (another job's server refuses these keys). Still refused after the
+    bound: `refused_for_good`, so a real mismatch of keys fails, once, saying so."""
+    try:
+        return retry_unavailable(fn, deadline_s, clock, sleep,
+                                 RETRIED_CODES | AUTH_REFUSED_CODES)
+    except PSError as exc:
+        if exc.code not in AUTH_REFUSED_CODES:
+            raise
+        raise refused_for_good(exc, deadline_s) from exc
+
+
+def refused_for_good(exc: PSError, bound_s: float) -> PSError:
+    """`exc`, a refusal of this job's credentials that lasted `bound_s` seconds, with
+    one line that says what it means (the server's own words kept)."""
+    return PSError(exc.code, f"{exc.message} (still refused after {bound_s:.0f} s while "
+                   "recovering the parameter servers: this replica's keys are not the "
+                   "server's; check the job's credentials Secret)")
+
+
+@dataclass
+class RefusalBound:
+    """How long the chief has met refusals of its credentials with no step applied in
+    between. Each one is recovered from like an unreachable server (`retry_recovering`
+    waits for the servers to accept the keys), but a server that accepts Info and goes
+    on refusing the call that failed would make that a loop: past `bound_s`, `allow`
+    raises `refused_for_good` instead."""
+
+    bound_s: float
+    clock: Callable[[], float] = time.monotonic
+    since: float | None = None  # the first refusal since the last applied step
+
+    def allow(self, exc: PSError) -> None:
+        now = self.clock()
+        if self.since is None:
+            self.since = now
+        elif now - self.since >= self.bound_s:
+            raise refused_for_good(exc, self.bound_s) from exc
+
+    def reset(self) -> None:
+        """A step was applied: the servers accept this job's keys."""
+        self.since = None

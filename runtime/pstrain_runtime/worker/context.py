@@ -22,7 +22,7 @@ from ..optim import OptimizerConfig
 from ..proto import ps_pb2 as pb
 from ..ps.store import PSError
 from ..task import Task
-from .client import ShardedClient, retry_unavailable
+from .client import ShardedClient, retry_recovering, retry_unavailable
 from .parameters import LocalParameters
 from .placement import Placement
 
@@ -99,11 +99,15 @@ class WorkerContext:
     def device(self) -> torch.device:
         return self.local.device
 
-    def retry(self, fn: Callable[[], Any]) -> Any:
-        """`fn`, retried while the servers are unreachable, for `connect_timeout` s."""
+    def retry(self, fn: Callable[[], Any], recovering: bool = False) -> Any:
+        """`fn`, retried while the servers are unreachable, for `connect_timeout` s;
+        `recovering` (the chief recovering a replaced server): also while a server
+        refuses this job's credentials, within the same bound (`retry_recovering`)."""
+        if recovering:
+            return retry_recovering(fn, self.connect_timeout)
         return retry_unavailable(fn, self.connect_timeout)
 
-    def infos(self) -> list[pb.StepInfo]:
+    def infos(self, recovering: bool = False) -> list[pb.StepInfo]:
         """Every server's Info for this worker; waits (`retry`) until all answer."""
         def all_reachable() -> list[pb.StepInfo]:
             infos = self.client.info_all(self.role.worker)
@@ -112,4 +116,4 @@ class WorkerContext:
                     raise item
             return infos  # type: ignore[return-value]
 
-        return self.retry(all_reachable)  # type: ignore[no-any-return]
+        return self.retry(all_reachable, recovering)  # type: ignore[no-any-return]

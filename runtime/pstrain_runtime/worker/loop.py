@@ -10,7 +10,10 @@ on a server's previous state (ABORTED) is dropped and the step is recomputed on 
 pulled parameters; a server that is unreachable or lost its state is recovered by the
 chief (`chief.restore`) and waited for by the other workers (`membership`), as is a
 worker's absence from the worker set. A server that is unreachable is retried with
-backoff for `connect_timeout` seconds first (`WorkerContext.retry`).
+backoff for `connect_timeout` seconds first (`WorkerContext.retry`). A refusal of this
+job's credentials is fatal for a worker; the chief recovers from it as from a server
+that is unreachable (a replaced server's name may lead elsewhere for a moment), for
+`connect_timeout` seconds without an applied step at most (`RefusalBound`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import time
 
 from ..ps.store import PSError
 from .chief.duties import ChiefDuties
+from .client import AUTH_REFUSED_CODES, RefusalBound
 from .context import TrainingDiverged, TrainResult, WorkerContext
 from .data import DataCursor
 from .membership import Membership, admitted, not_a_member
@@ -36,6 +40,7 @@ class StepLoop:
         self.membership = membership
         self.chief = chief  # None: this worker is not the chief
         self.steps: list[int] | None = None  # each server's step this worker pushes for
+        self.refusals = RefusalBound(ctx.connect_timeout, ctx.clock)
 
     def run(self, result: TrainResult) -> bool:
         """Train until every server reaches the target; True when a server said the job
@@ -61,6 +66,7 @@ class StepLoop:
             if replies is None:  # pipelining's first step: its push is in flight
                 local.fresh = True
                 continue
+            self.refusals.reset()  # the servers answered a push: they accept the keys
             gstep = ctx.last_step = replies[0].info.global_step
             if any(r.info.done for r in replies):
                 return True
@@ -142,6 +148,10 @@ class StepLoop:
         if (exc.code == "INVALID_ARGUMENT" and self.chief is None
                 and not admitted(self.ctx.infos())):
             self.membership.wait_initialised()  # elastic: not in the worker set
+            return
+        if exc.code in AUTH_REFUSED_CODES and self.chief is not None:
+            self.refusals.allow(exc)  # raises once they have lasted past the bound
+            self.chief.restore.recover()
             return
         if exc.code in ("UNAVAILABLE", "FAILED_PRECONDITION", "DEADLINE_EXCEEDED",
                         "CANCELLED"):

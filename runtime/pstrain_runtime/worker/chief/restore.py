@@ -79,9 +79,12 @@ class ServerRestore:
                       **({"warning": "; ".join(warnings)} if warnings else {}))
 
     def recover(self) -> None:
-        """Some servers lost their state (restarted): re-initialise, see module doc."""
+        """Some servers lost their state (restarted): re-initialise, see module doc.
+        A replaced server's name may lead elsewhere for a moment, so a refusal of this
+        job's credentials is waited out here like an unreachable server, within the
+        same bound (`WorkerContext.retry`, recovering)."""
         ctx = self.ctx
-        infos = ctx.infos()
+        infos = ctx.infos(recovering=True)
         lost = [i for i, info in enumerate(infos) if not info.initialized]
         if not lost:
             return
@@ -89,7 +92,7 @@ class ServerRestore:
         latest = self._latest_checkpoint()
         if latest is not None:
             ckpt, path, skipped = latest
-            self._restore_all(ckpt, path)
+            self._restore_all(ckpt, path, recovering=True)
             lost_steps = max(0, before - ckpt.global_step)
             self.lost_steps += lost_steps
             ctx.last_step = ckpt.global_step
@@ -98,7 +101,7 @@ class ServerRestore:
                      lost_steps=lost_steps, servers=lost, **skipped)
             return
         step = infos[0].global_step if 0 not in lost else ctx.last_step
-        self.install(ctx.local.mirror, None, step, only=lost)
+        self.install(ctx.local.mirror, None, step, only=lost, recovering=True)
         ctx.last_step = step
         self.schedule.begin()
         ctx.emit("restored", step=step, path=None, lost_steps=0, servers=lost,
@@ -109,15 +112,16 @@ class ServerRestore:
                 states: Mapping[str, OptimizerState] | None, global_step: int,
                 only: Sequence[int] | None = None, positions: Sequence[int] = (),
                 sparse_rows: dict[str, Any] | None = None,
-                num_workers: int | None = None) -> None:
+                num_workers: int | None = None, recovering: bool = False) -> None:
         """Init the servers (`only` those) with these parameters and optimizer states;
-        a sparse model's tables (and their rows) first: Init lets the workers in."""
+        a sparse model's tables (and their rows) first: Init lets the workers in.
+        `recovering`: as `recover` retries (`WorkerContext.retry`)."""
         ctx, training, store = self.ctx, self.ctx.training, self.schedule.store
         directory = store.directory if store is not None else None
         # A checkpoint in flight read the servers being replaced: it is dropped, and
         # the next one writes every row (its chain would not match them).
         self.schedule.abandon()
-        ctx.retry(lambda: self.tables.install(sparse_rows, directory, only))
+        ctx.retry(lambda: self.tables.install(sparse_rows, directory, only), recovering)
         ctx.retry(lambda: ctx.client.init(
             params, ctx.optimizer, mode=training.mode,
             num_workers=num_workers or live_workers(ctx),
@@ -126,9 +130,9 @@ class ServerRestore:
             target_steps=training.steps, states=states, only=only,
             positions=positions,
             checkpoint_every=(training.checkpoint.interval_steps
-                              if store is not None else 0)))
+                              if store is not None else 0)), recovering)
 
-    def _restore_all(self, ckpt: Checkpoint, path: Path) -> None:
+    def _restore_all(self, ckpt: Checkpoint, path: Path, recovering: bool = False) -> None:
         ctx = self.ctx
         ckpt.check_matches(ctx.fingerprint, ctx.optimizer.name, str(path))
         ckpt.check_tensors(ctx.local.mirror, str(path), SLOT_NAMES[ctx.optimizer.name])
@@ -152,7 +156,7 @@ class ServerRestore:
                   flush=True)
             positions = []
         self.install(ckpt.params, states, ckpt.global_step, positions=positions,
-                     sparse_rows=ckpt.sparse, num_workers=live)
+                     sparse_rows=ckpt.sparse, num_workers=live, recovering=recovering)
         self.schedule.last_step = ckpt.global_step
 
     def _latest_checkpoint(self) -> tuple[Checkpoint, Path, dict[str, str]] | None:

@@ -13,31 +13,38 @@ from .procs import LOOPBACK
 CONNECT_DEADLINE_S = 60.0
 
 
-def serve_ps(ps_index: int, port: int, timeout_s: float, token: bytes | None = None) -> None:
+def serve_ps(ps_index: int, port: int, timeout_s: float, token: bytes | None = None,
+             checkpoint_dir: str | None = None) -> None:
     """Run one parameter server on 127.0.0.1:`port` until a client's Shutdown RPC (or
-    `timeout_s`); with `token`, it checks that job token's keys on every call. The
+    `timeout_s`); with `token`, it checks that job token's keys on every call; with
+    `checkpoint_dir`, the job's checkpoint directory (it writes its own rows of a
+    sparse checkpoint there, as a replica given the job's settings does). The
     process's allocator is set as `pstrain replica` sets a server's."""
     from pstrain_runtime import allocator
 
     allocator.tune("ps")
-    server = start_ps(ps_index, port, token)
+    server = start_ps(ps_index, port, token, checkpoint_dir=checkpoint_dir)
     if not server.wait(timeout_s):
         server.stop(grace=0)
 
 
 def start_ps(ps_index: int, port: int, token: bytes | None = None,
-             tls_dir: str | None = None):  # noqa: ANN201
+             tls_dir: str | None = None, checkpoint_dir: str | None = None):  # noqa: ANN201
     """A started parameter server on 127.0.0.1:`port` (authenticated with `token`, over
-    TLS with the files in `tls_dir`)."""
+    TLS with the files in `tls_dir`, writing its rows of sparse checkpoints into
+    `checkpoint_dir` where it sees the chief's)."""
     from pathlib import Path
 
     from pstrain_runtime.ps.server import PSServer
+    from pstrain_runtime.ps.store import ParameterStore
     from pstrain_runtime.transport.auth import Credentials
     from pstrain_runtime.transport.tls import TlsFiles
 
     credentials = Credentials.from_token(token) if token else None
     server = PSServer(f"{LOOPBACK}:{port}", ps_index=ps_index, credentials=credentials,
-                      tls=TlsFiles(Path(tls_dir)) if tls_dir else None)
+                      tls=TlsFiles(Path(tls_dir)) if tls_dir else None,
+                      store=ParameterStore(ps_index, checkpoint_dir=Path(checkpoint_dir)
+                                           if checkpoint_dir else None))
     server.start()
     return server
 

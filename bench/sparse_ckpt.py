@@ -3,7 +3,10 @@
 The CTR model of item `ctr` (`pstrain_runtime.examples.ctr`, 1M total rows x `DIM`
 float32, Adagrad), pstrain async with 2 PS + 2 workers, batch 512 per worker, each job
 in a process group of its own: without checkpoints, with a checkpoint every 100 global
-steps (the default interval) and every 20; and, in the same run, the same two
+steps (the default interval) and every 20, the servers writing their own rows (they
+are given the checkpoint directory, as replicas are: `sparse.shard_writes`); and, in
+the same run, every 100 steps with every row received and written by the chief, as
+before session 26 (`chief100`: the servers are given no directory); the same two
 intervals with every checkpoint written as before chains (`full100`, `full20`: every
 row, on the chief's training thread: the chief's `sparse.chain.MAX_DELTAS` set to 0
 and its writes made at once, as sync mode writes a full link); and every 100 steps
@@ -45,11 +48,13 @@ TOTAL_ROWS, QUICK_TOTAL_ROWS = 1_000_000, 26_000
 # How the chief writes, where not as shipped: "full" (every row on the training
 # thread, as before chains), "buffered" (through the page cache, as before O_DIRECT).
 HOW = {"": "", "full": ", every row on the training thread (as before chains)",
-       "buffered": ", rows written through the page cache (as before session 22)"}
+       "buffered": ", rows written through the page cache (as before session 22)",
+       "chief": ", every row through the chief (as before session 26)"}
 # (name, checkpoint interval or None, how)
 VARIANTS: tuple[tuple[str, int | None, str], ...] = (
     ("none", None, ""), ("every100", 100, ""), ("every20", 20, ""),
-    ("full100", 100, "full"), ("full20", 20, "full"), ("buffered100", 100, "buffered"))
+    ("chief100", 100, "chief"), ("full100", 100, "full"), ("full20", 20, "full"),
+    ("buffered100", 100, "buffered"))
 ROUNDS, QUICK_ROUNDS = 3, 1
 ENTRYPOINT = "pstrain_runtime.examples.ctr:make_task"
 
@@ -86,7 +91,11 @@ def _peer(rank: int, ports: list[int], job: dict[str, Any], timeout_s: float,
 
     pids[rank] = os.getpid()
     if rank < PS:
-        rt.serve_ps(rank, ports[rank], timeout_s)
+        # As shipped, the servers write their own rows (they see the directory); the
+        # variants of before, the chief every row.
+        directory = (job["training"].get("checkpoint") or {}).get("directory")
+        rt.serve_ps(rank, ports[rank], timeout_s,
+                    checkpoint_dir=directory if job["how"] == "" else None)
         return None
     worker = rank - PS
     training = rt.make_training(job["training"])

@@ -32,6 +32,7 @@ import ipaddress
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pstrain_api import constants as c
@@ -98,6 +99,21 @@ def _security(environ: Mapping[str, str],
     return credentials, tls
 
 
+def _checkpoint_dir(environ: Mapping[str, str]) -> Path | None:
+    """The job's checkpoint directory, from the training settings every replica is
+    given: where a server writes its own rows of a sparse checkpoint, if it sees the
+    chief's there (`sparse.shard_writes`). None without one (or without settings the
+    server can read: then the chief writes every row)."""
+    from pstrain_api.model import Training
+
+    raw = environ.get(c.ENV_TRAINING)
+    try:
+        directory = Training.model_validate_json(raw).checkpoint.directory if raw else None
+    except ValueError:
+        return None
+    return Path(directory) if directory else None
+
+
 def run_ps(identity: ReplicaIdentity, environ: Mapping[str, str]) -> int:
     from .ps.server import PSServer
 
@@ -115,7 +131,7 @@ def run_ps(identity: ReplicaIdentity, environ: Mapping[str, str]) -> int:
         return report_failure(f"pstrain replica: {exc}", 2, environ)
     from .ps.store import ParameterStore
 
-    store = ParameterStore(identity.task.index)
+    store = ParameterStore(identity.task.index, checkpoint_dir=_checkpoint_dir(environ))
     registry = metrics_registry(environ)
     if registry is not None:
         from .metrics import MeteredStore, PSMetrics

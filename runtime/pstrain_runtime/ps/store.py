@@ -32,6 +32,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 
 from ..proto import ps_pb2 as pb
 from ..transport import wire
@@ -56,8 +57,12 @@ class ParameterStore:
     """All namespaces of one parameter server."""
 
     def __init__(self, ps_index: int = 0, clock: Callable[[], float] = time.monotonic,
-                 max_wait: float = MAX_WAIT, max_init_bytes: int | None = None) -> None:
+                 max_wait: float = MAX_WAIT, max_init_bytes: int | None = None,
+                 checkpoint_dir: Path | None = None) -> None:
         self.ps_index = ps_index
+        # The job's checkpoint directory as this server sees it: where it writes its
+        # own rows of a sparse checkpoint (`sparse.shard_writes`); None: nowhere.
+        self.checkpoint_dir = checkpoint_dir
         self.clock = clock
         self.max_wait = max_wait
         self.max_init_bytes = physical_memory() if max_init_bytes is None else max_init_bytes

@@ -63,8 +63,10 @@ class SparseClient:
                 raise future.exception()  # type: ignore[misc]
         return [first, *(future.result() for future in futures)]
 
-    def _call(self, ps: int, header: dict[str, Any], tensors: Sequence[torch.Tensor] = ()
-              ) -> tuple[dict[str, Any], list[Frame]]:
+    def call(self, ps: int, header: dict[str, Any], tensors: Sequence[torch.Tensor] = ()
+             ) -> tuple[dict[str, Any], list[Frame]]:
+        """One sparse call to server `ps` (in this client's namespace): its reply's
+        header and frames. The ops of their own modules (`shard_writes`) call it."""
         return self._reply(ps, self.transports[ps].sparse(self._request(header, tensors)))
 
     def _request(self, header: dict[str, Any], tensors: Sequence[torch.Tensor]) -> Encoded:
@@ -95,7 +97,7 @@ class SparseClient:
             sent.append((ps, send(self._request(header, tensors)) if send else None))
         for ps, finish in sent:
             if finish is None:
-                yield (ps, *self._call(ps, *calls[ps]))
+                yield (ps, *self.call(ps, *calls[ps]))
             else:
                 yield (ps, *self._reply(ps, finish()))
 
@@ -162,7 +164,7 @@ class SparseClient:
                                                     for ps in servers}):
                 take(ps, per_ps[ps][0], reply, frames)
         else:
-            self._each(lambda ps: [take(ps, call, *self._call(ps, *request(call)))
+            self._each(lambda ps: [take(ps, call, *self.call(ps, *request(call)))
                                    for call in per_ps[ps]], servers)
         return outs, counts
 
@@ -254,7 +256,7 @@ class SparseClient:
             reply: dict[str, Any] = {}
             pushed: list[Entry] = []
             for entries, header in per_ps[ps]:
-                reply, frames = self._call(ps, *request(entries, header))
+                reply, frames = self.call(ps, *request(entries, header))
                 if versions:
                     pushed.extend(_pushed_versions(ps, entries, frames))
             return answer(ps, reply, pushed)
@@ -304,14 +306,14 @@ class SparseClient:
                                   "tables": [spec.to_json() for spec in specs]}
         if storage is not None:
             header["storage"] = storage.to_json()
-        self._each(lambda ps: self._call(ps, header),
+        self._each(lambda ps: self.call(ps, header),
                    list(range(self.num_ps)) if only is None else list(only))
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Live rows and bytes (RAM) per table, summed over the servers; with a disk
         tier also `hot_rows`, `disk_rows`, `disk_bytes` and `hot_row_budget`."""
         total: dict[str, dict[str, int]] = {}
-        for reply, _ in self._each(lambda ps: self._call(ps, {"op": "stats"}),
+        for reply, _ in self._each(lambda ps: self.call(ps, {"op": "stats"}),
                                    list(range(self.num_ps))):
             for name, item in reply.get("tables", {}).items():
                 acc = total.setdefault(name, {"rows": 0, "bytes": 0})
@@ -332,7 +334,7 @@ class SparseClient:
             header = {"op": "export", "table": spec.name, "start": start, "limit": page_rows}
             if since is not None:
                 header["since"] = since
-            reply, frames = self._call(ps, header)
+            reply, frames = self.call(ps, header)
             if len(frames) != 3 + len(slots):
                 raise PSError("INTERNAL", f"parameter server {ps} exported {len(frames)} "
                               f"frames of {spec.name!r}; expected {3 + len(slots)}")
@@ -351,7 +353,7 @@ class SparseClient:
         `watermark` (the clock of the next update there, the next delta's `since`),
         the server's `generation`, whether the ids dropped since `since` are all
         recorded (`complete`; else the export must be a full one) and its live `rows`."""
-        reply, _ = self._call(ps, {"op": "export", "what": "mark", "table": spec.name,
+        reply, _ = self.call(ps, {"op": "export", "what": "mark", "table": spec.name,
                                    "since": since})
         return reply
 
@@ -362,7 +364,7 @@ class SparseClient:
         page_ids = page_ids or self.max_call_bytes // 8
         start = 0
         while True:
-            reply, frames = self._call(ps, {"op": "export", "what": "removed",
+            reply, frames = self.call(ps, {"op": "export", "what": "removed",
                                             "table": spec.name, "since": since,
                                             "start": start, "limit": page_ids})
             if len(frames) != 1:
@@ -382,7 +384,7 @@ class SparseClient:
 
         def one(ps: int) -> None:
             pos = positions[ps]
-            self._call(ps, {"op": "import", "table": spec.name, "count": int(pos.numel()),
+            self.call(ps, {"op": "import", "table": spec.name, "count": int(pos.numel()),
                             "mode": mode},
                        [block.ids[pos], block.rows[pos],
                         *(block.slots[n][pos] for n in slots), block.last[pos]])
@@ -395,7 +397,7 @@ class SparseClient:
 
         def one(ps: int) -> None:
             pos = positions[ps]
-            self._call(ps, {"op": "import", "table": spec.name, "count": int(pos.numel()),
+            self.call(ps, {"op": "import", "table": spec.name, "count": int(pos.numel()),
                             "mode": "remove"}, [ids[pos]])
 
         self._each(one, [ps for ps in range(self.num_ps) if positions[ps].numel()])

@@ -17,21 +17,30 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .chain import Chain, Key, LinkPlan
-from .client import SparseClient
-from .files import write_ids, write_rows
+from .files import Written, write_ids, write_rows
 from .spec import ROW_SLOTS, TableSpec
 from .table import RowBlock
+
+if TYPE_CHECKING:
+    from .client import SparseClient
+    from .shard_writes import ServerWrites
 
 CAPTURE_BYTES = 512 << 20  # a sync delta read into the chief's memory, at most
 
 
 class SaveCancelled(Exception):
     """A link write stopped because its checkpoint was abandoned (a restore began)."""
+
+
+def shard_name(table_index: int, ps: int, what: str) -> str:
+    """The file of server `ps`'s shard of a link's `table_index`-th table (tables in
+    name order): its rows ("rows"), or the ids a delta dropped ("removed")."""
+    return f"table{table_index}-ps{ps}.{what}"
 
 
 def _slots(spec: TableSpec) -> tuple[str, ...]:
@@ -114,27 +123,36 @@ class CapturedRows:
 
 
 def write_link(specs: Mapping[str, TableSpec], num_ps: int, directory: Path,
-               plan: LinkPlan, source: LiveRows | CapturedRows) -> dict[str, Any]:
-    """Write a link's files into `directory / plan.dir`; the link's manifest entry."""
+               plan: LinkPlan, source: LiveRows | CapturedRows,
+               servers: ServerWrites | None = None) -> dict[str, Any]:
+    """Write a link's files into `directory / plan.dir`; the link's manifest entry.
+    With `servers`, each server writes its own shards where it can (`shard_writes`);
+    the chief writes those of the others, from `source`."""
     sub = directory / plan.dir
+
+    def shard(ps: int, k: int, spec: TableSpec, what: str, since: int | None) -> Written:
+        written = servers.write(ps, k, spec, what, since) if servers is not None else None
+        if written is not None:
+            return written
+        path = sub / shard_name(k, ps, what)
+        if what == "removed":
+            return write_ids(path, spec, source.removed(ps, spec, since))  # type: ignore[arg-type]
+        return write_rows(path, spec, _slots(spec), source.rows(ps, spec, since))
+
     tables: dict[str, Any] = {}
     for k, (name, spec) in enumerate(sorted(specs.items())):
         entry: dict[str, Any] = {"files": [], "rows": 0, "checks": {}}
         if not plan.full:
             entry["removed"] = []
         for ps in range(num_ps):
-            if not plan.full:
-                filename = f"table{k}-ps{ps}.removed"
-                written = write_ids(sub / filename, spec,
-                                    source.removed(ps, spec, plan.since[(name, ps)]))
-                entry["removed"].append(filename)
+            since = plan.since.get((name, ps))
+            for what in ("rows",) if plan.full else ("removed", "rows"):
+                written = shard(ps, k, spec, what, since)
+                filename = shard_name(k, ps, what)
+                entry["files" if what == "rows" else "removed"].append(filename)
                 entry["checks"][filename] = written.check()
-            filename = f"table{k}-ps{ps}.rows"
-            written = write_rows(sub / filename, spec, _slots(spec),
-                                 source.rows(ps, spec, plan.since.get((name, ps))))
-            entry["files"].append(filename)
-            entry["rows"] += written.rows
-            entry["checks"][filename] = written.check()
+                if what == "rows":
+                    entry["rows"] += written.rows
         tables[name] = entry
     return {"dir": plan.dir, "step": plan.step, "full": plan.full, "tables": tables}
 

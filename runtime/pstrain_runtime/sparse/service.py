@@ -36,6 +36,7 @@ from .checks import check_grads, check_ids
 from .protocol import Encoded, Frame, encode, field, header_of, tensor_of
 from .spec import TableSpec
 from .prefault import should_prefault
+from .shard_writes import save_shard
 from .table import RowBlock, RowTable
 from .tiered import FIELD as STORAGE_FIELD
 from .tiered import ROW_BOOKKEEPING, StorageSettings, TieredTable, shard_directory
@@ -423,5 +424,14 @@ def _stats(store: ParameterStore, namespace: str, header: dict[str, Any],
     return encode({"tables": out})
 
 
+def _save(store: ParameterStore, namespace: str, header: dict[str, Any],
+          body: list[Frame]) -> Encoded:
+    """This server's shard of a table written into its checkpoint directory
+    (`shard_writes`)."""
+    ns = store.namespace(namespace)
+    table = _table(_tables(ns, store), header.get("table"), ns, store, "save")
+    return encode(save_shard(table, store.ps_index, store.checkpoint_dir, header))
+
+
 _HANDLERS = {"pull": _pull, "push": _push, "configure": _configure, "export": _export,
-             "import": _import, "stats": _stats}
+             "import": _import, "stats": _stats, "save": _save}

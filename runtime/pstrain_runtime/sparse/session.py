@@ -25,6 +25,7 @@ from .files import read_ids, read_rows
 from .layer import sparse_layers
 from .protocol import Encoded, Frame
 from .rowopt import coalesce
+from .shard_writes import ServerWrites
 from .saving import CAPTURE_BYTES, CapturedRows, LinkWrite, LiveRows, start_link, write_link
 from .spec import ROW_SLOTS, TableSpec, check_row_optimizer
 from .tiered import StorageSettings
@@ -222,8 +223,10 @@ class SparseSession:
         num_ps = self.client.num_ps
 
         def live(cancel: threading.Event, plan: LinkPlan = plan) -> dict[str, Any]:
-            return write_link(self.specs, num_ps, directory, plan,
-                              LiveRows(self.client, cancel))
+            # The servers write their own rows where they share the directory.
+            with ServerWrites(self.client, directory / plan.dir, cancel) as servers:
+                return write_link(self.specs, num_ps, directory, plan,
+                                  LiveRows(self.client, cancel), servers)
 
         if not frozen:
             write = LinkWrite(plan, live, background=True)

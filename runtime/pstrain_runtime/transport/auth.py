@@ -69,9 +69,11 @@ OPEN_PREFIXES = ("/grpc.health.v1.Health/",)  # probes need no credentials
 # Calls only the chief key may make: installing parameters (Init, also a restore),
 # marking the job done, reporting its status and stopping the servers; for sparse
 # tables, defining them, installing rows (a restore) and exporting them (a checkpoint:
-# its `mark` starts the record of evicted ids a delta needs): `Sparse.<op>`.
+# its `mark` starts the record of evicted ids a delta needs; or a server writing its
+# own rows of one, `save`): `Sparse.<op>`.
 CHIEF_ONLY = frozenset({"Init", "Finish", "ReportStatus", "Shutdown", "SetWorkers",
-                        "Sparse.configure", "Sparse.import", "Sparse.export"})
+                        "Sparse.configure", "Sparse.import", "Sparse.export",
+                        "Sparse.save"})
 METADATA_KEY = "pstrain-auth"
 GRPC_WINDOW_S = 300.0  # a proof's time may differ this much from the server's clock
 # A proof: identity (a key name), time in ms (at most 15 digits), nonce (12 random

@@ -110,14 +110,14 @@ def _peer(rank: int, ports: list[int], job: dict[str, Any], timeout_s: float,
             files.DIRECT = False
         enough = enough_windows(job["window_s"], job["skip"], job["count"])
         sizes: list[int] = []
-        cpu: list[float] = []
+        cpu: list[list[float]] = []  # each process's CPU seconds, at each progress event
 
         def stop(events: list) -> bool:
             _, kind, fields = events[-1]
             if kind == "checkpoint":
                 sizes.append(written_bytes(Path(str(fields["path"]))))
             if kind == "progress":
-                cpu.append(sum(cpu_seconds(p) for p in pids[:]))
+                cpu.append([cpu_seconds(p) for p in pids[:]])
             return enough(events)
 
         rec = rt.Recorder(stop)
@@ -165,8 +165,15 @@ def _figures(cfg: Config, name: str, interval: int | None, how: str, per_step: i
                       note=f"batch {per_step}/worker, {len(got)} rounds")]
     cpu = [c * 1e6 for c in (cpu_per_sample(cfg, one, per_step) for one in got) if c]
     if cpu:
+        shares = {role: [c * 1e6 for c in (cpu_per_sample(cfg, one, per_step, ranks)
+                                           for one in got) if c]
+                  for role, ranks in (("servers", slice(0, PS)), ("chief", slice(PS, PS + 1)),
+                                      ("the other worker", slice(PS + 1, None)))}
+        split = "; ".join(f"{role} {statistics.median(v):.1f}" for role, v in shares.items()
+                          if v)
         figs.append(Figure.of(f"{key}.cpu", f"{label}: CPU time per 1000 samples, all "
-                              "processes", "CPU-ms", cpu, note="one per round"))
+                              "processes", "CPU-ms", cpu,
+                              note=f"one per round; medians: {split}"))
     sizes = [s for one in got for s in one["sizes"]]
     if interval is not None and sizes:
         figs.append(Figure(f"{key}.bytes", f"{label}: bytes written per checkpoint "
@@ -178,14 +185,17 @@ def _figures(cfg: Config, name: str, interval: int | None, how: str, per_step: i
     return figs
 
 
-def cpu_per_sample(cfg: Config, one: dict[str, Any], per_step: int) -> float | None:
-    """CPU seconds of all processes per sample over a job's measured windows."""
+def cpu_per_sample(cfg: Config, one: dict[str, Any], per_step: int,
+                   ranks: slice = slice(None)) -> float | None:
+    """CPU seconds per sample over a job's measured windows, of all processes (or of
+    those of `ranks`: servers first, then the chief, then the other worker)."""
     span = measured_span(one["points"], cfg.train_seconds_per_rep, cfg.warmup, cfg.repeats)
     if span is None or len(one["cpu"]) <= span[1]:
         return None
     i, j = span
     samples = (one["points"][j][1] - one["points"][i][1]) * per_step
-    return (one["cpu"][j] - one["cpu"][i]) / samples if samples > 0 else None
+    used = sum(one["cpu"][j][ranks]) - sum(one["cpu"][i][ranks])
+    return used / samples if samples > 0 else None
 
 
 def _round_ratios(cfg: Config, got: dict[str, list[dict[str, Any]]], per_step: int

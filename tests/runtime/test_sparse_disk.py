@@ -865,3 +865,33 @@ def test_pstrain_run_of_the_ctr_example_with_most_rows_on_disk(tmp_path: Path) -
     assert abs(on_disk["auc"] - in_ram["auc"]) < 0.002, (on_disk["auc"], in_ram["auc"])
     assert not list(Path(tempfile.gettempdir()).glob("pstrain-ctr-disk-rows-*")), \
         "the run removes its rows folder"
+
+
+@pytest.mark.parametrize("since", [None, 6], ids=["full", "delta"])
+def test_a_disk_tier_server_writes_its_own_checkpoint_shard_as_the_chief_would(
+        tmp_path: Path, since: int | None) -> None:
+    """`shard_writes.save_shard` over both tiers, a page at a time within the working
+    memory: the file holds every row (or every row changed since) exactly once, those
+    of the in-RAM table after the same updates."""
+    from pstrain_runtime.sparse import shard_writes
+    from pstrain_runtime.sparse.files import read_rows
+
+    spec = make_spec("adagrad")
+    ram, disk = RowTable(spec), tiered(spec, tmp_path / "tier")
+    for step in range(1, 7):
+        ids = torch.arange(700) * 3 + 700 * (step - 1) if step < 6 else torch.tensor([5, 3900])
+        for table in (ram, disk):
+            table.apply(ids, torch.full((len(ids), 4), float(step)), t=step, now=step)
+    assert disk.tier_stats()["disk_rows"] > 2000
+    link = tmp_path / "ckpt" / "ckpt-000000000006.sparse"
+    link.mkdir(parents=True)
+    (link / shard_writes.PROBE).write_text("ab" * 16)
+    header = {"dir": link.name, "token": "ab" * 16, "index": 0, "what": "rows",
+              **({"since": since} if since is not None else {})}
+    reply = shard_writes.save_shard(disk, 0, tmp_path / "ckpt", header)
+    assert reply["shared"] and "error" not in reply
+    got = rows_of(list(read_rows(link / "table0-ps0.rows", spec, ("sum",),
+                                 {"bytes": reply["bytes"], "crc32c": reply["crc32c"]})))
+    want = rows_of(pages(ram, since=since))
+    assert reply["rows"] == len(want) and (since is None or set(want) == {5, 3900})
+    assert_same(got, want)

@@ -95,7 +95,8 @@ def test_a_server_that_does_not_see_the_chiefs_directory_leaves_its_rows_to_the_
 
 
 def test_servers_without_a_directory_or_with_too_large_a_shard_leave_it_to_the_chief(
-        tmp_path: Path, chief_writes: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, chief_writes: list[str], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     specs = [make_spec("a", "adagrad", evict=None)]
     servers = Servers(specs)
     servers.stores[1].checkpoint_dir = tmp_path  # server 0 has none
@@ -103,6 +104,12 @@ def test_servers_without_a_directory_or_with_too_large_a_shard_leave_it_to_the_c
     _train_and_check(servers, tmp_path, specs, 2, frozen=False)
     assert sorted(chief_writes) == ["table0-ps0.rows", "table0-ps0.rows",
                                     "table0-ps1.rows", "table0-ps1.rows"]
+    # The user is told once per server, with the reason, not at every checkpoint.
+    told = [line for line in capsys.readouterr().out.splitlines()
+            if "does not write its own rows" in line]
+    assert len(told) == 2
+    assert "parameter server 0" in told[0] and "has no checkpoint directory" in told[0]
+    assert "parameter server 1" in told[1] and "larger than one call writes" in told[1]
     servers.close()
 
 

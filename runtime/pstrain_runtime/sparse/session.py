@@ -54,6 +54,7 @@ class SparseSession:
         self.source: RemoteSource | None = None  # set by `attach`
         self.chain = Chain()  # of the last checkpoint written (see `chain`)
         self.writing: LinkWrite | None = None  # a checkpoint's link being written
+        self.told_refusals: set[int] = set()  # servers that leave their rows to the chief
         # Gradient rows `riders` took but could not send with the push_pull: `push`'s.
         self._held: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
         # The push riding on this step's push_pull: per server, its entries; and whether
@@ -224,7 +225,8 @@ class SparseSession:
 
         def live(cancel: threading.Event, plan: LinkPlan = plan) -> dict[str, Any]:
             # The servers write their own rows where they share the directory.
-            with ServerWrites(self.client, directory / plan.dir, cancel) as servers:
+            with ServerWrites(self.client, directory / plan.dir, cancel,
+                              self.told_refusals) as servers:
                 return write_link(self.specs, num_ps, directory, plan,
                                   LiveRows(self.client, cancel), servers)
 

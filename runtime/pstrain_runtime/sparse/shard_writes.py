@@ -140,10 +140,13 @@ class ServerWrites:
     while it lasts (a context manager), and each server asked to write its shards
     until one says it does not (`write` then answers None for it: the chief writes)."""
 
-    def __init__(self, client: Any, link: Path, cancel: threading.Event) -> None:
+    def __init__(self, client: Any, link: Path, cancel: threading.Event,
+                 told: set[int] | None = None) -> None:
         self.client, self.link, self.cancel = client, link, cancel
         self.token = secrets.token_hex(16)
         self.refused: dict[int, str] = {}  # server -> why it does not write
+        # Servers whose refusal the user was told of (one line per server and job).
+        self.told = told if told is not None else set()
 
     def __enter__(self) -> ServerWrites:
         self.link.mkdir(parents=True, exist_ok=True)
@@ -167,7 +170,12 @@ class ServerWrites:
             header["since"] = since
         reply, _ = self.client.call(ps, header)
         if not reply.get("shared"):
-            self.refused[ps] = str(reply.get("why", ""))
+            self.refused[ps] = why = str(reply.get("why", ""))
+            if ps not in self.told:
+                self.told.add(ps)
+                print(f"pstrain: parameter server {ps} does not write its own rows of "
+                      f"sparse checkpoints ({why}); the chief writes them (mount the "
+                      "checkpoint volume on the servers too to spare it)", flush=True)
             return None
         if "error" in reply:
             raise CheckpointError(str(reply["error"]))

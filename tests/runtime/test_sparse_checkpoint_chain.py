@@ -457,6 +457,40 @@ def test_the_chief_trains_on_while_a_checkpoints_rows_are_written(tmp_path: Path
     check_sparse_files(tmp_path, final.sparse)
 
 
+def test_a_checkpoint_that_holds_a_later_step_than_the_chief_saw_is_not_taken_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """async: other workers' pushes can take the servers past the next multiple before
+    the chief reads them, so a checkpoint holds a later step than the one due. The next
+    one is due after it: two checkpoints of one step shared one directory of rows, the
+    second overwrote the first's files, and every later checkpoint of the chain was
+    damaged (found with `pstrain run`, the CTR example, a checkpoint every 100 steps)."""
+    from pstrain_runtime.worker.chief.checkpoint_schedule import CheckpointSchedule
+
+    real = CheckpointSchedule._pull
+    moved: list[int] = []
+
+    def ahead(self: CheckpointSchedule, at_step: int = 0) -> Checkpoint:
+        ckpt = real(self, at_step)
+        if at_step == 5 and not moved:  # the servers moved on to the next multiple
+            ckpt.global_step = at_step + self.every
+            moved.append(ckpt.global_step)
+        return ckpt
+
+    monkeypatch.setattr(CheckpointSchedule, "_pull", ahead)
+    job = training(steps=30, batchSize=8, mode="async",
+                   checkpoint={"directory": str(tmp_path), "intervalSteps": 5, "keep": 10})
+    events = Events()
+    run_job(job, [LocalTransport(ParameterStore(i)) for i in range(2)], emit=events)
+    steps = [e["step"] for e in events.of("checkpoint")]
+    assert moved == [10] and steps[0] == 10
+    assert steps == sorted(set(steps))  # each step once
+    for step in steps:
+        ckpt = load_checkpoint(CheckpointStore(tmp_path).path_for(step))
+        dirs = [link["dir"] for link in ckpt.sparse["chain"]]
+        assert len(dirs) == len(set(dirs)), dirs
+        check_sparse_files(tmp_path, ckpt.sparse)
+
+
 def _rows_of(transports: list[Any]) -> State:
     out: State = {}
     for name in ("items", "tags"):

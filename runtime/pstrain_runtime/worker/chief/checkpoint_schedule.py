@@ -85,7 +85,7 @@ class CheckpointSchedule:
         at_step = (gstep // self.every * self.every
                    if interval and self.ctx.training.mode == "async" else 0)
         self.save(at_step=at_step, wait=asked)
-        self.next_step = (gstep // self.every + 1) * self.every
+        self.next_step = max(self.next_step, (gstep // self.every + 1) * self.every)
 
     def save_final(self, gstep: int) -> None:
         """The end of training: a checkpoint of `gstep` unless one was written already;
@@ -106,6 +106,11 @@ class CheckpointSchedule:
         if self.store is None:
             return None
         ckpt = self._pull(at_step)
+        # The servers may hold a later step than the chief has seen (other workers
+        # pushed meanwhile): the next checkpoint is due after the one taken, never at
+        # its step again (two links of one step would share, and overwrite, one
+        # directory of rows).
+        self.next_step = max(self.next_step, (ckpt.global_step // self.every + 1) * self.every)
         try:
             write = self.tables.begin_save(self.store.directory, ckpt.global_step,
                                            frozen=self.ctx.training.mode == "sync")

@@ -19,12 +19,11 @@ from . import riding
 from .protocol import Encoded, Frame, encode, header_of, tensor_of
 from .scatter import put_rows
 from .spec import TableSpec
-from .table import RowBlock
+from .table import EXPORT_ROWS, RowBlock
 from .tiered import StorageSettings
 
 Entry = tuple[str, torch.Tensor, torch.Tensor]  # a push's (table, ids, gradient rows)
 MAX_CALL_BYTES = 32 * 1024 * 1024  # rows per call stay well under the frame limit
-EXPORT_ROWS = 65536  # rows per page when a shard is streamed out
 GENERATION_TRIES = 3  # lookups through the caches while generations change under them
 
 

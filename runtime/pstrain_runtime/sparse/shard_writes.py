@@ -35,17 +35,16 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import CheckpointError
+from ..checkpoint import CheckpointError, check_rows_size
 from ..ps.store import PSError
 from .files import Written, write_ids, write_rows
 from .protocol import field
 from .saving import SaveCancelled, shard_name
 from .spec import TableSpec
-from .table import RowBlock
+from .table import EXPORT_ROWS, RowBlock
 
 PROBE = ".pstrain-probe"  # in a link's directory while its rows are written
 MAX_SHARD_BYTES = 4 << 30  # one call's file: written well within the data plane's bound
-PAGE_ROWS = 65536  # rows per page read from the table while a server writes its file
 PAGE_IDS = 1 << 22
 _LINK_DIR = re.compile(r"ckpt-[0-9]{12}\.sparse", re.ASCII)
 _TOKEN = re.compile(r"[0-9a-f]{32}", re.ASCII)
@@ -70,7 +69,7 @@ def _paged(read: Callable[[int], tuple[Any, int]]) -> Iterator[Any]:
 
 
 def _pages(table: Any, since: int | None) -> Iterator[RowBlock]:
-    return _paged(lambda start: table.export(start, PAGE_ROWS, since))
+    return _paged(lambda start: table.export(start, EXPORT_ROWS, since))
 
 
 def _removed_pages(table: Any, since: int) -> Iterator[torch.Tensor]:
@@ -116,10 +115,11 @@ def save_shard(table: Any, ps_index: int, root: Path | None,
     if not _probe_matches(root / link, token):
         return {"shared": False, "why": f"this server does not see the chief's {link} "
                 "under its checkpoint directory"}
-    size = table.stats().rows * _row_bytes(table)
-    if what == "rows" and size > MAX_SHARD_BYTES:
-        return {"shared": False, "why": f"its shard ({size} bytes) is larger than one "
-                f"call writes ({MAX_SHARD_BYTES})"}
+    if what == "rows":
+        size = table.stats().rows * _row_bytes(table)
+        if size > MAX_SHARD_BYTES:
+            return {"shared": False, "why": f"its shard ({size} bytes) is larger than "
+                    f"one call writes ({MAX_SHARD_BYTES})"}
     path = root / link / shard_name(index, ps_index, what)
     try:
         if what == "removed":
@@ -180,16 +180,6 @@ class ServerWrites:
         if "error" in reply:
             raise CheckpointError(str(reply["error"]))
         written = Written(int(reply["rows"]), int(reply["bytes"]), int(reply["crc32c"]))
-        self._check_seen(shard_name(table_index, ps, what), written)
+        # The file is here, whole, where the chief will read it.
+        check_rows_size(self.link / shard_name(table_index, ps, what), written.check())
         return written
-
-    def _check_seen(self, name: str, written: Written) -> None:
-        """The file a server wrote is here, whole, where the chief will read it."""
-        try:
-            size = (self.link / name).stat().st_size
-        except OSError as exc:
-            raise CheckpointError(f"a parameter server wrote {name} but the chief cannot "
-                                  f"see it in {self.link}: {exc}") from exc
-        if size != written.size:
-            raise CheckpointError(f"{self.link / name} has {size} bytes; the server "
-                                  f"wrote {written.size}")

@@ -57,6 +57,9 @@ class RowBlock:
 
 
 NEVER = 1 << 62  # `RowTable.oldest`'s score of the rows it must not pick
+# Rows per page when a shard is streamed out: to the chief (`SparseClient.export`), or
+# into a server's own checkpoint file (`shard_writes`).
+EXPORT_ROWS = 65536
 SCRATCH_BYTES = 4 << 20  # an update's gathers reuse blocks of at most this size each
 
 

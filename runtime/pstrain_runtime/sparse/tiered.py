@@ -331,8 +331,8 @@ class TieredTable:
             self._to_disk(self.hot.take(part), new=True)
         # The batch's copies (megabytes) left holes in the heap among blocks still in
         # use, which glibc keeps: give their pages back. Only here: a read or an update
-        # frees blocks of the size it will take again (allocator role `budget` maps
-        # those of 128 KiB and more apart), and trimming after them (every ~1,300 rows
+        # frees blocks of the size it will take again (allocator role `budget`), and
+        # trimming after them (every ~1,300 rows
         # they moved between the tiers) only made the next calls fault the pages back
         # in: 8 % of a call's CPU in `python -m bench.tier_calls disk`, the servers'
         # RSS the same without (bench/RESULTS.md, session 13).

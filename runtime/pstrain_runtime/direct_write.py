@@ -7,9 +7,14 @@ the training that runs beside them (bench/RESULTS.md, session 22). With O_DIRECT
 device reads the bytes from this process's memory; the only copy is into an aligned
 staging buffer here, a plain memcpy.
 
+A caller may also fill the staging buffer itself (`claim`: room for the file's next
+bytes), so that rows gathered from a table are copied once, into the buffer, not into
+new tensors and then into the buffer (bench/RESULTS.md, session 31).
+
 O_DIRECT needs the buffer, the file offset and each write's length aligned (`ALIGN`):
-the staging buffer is aligned, every write but the last is whole buffers, the last is
-padded with zeros and the file cut back to its true size. Where the file system takes
+the staging buffer is aligned, every write but the last is whole blocks of ALIGN (what
+is staged past the last whole block waits at the buffer's start for the next), the last
+is padded with zeros and the file cut back to its true size. Where the file system takes
 no O_DIRECT (tmpfs, some network file systems, a platform without it), or refuses a
 write with it, the same bytes go through the page cache instead: never an error of
 its own.
@@ -25,6 +30,7 @@ import numpy as np
 
 ALIGN = 4096  # the largest logical block size of common devices
 STAGE = 4 << 20  # bytes staged per write (a multiple of ALIGN)
+ROOM = STAGE - ALIGN  # the most one `claim` gives
 O_DIRECT = getattr(os, "O_DIRECT", 0)  # 0 where the platform has none (macOS)
 
 
@@ -67,6 +73,19 @@ class DirectFile:
         self.size += total
         return total
 
+    def claim(self, size: int) -> np.ndarray:
+        """Room for the file's next `size` bytes (at most ROOM), in the staging buffer:
+        a uint8 array the caller fills before its next call on this file. Counted as
+        written."""
+        if not 0 <= size <= ROOM:
+            raise ValueError(f"a claim is 0 to {ROOM} bytes, not {size}")
+        if self._fill + size > STAGE:
+            self._drain_blocks()
+        room = self._stage[self._fill:self._fill + size]
+        self._fill += size
+        self.size += size
+        return room
+
     def finish(self) -> None:
         if self._fill:
             # O_DIRECT writes whole blocks: pad the tail, then cut the file back.
@@ -75,6 +94,14 @@ class DirectFile:
             self._drain(length)
             os.ftruncate(self.fd, self.size)  # the padding off (even if it went buffered)
         os.fsync(self.fd)
+
+    def _drain_blocks(self) -> None:
+        """Write the staged whole blocks; what is staged past them moves to the start."""
+        whole = self._fill - self._fill % ALIGN
+        tail = self._fill - whole
+        self._drain(whole)
+        self._stage[:tail] = self._stage[whole:whole + tail]
+        self._fill = tail
 
     def _drain(self, length: int) -> None:
         """Write the first `length` staged bytes at the file's end."""

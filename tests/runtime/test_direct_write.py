@@ -148,3 +148,55 @@ def test_a_failing_write_raises_and_leaves_no_file(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="No space"):
         write(tmp_path / "f", pieces(6, [STAGE + 1]))
     assert list(tmp_path.iterdir()) == []
+
+
+def claimed(path: Path, steps: list[tuple[str, int]], seed: int) -> tuple[DirectFile, bytes]:
+    """Write `steps` ("write" n bytes, or "claim" n bytes then fill them) to `path`;
+    the file and the bytes it should hold."""
+    rng = np.random.default_rng(seed)
+    expected: list[bytes] = []
+
+    def go(fh: DirectFile) -> DirectFile:
+        for kind, size in steps:
+            data = rng.integers(0, 256, size, dtype=np.uint8)
+            if kind == "write":
+                fh.write(data)
+            else:
+                room = fh.claim(size)
+                assert room.shape == (size,) and room.dtype == np.uint8
+                room[:] = data
+            expected.append(data.tobytes())
+        return fh
+
+    return write_atomically(path, go, direct=True), b"".join(expected)
+
+
+@pytest.mark.parametrize("steps", [
+    [("claim", 0), ("claim", 1), ("claim", direct_write.ROOM)],
+    [("write", 7), ("claim", direct_write.ROOM), ("claim", direct_write.ROOM)],
+    [("claim", ALIGN + 5), ("write", STAGE - 3), ("claim", 9), ("write", 2 * STAGE + 1),
+     ("claim", direct_write.ROOM - 1), ("claim", 3), ("write", ALIGN)],
+    [("claim", 1000)] * 40 + [("write", 1)] + [("claim", 4095)] * 2100,
+], ids=["sizes", "full-rooms", "mixed", "many"])
+def test_claimed_room_is_the_file_in_order_with_writes(tmp_path, steps):
+    """Bytes filled into claimed room land where they fall among the writes, across
+    every boundary of the buffer (what is staged past its last whole block carried to
+    its start)."""
+    fh, expected = claimed(tmp_path / "f", steps, len(steps))
+    assert (tmp_path / "f").read_bytes() == expected
+    assert fh.size == len(expected)
+
+
+def test_claimed_room_without_o_direct_is_the_same_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(direct_write, "O_DIRECT", 0)
+    steps = [("write", 11), ("claim", direct_write.ROOM), ("claim", 5), ("write", STAGE)]
+    fh, expected = claimed(tmp_path / "f", steps, 7)
+    assert not fh.direct
+    assert (tmp_path / "f").read_bytes() == expected
+
+
+@pytest.mark.parametrize("size", [direct_write.ROOM + 1, STAGE])
+def test_a_claim_larger_than_the_room_is_refused(tmp_path, size):
+    with pytest.raises(ValueError, match=f"a claim is 0 to {direct_write.ROOM} bytes"):
+        claimed(tmp_path / "f", [("write", 3), ("claim", size)], 8)
+    assert list(tmp_path.iterdir()) == []

@@ -124,7 +124,7 @@ def test_a_servers_failed_write_fails_the_checkpoint_with_its_reason(
     def full(*args: Any, **kw: Any) -> Any:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(shard_writes, "write_rows", full)
+    monkeypatch.setattr(shard_writes, "write_pages", full)
     with pytest.raises(CheckpointError, match="parameter server 0 could not write .*"
                        "No space left on device"):
         servers.save(tmp_path, 1, frozen=False)
@@ -146,7 +146,7 @@ def test_a_server_that_may_not_write_there_leaves_its_rows_to_the_chief(
     def refused(*args: Any, **kw: Any) -> Any:
         raise OSError(errno_, os.strerror(errno_))
 
-    monkeypatch.setattr(shard_writes, "write_rows", refused)
+    monkeypatch.setattr(shard_writes, "write_pages", refused)
     _train_and_check(servers, tmp_path, specs, 2, frozen=False)
     assert sorted(chief_writes) == ["table0-ps0.rows", "table0-ps0.rows",
                                     "table0-ps1.rows", "table0-ps1.rows"]

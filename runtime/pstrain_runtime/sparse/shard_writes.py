@@ -37,11 +37,11 @@ import torch
 
 from ..checkpoint import CheckpointError, check_rows_size
 from ..ps.store import PSError
-from .files import Written, write_ids, write_rows
+from .files import Pages, Written, row_bytes, write_ids, write_pages
 from .protocol import field
 from .saving import SaveCancelled, shard_name
 from .spec import TableSpec
-from .table import EXPORT_ROWS, RowBlock
+from .table import EXPORT_ROWS, Room, RowBlock
 
 PROBE = ".pstrain-probe"  # in a link's directory while its rows are written
 MAX_SHARD_BYTES = 4 << 30  # one call's file: written well within the data plane's bound
@@ -51,11 +51,6 @@ _TOKEN = re.compile(r"[0-9a-f]{32}", re.ASCII)
 WHAT = ("rows", "removed")
 # A write refused for who or where the server is: the chief writes instead.
 _NOT_OURS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
-
-
-def _row_bytes(table: Any) -> int:
-    """A row's bytes in a rows file: id, row, slots, last update."""
-    return 16 + 4 * table.spec.embedding_dim * (1 + len(table.slot_names))
 
 
 def _paged(read: Callable[[int], tuple[Any, int]]) -> Iterator[Any]:
@@ -68,8 +63,13 @@ def _paged(read: Callable[[int], tuple[Any, int]]) -> Iterator[Any]:
             return
 
 
-def _pages(table: Any, since: int | None) -> Iterator[RowBlock]:
-    return _paged(lambda start: table.export(start, EXPORT_ROWS, since))
+def _pages(table: Any, since: int | None) -> Pages:
+    """`table`'s pages for `write_pages`: a delta's of EXPORT_ROWS row indices (most
+    of them unchanged), a whole shard's of as many as the file's buffer holds."""
+    def export(start: int, room: Room | None) -> tuple[RowBlock, int]:
+        limit = EXPORT_ROWS if room is None or since is not None else room.most
+        return table.export(start, limit, since, room)  # type: ignore[no-any-return]
+    return export
 
 
 def _removed_pages(table: Any, since: int) -> Iterator[torch.Tensor]:
@@ -116,7 +116,8 @@ def save_shard(table: Any, ps_index: int, root: Path | None,
         return {"shared": False, "why": f"this server does not see the chief's {link} "
                 "under its checkpoint directory"}
     if what == "rows":
-        size = table.stats().rows * _row_bytes(table)
+        size = table.stats().rows * row_bytes(table.spec.embedding_dim,
+                                              len(table.slot_names))
         if size > MAX_SHARD_BYTES:
             return {"shared": False, "why": f"its shard ({size} bytes) is larger than "
                     f"one call writes ({MAX_SHARD_BYTES})"}
@@ -125,7 +126,7 @@ def save_shard(table: Any, ps_index: int, root: Path | None,
         if what == "removed":
             written = write_ids(path, table.spec, _removed_pages(table, since))  # type: ignore[arg-type]
         else:
-            written = write_rows(path, table.spec, table.slot_names, _pages(table, since))
+            written = write_pages(path, table.spec, table.slot_names, _pages(table, since))
     except OSError as exc:
         if exc.errno in _NOT_OURS:  # mounted read-only here, or another user's volume
             return {"shared": False, "why": f"it may not write {path}: {exc}"}

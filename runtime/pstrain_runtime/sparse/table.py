@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -54,6 +55,17 @@ class RowBlock:
     rows: torch.Tensor  # float32 [n, dim]
     slots: dict[str, torch.Tensor]  # float32 [n, dim] each
     last: torch.Tensor  # int64 [n]
+
+
+class Room(Protocol):
+    """Where an export gathers a page's rows instead of into new tensors (`export`'s
+    `into`): room for `most` rows at most, a file's write buffer."""
+
+    most: int
+
+    def block(self, count: int) -> RowBlock:
+        """Tensors for `count` rows (1 to `most`) to gather into."""
+        ...
 
 
 NEVER = 1 << 62  # `RowTable.oldest`'s score of the rows it must not pick
@@ -339,25 +351,37 @@ class RowTable:
                 held += self.seen.nbytes
             return TableStats(rows=self.index.size, bytes=int(held))
 
-    def export(self, start: int, limit: int, since: int | None = None
-               ) -> tuple[RowBlock, int]:
+    def export(self, start: int, limit: int, since: int | None = None,
+               into: Room | None = None) -> tuple[RowBlock, int]:
         """The live rows among row indices [start, start + limit) and the next start
         (0 once the end is reached): a page of the shard, for streaming it out. With
-        `since`, only the rows last updated at clock >= since (a checkpoint's delta)."""
+        `since`, only the rows last updated at clock >= since (a checkpoint's delta).
+        With `into`, the rows are gathered into its block, and a page ends early where
+        it holds no more (the next start is then the first live row left out)."""
         with self.lock:
             end = min(self.used, start + limit)
             keep = self.owner[start:max(start, end)] >= 0
             if since is not None:
                 keep &= self.last[start:max(start, end)] >= since
             live = torch.nonzero(keep).reshape(-1) + start
-            return self._block(live), (end if end < self.used else 0)
+            if into is not None and live.numel() > into.most:
+                end, live = int(live[into.most]), live[:into.most]
+            return self._block(live, into), (end if end < self.used else 0)
 
-    def _block(self, where: torch.Tensor) -> RowBlock:
-        """Copies of the rows at `where` (the block owns its tensors: the lock can go)."""
-        return RowBlock(ids=self.owner.index_select(0, where),
-                        rows=self.rows.index_select(0, where),
-                        slots={n: t.index_select(0, where) for n, t in self.slots.items()},
-                        last=self.last.index_select(0, where))
+    def _block(self, where: torch.Tensor, into: Room | None = None) -> RowBlock:
+        """Copies of the rows at `where` (the block owns its tensors, or they are
+        `into`'s: the lock can go)."""
+        if into is None or not where.numel():
+            return RowBlock(ids=self.owner.index_select(0, where),
+                            rows=self.rows.index_select(0, where),
+                            slots={n: t.index_select(0, where) for n, t in self.slots.items()},
+                            last=self.last.index_select(0, where))
+        block = into.block(int(where.numel()))
+        for source, out in ((self.owner, block.ids), (self.rows, block.rows),
+                            *((t, block.slots[n]) for n, t in self.slots.items()),
+                            (self.last, block.last)):
+            torch.index_select(source, 0, where, out=out)
+        return block
 
     def load(self, block: RowBlock) -> None:
         """Install exported rows (ids unique and not yet present)."""

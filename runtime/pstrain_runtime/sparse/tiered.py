@@ -74,7 +74,7 @@ from .index import DIRECT_MAX_IDS, DIRECT_MAX_SERVERS
 from .rowopt import coalesce
 from .scatter import put_rows
 from .spec import ROW_SLOTS, TableSpec
-from .table import REMOVAL_LOG_MIN, RemovalLog, RowBlock, RowTable, TableStats
+from .table import REMOVAL_LOG_MIN, RemovalLog, Room, RowBlock, RowTable, TableStats
 
 FIELD = "spec.training.sparseStorage"
 MIN_HOT_ROWS = 1024  # a table's share of the budget must hold this many rows at least
@@ -417,14 +417,16 @@ class TieredTable:
             return {"hot_rows": self.hot.stats().rows, "disk_rows": self.cold.count,
                     "disk_bytes": self.cold.disk_bytes(), "hot_row_budget": self.hot_rows}
 
-    def export(self, start: int, limit: int, since: int | None = None
-               ) -> tuple[RowBlock, int]:
+    def export(self, start: int, limit: int, since: int | None = None,
+               into: Room | None = None) -> tuple[RowBlock, int]:
         """`RowTable.export` over both tiers: RAM rows for start >= 0, then disk rows
         (start < 0: -(2 + the next id)); the next start, 0 at the end. Each id once,
         and the disk pass gives only rows that were on disk when it began, the rows
         owed beside (see the module doc). At most `page_rows` of the `limit` rows a
         page (the working memory's share, `export_page_rows`), owed rows included
-        (a page gives min(limit, `MIN_PAGE_ROWS`) rows of its own at least)."""
+        (a page gives min(limit, `MIN_PAGE_ROWS`) rows of its own at least). `into`
+        is not used: a page is joined from the tiers' rows (and the owed), never
+        gathered in one go."""
         with self.lock:
             self._check()
             if start == 0 or self.given is None:

@@ -73,14 +73,20 @@ class DirectFile:
         self.size += total
         return total
 
-    def claim(self, size: int) -> np.ndarray:
-        """Room for the file's next `size` bytes (at most ROOM), in the staging buffer:
-        a uint8 array the caller fills before its next call on this file. Counted as
-        written."""
+    def ready(self, size: int) -> None:
+        """Write what is staged now if the next `size` bytes (at most ROOM) would not
+        fit beside it: a claim of up to `size` bytes then writes nothing (a caller that
+        claims while it holds a lock others wait on)."""
         if not 0 <= size <= ROOM:
             raise ValueError(f"a claim is 0 to {ROOM} bytes, not {size}")
         if self._fill + size > STAGE:
             self._drain_blocks()
+
+    def claim(self, size: int) -> np.ndarray:
+        """Room for the file's next `size` bytes (at most ROOM), in the staging buffer:
+        a uint8 array the caller fills before its next call on this file. Counted as
+        written."""
+        self.ready(size)
         room = self._stage[self._fill:self._fill + size]
         self._fill += size
         self.size += size

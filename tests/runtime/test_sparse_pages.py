@@ -135,3 +135,25 @@ def test_a_page_that_gathers_into_the_room_and_gives_another_block_is_refused(tm
     with pytest.raises(RuntimeError, match="gave another"):
         files.write_pages(tmp_path / "f", t.spec, t.slot_names, two_faced)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("since", [None, 7], ids=["whole", "delta"])
+def test_no_disk_write_while_the_table_is_locked(tmp_path, monkeypatch, since):
+    """The table gathers a page into the buffer under its lock, which training waits
+    on: the buffer is drained before the page, never while the lock is held."""
+    t = table()
+    size = files.row_bytes(t.spec.embedding_dim, len(t.slot_names))
+    monkeypatch.setattr(files, "ROOM", 8 + 100 * size)  # many pages, many drains
+    stage = direct_write.ALIGN * (2 + files.ROOM // direct_write.ALIGN)
+    monkeypatch.setattr(direct_write, "STAGE", stage)
+    monkeypatch.setattr(direct_write, "ROOM", stage - direct_write.ALIGN)
+    real, locked = direct_write.os.write, []
+
+    def write(fd: int, data: memoryview) -> int:
+        locked.append(t.lock.locked())
+        return real(fd, data)
+
+    monkeypatch.setattr(direct_write.os, "write", write)
+    out, blocks = written(tmp_path / "f", t, since)
+    assert out.rows == len(live(t, since)) and len(locked) > 5
+    assert not any(locked)

@@ -95,6 +95,9 @@ class _Summing:
         counted and checksummed once filled (`filled`)."""
         return self.fh.claim(size)  # type: ignore[attr-defined]
 
+    def ready(self, size: int) -> None:
+        self.fh.ready(size)  # type: ignore[attr-defined]
+
     def filled(self, room: np.ndarray) -> None:
         self._seen(room)
 
@@ -184,6 +187,11 @@ class _BlockRoom:
         self._given = block, room
         return block
 
+    def ready(self) -> None:
+        """Before a page: room for `most` rows without a write (the table gathers
+        under its lock, which a disk write would hold for milliseconds)."""
+        self.fh.ready(_COUNT.size + self.most * self.row_bytes)
+
     def take(self, block: RowBlock) -> bool:
         """Whether `block` (a page) is the one gathered here: then it is summed, as
         written; otherwise the page is the table's own tensors, to write."""
@@ -208,6 +216,8 @@ def write_pages(path: Path, spec: TableSpec, slots: Sequence[str],
             room = None
         start, total = 0, 0
         while True:
+            if room is not None:
+                room.ready()
             block, start = export(start, room)
             if room is not None and room.take(block):
                 total += int(block.ids.numel())

@@ -11,7 +11,10 @@ intervals with every checkpoint written as before chains (`full100`, `full20`: e
 row, on the chief's training thread: the chief's `sparse.chain.MAX_DELTAS` set to 0
 and its writes made at once, as sync mode writes a full link); and every 100 steps
 with the rows written through the page cache, as before session 22 (`buffered100`:
-the chief's `sparse.files.DIRECT` off, see `pstrain_runtime.direct_write`). The variants run in
+the chief's `sparse.files.DIRECT` off, see `pstrain_runtime.direct_write`); and every
+100 steps with the servers' pages gathered into new tensors and then copied into the
+write buffer, as before session 31 (`copied100`: the servers' `shard_writes.write_pages`
+given the table's own tensors, page by page). The variants run in
 turn, `ROUNDS` times over, each round in another order (the machine's load drifts).
 Reported:
 
@@ -49,12 +52,13 @@ TOTAL_ROWS, QUICK_TOTAL_ROWS = 1_000_000, 26_000
 # thread, as before chains), "buffered" (through the page cache, as before O_DIRECT).
 HOW = {"": "", "full": ", every row on the training thread (as before chains)",
        "buffered": ", rows written through the page cache (as before session 22)",
-       "chief": ", every row through the chief (as before session 26)"}
+       "chief": ", every row through the chief (as before session 26)",
+       "copied": ", the servers' pages copied into the write buffer (as before session 31)"}
 # (name, checkpoint interval or None, how)
 VARIANTS: tuple[tuple[str, int | None, str], ...] = (
     ("none", None, ""), ("every100", 100, ""), ("every20", 20, ""),
     ("chief100", 100, "chief"), ("full100", 100, "full"), ("full20", 20, "full"),
-    ("buffered100", 100, "buffered"))
+    ("buffered100", 100, "buffered"), ("copied100", 100, "copied"))
 ROUNDS, QUICK_ROUNDS = 3, 1
 ENTRYPOINT = "pstrain_runtime.examples.ctr:make_task"
 
@@ -71,6 +75,18 @@ def _write_everything_at_once() -> None:
         return begin(self, directory, step, True)
 
     session.SparseSession.begin_save = at_once  # type: ignore[method-assign]
+
+
+def _copy_pages_into_the_buffer() -> None:
+    """In a server's process: each page of its shard writes exported into the table's
+    own tensors, then copied into the file's write buffer, as before session 31."""
+    from pstrain_runtime.sparse import files, shard_writes
+
+    def copied(path: Path, spec: Any, slots: Any, export: Any) -> Any:
+        return files.write_rows(path, spec, slots,
+                                shard_writes._paged(lambda start: export(start, None)))
+
+    shard_writes.write_pages = copied
 
 
 def written_bytes(checkpoint: Path) -> int:
@@ -94,8 +110,10 @@ def _peer(rank: int, ports: list[int], job: dict[str, Any], timeout_s: float,
         # As shipped, the servers write their own rows (they see the directory); the
         # variants of before, the chief every row.
         directory = (job["training"].get("checkpoint") or {}).get("directory")
+        if job["how"] == "copied":
+            _copy_pages_into_the_buffer()
         rt.serve_ps(rank, ports[rank], timeout_s,
-                    checkpoint_dir=directory if job["how"] == "" else None)
+                    checkpoint_dir=directory if job["how"] in ("", "copied") else None)
         return None
     worker = rank - PS
     training = rt.make_training(job["training"])

@@ -17,7 +17,7 @@ from pstrain_runtime.optim import OptimizerConfig
 from pstrain_runtime.ps.store import ParameterStore
 from pstrain_runtime.sparse import SparseEmbedding
 from pstrain_runtime.sparse.cache import RowCache
-from pstrain_runtime.sparse.client import SparseClient
+from pstrain_runtime.sparse.client import RemoteSource, SparseClient
 from pstrain_runtime.sparse.ids import owner_of
 from pstrain_runtime.sparse.protocol import encode, header_of, tensor_of
 from pstrain_runtime.sparse.session import SparseSession
@@ -456,6 +456,52 @@ def test_a_rows_version_counts_its_updates_and_starts_again_when_replaced() -> N
     restored = RowTable(table.spec)
     restored.load(RowBlock(block.ids, block.rows, block.slots, block.last))
     assert restored.versions(ids).tolist() == [0, 0]
+    probe = torch.tensor([9, 4, 3, 9])  # a row, none, a row, a repeat
+    rows, versions = restored.read_versioned(probe)
+    assert torch.equal(rows, restored.read(probe))
+    assert torch.equal(versions, restored.versions(probe))
+    assert restored.read_versioned(probe, versions=False)[1].numel() == 0
+
+
+class Noting:
+    """A cache that records what `note_pushed` was given."""
+
+    active = True
+
+    def __init__(self) -> None:
+        self.noted: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def note_pushed(self, ids: torch.Tensor, versions: torch.Tensor) -> int:
+        self.noted.append((ids, versions))
+        return 0
+
+
+def test_a_pushs_versions_reach_the_cache_in_the_order_of_the_ids_pushed() -> None:
+    client = SparseClient([LocalTransport(ParameterStore(i)) for i in range(2)], "ns")
+    cache = Noting()
+    source = RemoteSource(client, {"items": cache})  # type: ignore[dict-item]
+    ids = torch.arange(40, 0, -3)  # not sorted: the versions follow the ids as pushed
+    pushed = {"items": (ids, torch.zeros(ids.numel(), DIM))}
+    positions = client._split(ids)
+    assert all(p.numel() > 1 for p in positions)
+
+    def part(ps: int, at: torch.Tensor) -> tuple[str, torch.Tensor, torch.Tensor]:
+        return "items", ids[at], (ids[at] * 10).to(torch.int32)  # a version per id
+
+    # Server 0 answered in two parts (two calls), server 1 in one.
+    half = positions[0].numel() // 2
+    replies = [{"ps": 0, "versions": [part(0, positions[0][:half]),
+                                      part(0, positions[0][half:])]},
+               {"ps": 1, "versions": [part(1, positions[1])]}]
+    source.note_pushed(replies, pushed)
+    got_ids, got = cache.noted[-1]
+    assert got_ids is ids and got.tolist() == (ids * 10).tolist()
+    # A server that sent no versions (a riding push it did not apply): the ids that
+    # have them, each with its own.
+    source.note_pushed(replies[1:], pushed)
+    got_ids, got = cache.noted[-1]
+    assert got_ids.tolist() == sorted(ids[positions[1]].tolist())
+    assert got.tolist() == (got_ids * 10).tolist()
 
 
 def budget_for(spec: TableSpec) -> int:

@@ -120,13 +120,20 @@ class RowCache:
             return Lookup(ids, step, torch.empty(0), torch.arange(ids.numel()),
                           np.full(ids.numel(), -1), keep=False)
         places = self.places_of(ids)
-        at = places.clip(min=0)
-        fresh = (self.owner[at] == ids.numpy()) & (self.pulled[at] >= step - self.staleness)
-        fresh &= places >= 0
+        at = places.clip(min=0) if self.direct else places  # (hashed: never -1)
+        fresh = self.owner[at] == ids.numpy()
+        fresh &= self.pulled[at] >= step - self.staleness
+        if self.direct:
+            fresh &= places >= 0
         hit = np.flatnonzero(fresh)
         miss = torch.from_numpy(np.flatnonzero(~fresh))
         out = torch.empty((ids.numel(), self.rows.shape[1]), dtype=torch.float32)
-        if len(hit):
+        if 2 * len(hit) > ids.numel():
+            # Most rows are kept: one gather of every id's place, the rows of the
+            # others (misses) overwritten by `finish`; a copy of each row once,
+            # against a gather and a scatter of the hits.
+            torch.index_select(self.rows, 0, torch.from_numpy(at), out=out)
+        elif len(hit):
             put_rows(out, torch.from_numpy(hit),
                      self.rows.index_select(0, torch.from_numpy(places[hit])))
         self.hits += len(hit)
@@ -206,13 +213,18 @@ class RowCache:
         if looked is None or not (
                 looked is ids or looked.shape == ids.shape and torch.equal(looked, ids)):
             places = self.places_of(ids)
-        at = places.clip(min=0)  # type: ignore[union-attr]
-        held = np.flatnonzero((self.owner[at] == ids.numpy()) & (places >= 0))
-        at = at[held]  # (distinct: a place holds one id)
-        self.own[at] += 1
-        pulled = self.version[at].astype(np.int64)
-        missed = versions.numpy()[held].astype(np.int64) - pulled - self.own[at]
-        stale = at[(pulled >= 0) & ((missed > self.staleness) | (missed < 0))]
+        at = places.clip(min=0) if self.direct else places  # type: ignore[union-attr]
+        held = self.owner[at] == ids.numpy()
+        if self.direct:
+            held &= places >= 0  # type: ignore[operator]
+        at = at[held]  # type: ignore[index]  # (distinct: a place holds one id)
+        own = self.own[at] + 1
+        self.own[at] = own
+        pulled = self.version[at]
+        # Updates missed, in int32 (versions wrap at 2^31: the difference does not):
+        # above S, or below 0 (the row was replaced), is one unsigned compare.
+        missed = versions.numpy()[held] - pulled - own
+        stale = at[(missed.view(np.uint32) > self.staleness) & (pulled >= 0)]
         self.pulled[stale] = NEVER
         return len(stale)
 

@@ -42,6 +42,10 @@ class SparseClient:
         # The last pull's ids and their split by owner: a step pushes gradients for
         # the very id tensors it pulled, whose split is then not computed again.
         self._pulled_splits: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
+        # The last push's, likewise: with a cache a step pulls only some of the ids
+        # it pushes, and the push's replies' versions go back to these positions
+        # (`RemoteSource.note_pushed`).
+        self._pushed_splits: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -101,10 +105,10 @@ class SparseClient:
                 yield (ps, *self._reply(ps, finish()))
 
     def _split(self, ids: torch.Tensor) -> list[torch.Tensor]:
-        """`split_by_owner` of `ids`, taken from the last pull's when `ids` is one of
-        its tensors (the same object: ids are never changed in place)."""
-        for pulled, positions in self._pulled_splits:
-            if pulled is ids:
+        """`split_by_owner` of `ids`, taken from the last pull's or push's when `ids` is
+        one of their tensors (the same object: ids are never changed in place)."""
+        for known, positions in (*self._pulled_splits, *self._pushed_splits):
+            if known is ids:
                 return positions
         return split_by_owner(ids, self.num_ps)
 
@@ -202,6 +206,7 @@ class SparseClient:
         every table in as few calls as the size limit allows (numbered parts of one
         step), each with the generation of the rows last pulled from that server."""
         per_ps: list[list[Entry]] = [[] for _ in range(self.num_ps)]
+        self._pushed_splits = [(ids, self._split(ids)) for ids, _ in grads.values()]
         for name, (ids, rows) in sorted(grads.items()):
             for ps, pos in enumerate(self._split(ids)):
                 if pos.numel():
@@ -509,21 +514,44 @@ class RemoteSource:
             cache.drop_owned_by(ps, self.client.num_ps)
         return True
 
-    def note_pushed(self, replies: Sequence[Mapping[str, Any]]) -> None:
-        """The replies of a push with versions (`SparseClient.push`): each cache counts
-        this worker's push of its rows and drops those that miss too many updates
-        (`RowCache.note_pushed`); a server of another generation drops its rows."""
-        pushed: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    def note_pushed(self, replies: Sequence[Mapping[str, Any]],
+                    pushed: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """The replies of a push with versions (`SparseClient.push`) of `pushed` (per
+        table, its ids and gradient rows, as pushed): each cache counts this worker's push of its rows and
+        drops those that miss too many updates (`RowCache.note_pushed`); a server of
+        another generation drops its rows."""
+        parts: dict[str, dict[int, list[tuple[torch.Tensor, torch.Tensor]]]] = {}
         for reply in replies:
             if "ps" in reply and reply.get("generation"):
                 self._see(int(reply["ps"]), int(reply["generation"]))
             for name, ids, versions in reply.get("versions", ()):
                 if name in self.caches:
-                    pushed.setdefault(name, []).append((ids, versions))
-        for name, parts in pushed.items():
-            # All servers' ids at once, in id order: usually the ids the lookup had
-            # (unique, sorted), whose slots the cache still knows.
-            ids = torch.cat([i for i, _ in parts])
-            # Each server's ids come sorted: a stable sort (timsort) merges the runs.
-            order = torch.from_numpy(np.argsort(ids.numpy(), kind="stable"))
-            self.caches[name].note_pushed(ids[order], torch.cat([v for _, v in parts])[order])
+                    parts.setdefault(name, {}).setdefault(int(reply["ps"]), []).append(
+                        (ids, versions))
+        for name, by_ps in parts.items():
+            ids, versions = self._in_order(pushed[name][0], by_ps)
+            self.caches[name].note_pushed(ids, versions)
+
+    def _in_order(self, ids: torch.Tensor,
+                  by_ps: Mapping[int, Sequence[tuple[torch.Tensor, torch.Tensor]]]
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pushed `ids` of a table and their versions in their order, from each
+        server's parts of the replies. A server's parts follow its positions in `ids`
+        (`SparseClient._push_calls`), so every server's versions go straight to their
+        positions (the usual case: the very ids the lookup had, whose places the
+        cache knows); where some server sent none (a riding push it did not apply),
+        the ids that have them, in id order."""
+        positions = self.client._split(ids)
+        got = {ps: (torch.cat([v for _, v in p]) if len(p) > 1 else p[0][1])
+               for ps, p in by_ps.items()}
+        if all(got.get(ps, torch.empty(0)).numel() == pos.numel()
+               for ps, pos in enumerate(positions)):
+            versions = torch.empty(ids.numel(), dtype=torch.int32)
+            for ps, pos in enumerate(positions):
+                if pos.numel():
+                    put_rows(versions, pos, got[ps])
+            return ids, versions
+        some = torch.cat([i for p in by_ps.values() for i, _ in p])
+        # Each server's ids come sorted: a stable sort (timsort) merges the runs.
+        order = torch.from_numpy(np.argsort(some.numpy(), kind="stable"))
+        return some[order], torch.cat([v for p in by_ps.values() for _, v in p])[order]

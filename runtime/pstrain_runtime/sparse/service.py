@@ -193,9 +193,11 @@ def _pull(store: ParameterStore, namespace: str, header: dict[str, Any],
                        store, "pull")
         ids = tensor_of(frame, torch.int64, 0, f"ids of {table.spec.name!r}")
         check_ids(table.spec, ids, "sparse pull")
-        if with_versions:  # before the rows: a version never counts an update they lack
-            versions.append(table.versions(ids))
-        rows.append(table.read(ids))
+        # The versions as of the rows read (one lookup, under the table's lock).
+        got, counts = table.read_versioned(ids, with_versions)
+        rows.append(got)
+        if with_versions:
+            versions.append(counts)
     return encode({"global_step": ns.global_step, "generation": ns.generation},
                   rows + versions)
 

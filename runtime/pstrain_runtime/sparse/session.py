@@ -57,9 +57,10 @@ class SparseSession:
         self.told_refusals: set[int] = set()  # servers that leave their rows to the chief
         # Gradient rows `riders` took but could not send with the push_pull: `push`'s.
         self._held: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
-        # The push riding on this step's push_pull: per server, its entries; and whether
-        # it asked for the rows' versions.
-        self._riding: tuple[list[list[Entry]], bool] = ([], False)
+        # The push riding on this step's push_pull: per server, its entries; whether
+        # it asked for the rows' versions; the ids and rows pushed, per table.
+        self._riding: tuple[list[list[Entry]], bool,
+                            dict[str, tuple[torch.Tensor, torch.Tensor]]] = ([], False, {})
 
     @classmethod
     def attach(cls, model: nn.Module, transports: Sequence[Any], namespace: str,
@@ -138,14 +139,14 @@ class SparseSession:
             return
         replies = self.client.push(merged, worker, steps, versions=self._wants_versions())
         if self.source is not None and self.source.caches:
-            self.source.note_pushed(replies)
+            self.source.note_pushed(replies, merged)
 
     def riders(self, worker: int, steps: Sequence[int]) -> list[Encoded | None] | None:
         """This step's push as one call's frames per server, to ride on the dense
         push_pull (async mode, `riding`); None when the rows need more than one call
         on some server (they are kept for `push`, made after the push_pull as before).
         With row caches the push asks for the rows' versions (`rode` hands them on)."""
-        self._riding = ([], False)  # this step's, whatever returns below
+        self._riding = ([], False, {})  # this step's, whatever returns below
         merged = self._gradients()
         if not merged:
             return [None] * self.client.num_ps
@@ -155,17 +156,17 @@ class SparseSession:
             self._held = merged
             return None
         frames, entries = planned
-        self._riding = (entries, versions)
+        self._riding = (entries, versions, merged)
         return frames
 
     def rode(self, replies: Sequence[list[Frame] | None]) -> None:
         """The sparse replies of a push that rode (`ShardedClient.rider_replies`): a
         refusal raised (PSError), as the push's own call would raise it; with row
         caches, the versions go to them."""
-        entries, versions = self._riding
+        entries, versions, pushed = self._riding
         taken = self.client.riding_replies(replies, entries, versions)
         if versions:
-            self.source.note_pushed(taken)  # type: ignore[union-attr]
+            self.source.note_pushed(taken, pushed)  # type: ignore[union-attr]
 
     def _wants_versions(self) -> bool:
         return (self.source is not None and bool(self.source.caches)

@@ -236,29 +236,39 @@ class RowTable:
     # ------------------------------------------------------------------ reads
     def read(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of `ids` (any order, repeats allowed), float32 [n, dim]."""
+        return self.read_versioned(ids, versions=False)[0]
+
+    def read_versioned(self, ids: torch.Tensor, versions: bool = True
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(`read`, `versions`) of `ids` from one lookup of their rows, both as of the
+        same moment; with `versions` False, no versions (an empty tensor)."""
         ids = ids.reshape(-1).to(torch.int64).contiguous()
         with self.lock:
             where = self._where(ids)
+            counts = self._versions_at(where) if versions else torch.empty(0, dtype=torch.int32)
             out = torch.empty((ids.numel(), self.dim), dtype=torch.float32)
             there = where >= 0
             if bool(there.all()):
-                return torch.index_select(self.rows, 0, where, out=out)
+                return torch.index_select(self.rows, 0, where, out=out), counts
             present = torch.nonzero(there).reshape(-1)
             put_rows(out, present, self.rows.index_select(0, where.index_select(0, present)))
         absent = torch.nonzero(~there).reshape(-1)
         put_rows(out, absent, self.initial.read(ids.index_select(0, absent)))
-        return out
+        return out, counts
 
     def versions(self, ids: torch.Tensor) -> torch.Tensor:
         """The rows' versions (see the module doc), int32 [n]; 0 for ids without a row."""
         with self.lock:
-            where = self._where(ids.reshape(-1).to(torch.int64).contiguous())
-            if not where.numel() or int(where.min()) >= 0:  # (the usual case: all held)
-                return self.version.index_select(0, where)
-            if not self.version.numel():
-                return torch.zeros(where.numel(), dtype=torch.int32)
-            held = self.version.index_select(0, where.clamp(min=0))
-            return held.masked_fill_(where < 0, 0)
+            return self._versions_at(self._where(ids.reshape(-1).to(torch.int64).contiguous()))
+
+    def _versions_at(self, where: torch.Tensor) -> torch.Tensor:
+        """The versions of the rows at `where` (-1: no row, version 0); lock held."""
+        if not where.numel() or int(where.min()) >= 0:  # (the usual case: all held)
+            return self.version.index_select(0, where)
+        if not self.version.numel():
+            return torch.zeros(where.numel(), dtype=torch.int32)
+        held = self.version.index_select(0, where.clamp(min=0))
+        return held.masked_fill_(where < 0, 0)
 
     # ------------------------------------------------------------------ updates
     def apply(self, ids: torch.Tensor, grads: torch.Tensor, t: int, now: int) -> int:

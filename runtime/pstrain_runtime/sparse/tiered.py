@@ -589,6 +589,13 @@ class TieredTable:
             self.cold.count -= int(block.ids.numel())
             return gone + int(block.ids.numel())
 
+    def read_versioned(self, ids: torch.Tensor, versions: bool = True
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`RowTable.read_versioned`: `read` and `versions` under one hold of the lock."""
+        with self.lock:
+            return self.read(ids), (self.versions(ids) if versions
+                                    else torch.empty(0, dtype=torch.int32))
+
     def versions(self, ids: torch.Tensor) -> torch.Tensor:
         """`RowTable.versions`: the RAM rows' own, 0 for rows on disk (a row that
         comes back to RAM is loaded, so its count starts again at 0: a worker's cached

@@ -105,6 +105,15 @@ class RowCache:
         mixed *= np.uint64(self.capacity)  # then their share of the places (< 2^63)
         return (mixed >> np.uint64(32)).view(np.int64)
 
+    def _held(self, ids: torch.Tensor, places: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each id's place to read (`places`, with -1 read at 0) and whether the cache
+        holds that id there (never where an id has no place)."""
+        at = places.clip(min=0) if self.direct else places  # (hashed: never -1)
+        held = self.owner[at] == ids.numpy()
+        if self.direct:
+            held &= places >= 0
+        return at, held
+
     def lookup(self, ids: torch.Tensor, step: int,
                pull: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """Rows of `ids` (unique int64) at worker step `step`: kept rows pulled at step
@@ -120,11 +129,8 @@ class RowCache:
             return Lookup(ids, step, torch.empty(0), torch.arange(ids.numel()),
                           np.full(ids.numel(), -1), keep=False)
         places = self.places_of(ids)
-        at = places.clip(min=0) if self.direct else places  # (hashed: never -1)
-        fresh = self.owner[at] == ids.numpy()
+        at, fresh = self._held(ids, places)
         fresh &= self.pulled[at] >= step - self.staleness
-        if self.direct:
-            fresh &= places >= 0
         hit = np.flatnonzero(fresh)
         miss = torch.from_numpy(np.flatnonzero(~fresh))
         out = torch.empty((ids.numel(), self.rows.shape[1]), dtype=torch.float32)
@@ -213,11 +219,8 @@ class RowCache:
         if looked is None or not (
                 looked is ids or looked.shape == ids.shape and torch.equal(looked, ids)):
             places = self.places_of(ids)
-        at = places.clip(min=0) if self.direct else places  # type: ignore[union-attr]
-        held = self.owner[at] == ids.numpy()
-        if self.direct:
-            held &= places >= 0  # type: ignore[operator]
-        at = at[held]  # type: ignore[index]  # (distinct: a place holds one id)
+        at, held = self._held(ids, places)  # type: ignore[arg-type]
+        at = at[held]  # (distinct: a place holds one id)
         own = self.own[at] + 1
         self.own[at] = own
         pulled = self.version[at]

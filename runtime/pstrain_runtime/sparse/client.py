@@ -206,9 +206,10 @@ class SparseClient:
         every table in as few calls as the size limit allows (numbered parts of one
         step), each with the generation of the rows last pulled from that server."""
         per_ps: list[list[Entry]] = [[] for _ in range(self.num_ps)]
-        self._pushed_splits = [(ids, self._split(ids)) for ids, _ in grads.values()]
+        splits = {name: self._split(ids) for name, (ids, _) in grads.items()}
+        self._pushed_splits = [(grads[name][0], split) for name, split in splits.items()]
         for name, (ids, rows) in sorted(grads.items()):
-            for ps, pos in enumerate(self._split(ids)):
+            for ps, pos in enumerate(splits[name]):
                 if pos.numel():
                     limit = self._rows_per_call(rows.shape[1])
                     for chunk in torch.split(pos, limit):
@@ -517,9 +518,9 @@ class RemoteSource:
     def note_pushed(self, replies: Sequence[Mapping[str, Any]],
                     pushed: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
         """The replies of a push with versions (`SparseClient.push`) of `pushed` (per
-        table, its ids and gradient rows, as pushed): each cache counts this worker's push of its rows and
-        drops those that miss too many updates (`RowCache.note_pushed`); a server of
-        another generation drops its rows."""
+        table, its ids and gradient rows, as pushed): each cache counts this worker's
+        push of its rows and drops those that miss too many updates
+        (`RowCache.note_pushed`); a server of another generation drops its rows."""
         parts: dict[str, dict[int, list[tuple[torch.Tensor, torch.Tensor]]]] = {}
         for reply in replies:
             if "ps" in reply and reply.get("generation"):
